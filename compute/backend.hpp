@@ -1,0 +1,104 @@
+#pragma once
+// The backend interface: every kernel the layers run. A backend makes one kernel object per layer
+// and shape (batch size included) so an implementation can plan once and reuse its plan, its
+// scratch memory and its workspaces for every step of that shape.
+//
+// All tensors are dense row-major float32; images are NCHW. Kernels overwrite their outputs
+// (gradients included: a parameter is used once per step, so nothing needs accumulating).
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string_view>
+
+#include "compute/tensor.hpp"
+
+namespace tepdist::compute {
+
+/// A 2-D convolution: x [n, c, h, w] * w [k, c, r, s] + b [k] -> y [n, k, oh, ow].
+struct Conv2dGeometry {
+  int64_t n, c, h, w;  // input
+  int64_t k, r, s;     // output channels, kernel height and width
+  int64_t stride = 1, pad = 0;
+
+  int64_t oh() const { return (h + 2 * pad - r) / stride + 1; }
+  int64_t ow() const { return (w + 2 * pad - s) / stride + 1; }
+  Shape input() const { return {n, c, h, w}; }
+  Shape weight() const { return {k, c, r, s}; }
+  Shape output() const { return {n, k, oh(), ow()}; }
+  friend bool operator==(const Conv2dGeometry&, const Conv2dGeometry&) = default;
+};
+
+/// Max pooling without padding: x [n, c, h, w] -> y [n, c, oh, ow], window kernel, step stride.
+struct Pool2dGeometry {
+  int64_t n, c, h, w;
+  int64_t kernel, stride;
+
+  int64_t oh() const { return (h - kernel) / stride + 1; }
+  int64_t ow() const { return (w - kernel) / stride + 1; }
+  Shape input() const { return {n, c, h, w}; }
+  Shape output() const { return {n, c, oh(), ow()}; }
+  friend bool operator==(const Pool2dGeometry&, const Pool2dGeometry&) = default;
+};
+
+/// A fully connected layer: x [n, in] * w[out, in]^T + b [out] -> y [n, out].
+struct LinearGeometry {
+  int64_t n, in, out;
+  friend bool operator==(const LinearGeometry&, const LinearGeometry&) = default;
+};
+
+class Conv2dKernel {
+ public:
+  virtual ~Conv2dKernel() = default;
+  virtual void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) = 0;
+  /// dx = conv_transpose(dy, w).
+  virtual void backward_data(ConstTensorView dy, ConstTensorView w, TensorView dx) = 0;
+  /// dw = correlation of x with dy, db = dy summed over n, oh, ow.
+  virtual void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) = 0;
+};
+
+class MaxPool2dKernel {
+ public:
+  virtual ~MaxPool2dKernel() = default;
+  /// Remembers where each maximum came from, for the next backward.
+  virtual void forward(ConstTensorView x, TensorView y) = 0;
+  /// Routes dy to the positions the last forward picked; dx is zero elsewhere.
+  virtual void backward(ConstTensorView dy, TensorView dx) = 0;
+};
+
+class LinearKernel {
+ public:
+  virtual ~LinearKernel() = default;
+  virtual void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) = 0;
+  /// dx [n, in] = dy [n, out] * w [out, in].
+  virtual void backward_data(ConstTensorView dy, ConstTensorView w, TensorView dx) = 0;
+  /// dw [out, in] = dy^T * x, db [out] = dy summed over n.
+  virtual void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  /// Threads for intra-op parallelism; 0 means every core.
+  virtual void set_threads(int threads) = 0;
+
+  virtual std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dGeometry& g) = 0;
+  virtual std::unique_ptr<MaxPool2dKernel> make_max_pool2d(const Pool2dGeometry& g) = 0;
+  virtual std::unique_ptr<LinearKernel> make_linear(const LinearGeometry& g) = 0;
+
+  /// y = max(x, 0), any shape; x and y may alias.
+  virtual void relu_forward(ConstTensorView x, TensorView y) = 0;
+  /// dx = dy where y > 0, else 0; dy and dx may alias.
+  virtual void relu_backward(ConstTensorView y, ConstTensorView dy, TensorView dx) = 0;
+
+  /// logits [n, classes], labels [n] in [0, classes) -> probs = softmax(logits); returns the mean
+  /// cross-entropy over the batch.
+  virtual float softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int32_t> labels,
+                                              TensorView probs) = 0;
+  /// dlogits = (probs - onehot(labels)) / n: the gradient of the mean loss.
+  virtual void softmax_cross_entropy_backward(ConstTensorView probs, std::span<const int32_t> labels,
+                                              TensorView dlogits) = 0;
+};
+
+}  // namespace tepdist::compute

@@ -1,0 +1,186 @@
+#include "compute/io/checkpoint.hpp"
+
+#include <fmt/format.h>
+#include <zlib.h>
+
+#include <cstring>
+#include <nlohmann/json.hpp>
+
+#include "compute/io/files.hpp"
+
+namespace tepdist::compute {
+namespace {
+
+using nlohmann::json;
+
+constexpr std::string_view checkpoint_magic = "TEPDCKPT";
+constexpr uint32_t checkpoint_version = 1;
+constexpr uint64_t max_header_bytes = 64u << 20;  // far above any real header; bounds a hostile one
+
+template <class T>
+void put(std::string& out, T value) {
+  char bytes[sizeof(T)];
+  std::memcpy(bytes, &value, sizeof(T));  // little-endian hosts only (x86-64, aarch64)
+  out.append(bytes, sizeof(T));
+}
+
+template <class T>
+T get(std::string_view in, size_t at) {
+  T value;
+  std::memcpy(&value, in.data() + at, sizeof(T));
+  return value;
+}
+
+uint32_t crc32_of(std::string_view bytes) {
+  return static_cast<uint32_t>(
+      crc32(0L, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size())));
+}
+
+json shape_json(const Shape& s) { return s.dims(); }
+
+json parameters_json(const Model& model) {
+  json params = json::array();
+  for (const auto& p : model.named_parameters())
+    params.push_back({{"name", p.name}, {"shape", shape_json(p.shape)}, {"offset", p.offset}});
+  return params;
+}
+
+void append_floats(std::string& out, std::span<const float> v) {
+  out.append(reinterpret_cast<const char*>(v.data()), v.size_bytes());
+}
+
+std::unexpected<Error> corrupt(const std::filesystem::path& path, std::string_view what) {
+  return fail(Errc::corrupt, fmt::format("{}: {}", path.string(), what));
+}
+
+}  // namespace
+
+Result<void> save_checkpoint(const std::filesystem::path& path, Model& model, Optimizer& optimizer,
+                             const TrainingState& state) {
+  json buffers = json::array({"parameters"});
+  auto opt_state = optimizer.state();
+  for (const auto& [name, buf] : opt_state) buffers.push_back("optimizer." + name);
+  const json header = {
+      {"step", state.step},
+      {"epoch", state.epoch},
+      {"seed", state.seed},
+      {"model_rng", model.rng().state()},
+      {"optimizer", {{"name", optimizer.name()}, {"steps", optimizer.steps()}}},
+      {"parameters", parameters_json(model)},
+      {"parameter_count", model.parameters().size()},
+      {"buffers", buffers},
+  };
+  const std::string header_text = header.dump();
+  std::string out;
+  out.reserve(header_text.size() + (1 + opt_state.size()) * model.parameters().size_bytes() + 64);
+  out.append(checkpoint_magic);
+  put<uint32_t>(out, checkpoint_version);
+  put<uint64_t>(out, header_text.size());
+  out += header_text;
+  append_floats(out, model.parameters());
+  for (const auto& [name, buf] : opt_state) append_floats(out, buf);
+  put<uint32_t>(out, crc32_of(out));
+  return write_file_atomically(path, out);
+}
+
+Result<TrainingState> load_checkpoint(const std::filesystem::path& path, Model& model, Optimizer& optimizer) {
+  auto file = read_file(path);
+  if (!file) return std::unexpected(file.error());
+  const std::string_view in = *file;
+  const size_t prefix = checkpoint_magic.size() + sizeof(uint32_t) + sizeof(uint64_t);
+  if (in.size() < prefix + sizeof(uint32_t) || in.substr(0, checkpoint_magic.size()) != checkpoint_magic)
+    return corrupt(path, "not a tepdist checkpoint");
+  if (crc32_of(in.substr(0, in.size() - 4)) != get<uint32_t>(in, in.size() - 4))
+    return corrupt(path, "checksum mismatch (the file is damaged or was cut short)");
+  if (const auto v = get<uint32_t>(in, checkpoint_magic.size()); v != checkpoint_version)
+    return corrupt(path, fmt::format("checkpoint version {} (this build reads {})", v, checkpoint_version));
+  const auto header_bytes = get<uint64_t>(in, checkpoint_magic.size() + sizeof(uint32_t));
+  if (header_bytes > max_header_bytes || prefix + header_bytes > in.size() - 4)
+    return corrupt(path, "header length out of range");
+
+  json header;
+  TrainingState state;
+  Rng::State model_rng;
+  try {
+    header = json::parse(in.substr(prefix, header_bytes));
+    state.step = header.at("step").get<int64_t>();
+    state.epoch = header.at("epoch").get<int64_t>();
+    state.seed = header.at("seed").get<uint64_t>();
+    model_rng = header.at("model_rng").get<Rng::State>();
+    if (header.at("parameters") != parameters_json(model))
+      return fail(Errc::mismatch, fmt::format("{}: was saved from a different model (parameter names or shapes differ)",
+                                              path.string()));
+    const auto opt_name = header.at("optimizer").at("name").get<std::string>();
+    if (opt_name != optimizer.name())
+      return fail(Errc::mismatch,
+                  fmt::format("{}: holds {} optimizer state but the job uses {}", path.string(), opt_name, optimizer.name()));
+  } catch (const json::exception& e) {
+    return corrupt(path, fmt::format("malformed header: {}", e.what()));
+  }
+
+  auto opt_state = optimizer.state();
+  const size_t floats = model.parameters().size();
+  const size_t data_bytes = (1 + opt_state.size()) * floats * sizeof(float);
+  if (prefix + header_bytes + data_bytes + 4 != in.size())
+    return corrupt(path, "data size does not match the header");
+  const char* data = in.data() + prefix + header_bytes;
+  std::memcpy(model.parameters().data(), data, floats * sizeof(float));
+  for (size_t i = 0; i < opt_state.size(); ++i)
+    std::memcpy(opt_state[i].second.data(), data + (1 + i) * floats * sizeof(float), floats * sizeof(float));
+  optimizer.set_steps(header["optimizer"]["steps"].get<int64_t>());
+  model.rng().set_state(model_rng);
+  return state;
+}
+
+Result<void> export_safetensors(const std::filesystem::path& path, const Model& model) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "tepdist"}};
+  int64_t offset = 0;
+  for (const auto& p : model.named_parameters()) {
+    const int64_t bytes = p.shape.elements() * static_cast<int64_t>(sizeof(float));
+    header[p.name] = {{"dtype", "F32"}, {"shape", shape_json(p.shape)}, {"data_offsets", {offset, offset + bytes}}};
+    offset += bytes;
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the format allows padding; it aligns the data
+  std::string out;
+  out.reserve(8 + text.size() + static_cast<size_t>(offset));
+  put<uint64_t>(out, text.size());
+  out += text;
+  for (const auto& p : model.named_parameters())
+    append_floats(out, model.parameters().subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.shape.elements())));
+  return write_file_atomically(path, out);
+}
+
+Result<void> import_safetensors(const std::filesystem::path& path, Model& model) {
+  auto file = read_file(path);
+  if (!file) return std::unexpected(file.error());
+  const std::string_view in = *file;
+  if (in.size() < 8) return corrupt(path, "too short for a safetensors header");
+  const auto header_bytes = get<uint64_t>(in, 0);
+  if (header_bytes > max_header_bytes || 8 + header_bytes > in.size()) return corrupt(path, "header length out of range");
+  const std::string_view data = in.substr(8 + header_bytes);
+  std::vector<std::pair<const NamedParameter*, std::string_view>> found;
+  try {
+    const json header = json::parse(in.substr(8, header_bytes));
+    for (const auto& p : model.named_parameters()) {
+      if (!header.contains(p.name)) return fail(Errc::mismatch, fmt::format("{}: has no tensor '{}'", path.string(), p.name));
+      const json& t = header.at(p.name);
+      if (t.at("dtype") != "F32")
+        return fail(Errc::mismatch, fmt::format("{}: '{}' is {}, not F32", path.string(), p.name, t.at("dtype").dump()));
+      if (t.at("shape") != shape_json(p.shape))
+        return fail(Errc::mismatch, fmt::format("{}: '{}' has shape {}, the model needs {}", path.string(), p.name,
+                                                t.at("shape").dump(), p.shape.to_string()));
+      const auto begin = t.at("data_offsets").at(0).get<uint64_t>(), end = t.at("data_offsets").at(1).get<uint64_t>();
+      if (begin > end || end > data.size() || end - begin != static_cast<uint64_t>(p.shape.elements()) * sizeof(float))
+        return corrupt(path, fmt::format("'{}' has data offsets outside the file or of the wrong size", p.name));
+      found.emplace_back(&p, data.substr(begin, end - begin));
+    }
+  } catch (const json::exception& e) {
+    return corrupt(path, fmt::format("malformed header: {}", e.what()));
+  }
+  for (const auto& [p, bytes] : found) std::memcpy(model.parameters().data() + p->offset, bytes.data(), bytes.size());
+  return {};
+}
+
+}  // namespace tepdist::compute

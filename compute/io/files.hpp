@@ -1,0 +1,19 @@
+#pragma once
+// Whole-file reads and crash-safe writes.
+
+#include <filesystem>
+#include <string>
+#include <string_view>
+
+#include "compute/error.hpp"
+
+namespace tepdist::compute {
+
+/// Writes contents to path so that a crash at any point leaves either the old file or the new one,
+/// never a mix: write a temporary beside it, fsync, rename over path, fsync the directory.
+Result<void> write_file_atomically(const std::filesystem::path& path, std::string_view contents);
+
+/// The whole file; errors name it.
+Result<std::string> read_file(const std::filesystem::path& path);
+
+}  // namespace tepdist::compute

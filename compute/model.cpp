@@ -1,0 +1,117 @@
+#include "compute/model.hpp"
+
+#include <fmt/format.h>
+
+#include <cassert>
+#include <map>
+
+namespace tepdist::compute {
+
+Layer& Model::add(std::unique_ptr<Layer> layer, std::string name) {
+  assert(!built_ && "layers are added before build()");
+  if (name.empty()) {
+    int same_stem = 0;
+    for (const auto& e : layers_)
+      if (e.layer->name_stem() == layer->name_stem()) ++same_stem;
+    name = fmt::format("{}{}", layer->name_stem(), same_stem + 1);
+  }
+  layers_.push_back({std::move(name), std::move(layer), {}});
+  return *layers_.back().layer;
+}
+
+Result<void> Model::build(const Shape& sample_shape, uint64_t seed) {
+  if (built_) return fail(Errc::invalid_argument, "model: build() called twice");
+  if (layers_.empty()) return fail(Errc::invalid_argument, "model: no layers");
+  std::map<std::string, int, std::less<>> seen;
+  for (const auto& e : layers_)
+    if (seen[e.name]++)
+      return fail(Errc::invalid_argument, fmt::format("model: two layers are named '{}'", e.name));
+
+  if (sample_shape.rank() < 1 || sample_shape.rank() >= Shape::max_rank)
+    return fail(Errc::invalid_argument, "model: a sample must have rank 1 to 3");
+  Shape shape = sample_shape.prepend(1);  // layer by layer, for a batch of one
+  int64_t total = 0;
+  std::vector<std::vector<ParamSpec>> specs;
+  for (auto& e : layers_) {
+    auto out = e.layer->configure(shape);
+    if (!out)
+      return fail(Errc::invalid_argument, fmt::format("model: layer {} ({}): {}", e.name, e.layer->kind(),
+                                                      out.error().message));
+    e.output = shape = *out;
+    specs.push_back(e.layer->parameter_specs());
+    for (const auto& p : specs.back()) {
+      named_.push_back({e.name + "." + p.name, p.shape, total});
+      total += p.shape.elements();
+    }
+  }
+  if (shape.rank() != 2)
+    return fail(Errc::invalid_argument,
+                fmt::format("model: the last layer must output [n, classes], got {}", shape.to_string()));
+
+  params_.assign(static_cast<size_t>(total), 0.0f);
+  grads_.assign(static_cast<size_t>(total), 0.0f);
+  Rng init(seed);
+  size_t k = 0;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    std::vector<TensorView> p, g;
+    for (const auto& spec : specs[i]) {
+      const NamedParameter& np = named_[k++];
+      p.push_back({params_.data() + np.offset, np.shape});
+      g.push_back({grads_.data() + np.offset, np.shape});
+      for (float& v : p.back().span()) v = init.uniform(-spec.init_bound, spec.init_bound);
+    }
+    layers_[i].layer->bind(p, g);
+  }
+  rng_.reseed(seed ^ 0x6a09e667f3bcc908ull);  // a stream of its own, apart from initialisation's
+  sample_shape_ = sample_shape;
+  activations_.resize(layers_.size());
+  built_ = true;
+  return {};
+}
+
+int64_t Model::classes() const {
+  assert(built_);
+  return layers_.back().output[1];
+}
+
+ConstTensorView Model::forward(Backend& backend, ConstTensorView x, bool training) {
+  assert(built_ && x.shape.sample() == sample_shape_);
+  const int64_t n = x.shape[0];
+  PassContext ctx{backend, training, rng_};
+  input_ = x;
+  ConstTensorView in = x;
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    activations_[i].resize(layers_[i].output.with_batch(n));
+    layers_[i].layer->forward(ctx, in, activations_[i]);
+    in = activations_[i];
+  }
+  return in;
+}
+
+void Model::backward(Backend& backend, ConstTensorView dlogits) {
+  assert(built_ && dlogits.shape == activations_.back().shape());
+  PassContext ctx{backend, true, rng_};
+  ConstTensorView dy = dlogits;
+  Tensor* dx_buffer = &grad_ping_;
+  for (size_t i = layers_.size(); i-- > 0;) {
+    const ConstTensorView x = i == 0 ? input_ : ConstTensorView(activations_[i - 1]);
+    TensorView dx{};  // the first layer's input gradient is never needed
+    if (i > 0) {
+      dx_buffer->resize(x.shape);
+      dx = *dx_buffer;
+    }
+    layers_[i].layer->backward(ctx, x, activations_[i], dy, dx);
+    dy = dx;
+    dx_buffer = dx_buffer == &grad_ping_ ? &grad_pong_ : &grad_ping_;
+  }
+}
+
+std::string Model::summary() const {
+  std::string s;
+  for (const auto& e : layers_)
+    s += fmt::format("  {:<10} {:<40} -> {}\n", e.name, e.layer->describe(), e.output.sample().to_string());
+  s += fmt::format("  {} parameters\n", params_.size());
+  return s;
+}
+
+}  // namespace tepdist::compute

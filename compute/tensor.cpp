@@ -1,0 +1,52 @@
+#include "compute/tensor.hpp"
+
+
+namespace tepdist::compute {
+
+Shape::Shape(std::initializer_list<int64_t> dims) {
+  assert(dims.size() <= max_rank);
+  for (int64_t d : dims) {
+    assert(d >= 0);
+    dims_[static_cast<size_t>(rank_++)] = d;
+  }
+}
+
+int64_t Shape::elements() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<size_t>(i)];
+  return n;
+}
+
+Shape Shape::with_batch(int64_t n) const {
+  assert(rank_ >= 1);
+  Shape s = *this;
+  s.dims_[0] = n;
+  return s;
+}
+
+Shape Shape::prepend(int64_t n) const {
+  assert(rank_ < max_rank);
+  Shape s;
+  s.dims_[0] = n;
+  for (int i = 0; i < rank_; ++i) s.dims_[static_cast<size_t>(i + 1)] = dims_[static_cast<size_t>(i)];
+  s.rank_ = rank_ + 1;
+  return s;
+}
+
+Shape Shape::sample() const {
+  assert(rank_ >= 1);
+  Shape s;
+  for (int i = 1; i < rank_; ++i) s.dims_[static_cast<size_t>(s.rank_++)] = dims_[static_cast<size_t>(i)];
+  return s;
+}
+
+std::string Shape::to_string() const {
+  std::string s = "[";
+  for (int i = 0; i < rank_; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(dims_[static_cast<size_t>(i)]);
+  }
+  return s + "]";
+}
+
+}  // namespace tepdist::compute

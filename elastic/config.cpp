@@ -1,0 +1,380 @@
+#include "elastic/config.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <functional>
+#include <limits>
+#include <sstream>
+#include <toml.hpp>
+
+namespace tepdist::elastic {
+namespace {
+
+constexpr double inf = std::numeric_limits<double>::infinity();
+
+/// A key of the schema with everything needed to check and apply it.
+struct Key {
+  KeyInfo info;
+  double min = -inf, max = inf;          // inclusive bounds for integers and numbers
+  bool min_exclusive = false;            // (min, ...] instead of [min, ...]
+  bool max_exclusive = false;            // [..., max) instead of [..., max]
+  std::vector<std::string_view> choices;  // allowed strings; empty: any
+  std::function<void(JobConfig&, const toml::value&)> apply;
+};
+
+/// Assigns a TOML value to the field at the end of a member-pointer path, converting to its type.
+template <auto... Path>
+void assign(JobConfig& c, const toml::value& v) {
+  auto& field = (c.*....*Path);
+  using T = std::remove_reference_t<decltype(field)>;
+  if constexpr (std::is_same_v<T, bool>)
+    field = v.as_boolean();
+  else if constexpr (std::is_integral_v<T>)
+    field = static_cast<T>(v.as_integer());
+  else if constexpr (std::is_floating_point_v<T>)
+    field = static_cast<T>(v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating());
+  else
+    field = v.as_string().str;
+}
+
+std::string where(const toml::value& v) {
+  const auto loc = v.location();
+  return fmt::format("{}:{}", loc.file_name(), loc.line());
+}
+
+ConfigError error_at(const toml::value& v, std::string_view what) {
+  return ConfigError{fmt::format("{}: {}", where(v), what)};
+}
+
+void apply_layers(JobConfig& c, const toml::value& v);
+
+const std::vector<Key>& keys() {
+  using J = JobConfig;
+  static const std::vector<Key> k = {
+      // [job]
+      {{"job", "mode", KeyType::string, "\"single\"",
+        "How the job trains: \"single\" (one process). The distributed modes sync, async and gossip "
+        "come with the node runtime."},
+       -inf, inf, false, false, {"single"}, assign<&J::job, &J::Job::mode>},
+      {{"job", "epochs", KeyType::integer, "3", "Passes over the training data; 1 to 10000."},
+       1, 10000, false, false, {}, assign<&J::job, &J::Job::epochs>},
+      {{"job", "max_steps", KeyType::integer, "0", "Stop after this many optimiser steps; 0 means no cap."},
+       0, 1e12, false, false, {}, assign<&J::job, &J::Job::max_steps>},
+      {{"job", "seed", KeyType::integer, "0",
+        "Seeds initialisation, shuffling and dropout; the same seed gives the same run."},
+       0, 9.2e18, false, false, {}, assign<&J::job, &J::Job::seed>},
+      {{"job", "eval_every_steps", KeyType::integer, "0",
+        "Evaluate on the test set every this many steps (besides every epoch end); 0: epoch ends only."},
+       0, 1e12, false, false, {}, assign<&J::job, &J::Job::eval_every_steps>},
+      {{"job", "target_accuracy", KeyType::number, "0.85",
+        "Test accuracy whose first crossing is reported as time_to_target_seconds; 0 to 1."},
+       0, 1, false, false, {}, assign<&J::job, &J::Job::target_accuracy>},
+      {{"job", "log_every_steps", KeyType::integer, "50", "Steps between progress-line updates; 1 or more."},
+       1, 1e9, false, false, {}, assign<&J::job, &J::Job::log_every_steps>},
+      // [model]
+      {{"model", "preset", KeyType::string, "\"lenet\"",
+        "A built-in model: \"lenet\" (conv 1->20 5x5, pool 2, relu, conv 20->50 5x5, pool 2, relu, "
+        "linear 800->500, relu, linear 500->10) or \"mlp\" (flatten, linear ->256, relu, linear ->10)."},
+       -inf, inf, false, false, {"lenet", "mlp"}, assign<&J::model, &J::Model::preset>},
+      {{"model", "layers", KeyType::layers, "[]",
+        "A model of your own instead of the preset: a list of inline tables, each with type "
+        "(conv2d, max_pool2d, relu, flatten, linear, dropout), an optional name and its arguments: "
+        "conv2d out_channels, kernel, stride=1, padding=0, in_channels=0 (0: inferred); max_pool2d "
+        "kernel, stride=kernel; linear out_features, in_features=0 (0: inferred); dropout p."},
+       -inf, inf, false, false, {}, apply_layers},
+      // [data]
+      {{"data", "dataset", KeyType::string, "\"fashion-mnist\"",
+        "\"fashion-mnist\": the four MNIST-format IDX files in dir (gzip or not); \"synthetic\": "
+        "generated class patterns plus noise, for tests and demos."},
+       -inf, inf, false, false, {"fashion-mnist", "synthetic"}, assign<&J::data, &J::Data::dataset>},
+      {{"data", "dir", KeyType::string, "\"/usr/share/datasets/fashion-mnist\"",
+        "Directory holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz "
+        "and t10k-labels-idx1-ubyte.gz (Debian package dataset-fashion-mnist)."},
+       -inf, inf, false, false, {}, assign<&J::data, &J::Data::dir>},
+      {{"data", "batch_size", KeyType::integer, "64", "Samples per step and worker; 1 to 65536."},
+       1, 65536, false, false, {}, assign<&J::data, &J::Data::batch_size>},
+      {{"data", "train_samples", KeyType::integer, "0",
+        "Use only the first this many training samples; 0: all (synthetic: 10000)."},
+       0, 1e9, false, false, {}, assign<&J::data, &J::Data::train_samples>},
+      {{"data", "test_samples", KeyType::integer, "0",
+        "Evaluate on only the first this many test samples; 0: all (synthetic: 2000)."},
+       0, 1e9, false, false, {}, assign<&J::data, &J::Data::test_samples>},
+      {{"data", "shuffle", KeyType::boolean, "true", "Reshuffle the training samples every epoch (seeded)."},
+       -inf, inf, false, false, {}, assign<&J::data, &J::Data::shuffle>},
+      // [optimizer]
+      {{"optimizer", "name", KeyType::string, "\"sgd\"", "\"sgd\", \"adam\" or \"adamw\" (PyTorch semantics)."},
+       -inf, inf, false, false, {"sgd", "adam", "adamw"},
+       assign<&J::optimizer, &J::Optimizer::options, &compute::OptimizerOptions::name>},
+      {{"optimizer", "lr", KeyType::number, "0.01", "Base learning rate; (0, 10]."},
+       0, 10, true, false, {}, assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::base_lr>},
+      {{"optimizer", "momentum", KeyType::number, "0.9", "SGD momentum; [0, 1)."},
+       0, 1, false, true, {}, assign<&J::optimizer, &J::Optimizer::options, &compute::OptimizerOptions::momentum>},
+      {{"optimizer", "nesterov", KeyType::boolean, "false", "SGD with Nesterov momentum (needs momentum > 0)."},
+       -inf, inf, false, false, {}, assign<&J::optimizer, &J::Optimizer::options, &compute::OptimizerOptions::nesterov>},
+      {{"optimizer", "weight_decay", KeyType::number, "0.0",
+        "L2 penalty added to the gradient (sgd, adam) or decoupled decay (adamw); [0, 1]."},
+       0, 1, false, false, {},
+       assign<&J::optimizer, &J::Optimizer::options, &compute::OptimizerOptions::weight_decay>},
+      {{"optimizer", "beta1", KeyType::number, "0.9", "Adam first-moment decay; [0, 1)."},
+       0, 1, false, true, {}, assign<&J::optimizer, &J::Optimizer::options, &compute::OptimizerOptions::beta1>},
+      {{"optimizer", "beta2", KeyType::number, "0.999", "Adam second-moment decay; [0, 1)."},
+       0, 1, false, true, {}, assign<&J::optimizer, &J::Optimizer::options, &compute::OptimizerOptions::beta2>},
+      {{"optimizer", "eps", KeyType::number, "1e-8", "Adam denominator guard; (0, 1]."},
+       0, 1, true, false, {}, assign<&J::optimizer, &J::Optimizer::options, &compute::OptimizerOptions::eps>},
+      {{"optimizer", "schedule", KeyType::string, "\"constant\"",
+        "Learning-rate schedule after warm-up: \"constant\", \"step\" (times gamma every step_size steps) or "
+        "\"cosine\" (down to min_lr at the last step)."},
+       -inf, inf, false, false, {"constant", "step", "cosine"},
+       assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::kind>},
+      {{"optimizer", "warmup_steps", KeyType::integer, "0", "Linear warm-up from lr/warmup_steps to lr; steps."},
+       0, 1e9, false, false, {},
+       assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::warmup_steps>},
+      {{"optimizer", "step_size", KeyType::integer, "1000", "Step schedule period; steps, 1 or more."},
+       1, 1e9, false, false, {}, assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::step_size>},
+      {{"optimizer", "gamma", KeyType::number, "0.1", "Step schedule factor; (0, 1]."},
+       0, 1, true, false, {}, assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::gamma>},
+      {{"optimizer", "min_lr", KeyType::number, "0.0", "Cosine schedule floor; [0, lr]."},
+       0, 10, false, false, {}, assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::min_lr>},
+      // [compute]
+      {{"compute", "backend", KeyType::string, "\"ref\"",
+        "Kernels: \"ref\", the readable reference (plain loops, OpenMP over the batch)."},
+       -inf, inf, false, false, {"ref"}, assign<&J::compute, &J::Compute::backend>},
+      {{"compute", "threads", KeyType::integer, "0", "Threads for the kernels; 0: every core. --threads overrides."},
+       0, 1024, false, false, {}, assign<&J::compute, &J::Compute::threads>},
+  };
+  return k;
+}
+
+const char* type_name(KeyType t) {
+  switch (t) {
+    case KeyType::integer: return "an integer";
+    case KeyType::number: return "a number";
+    case KeyType::boolean: return "true or false";
+    case KeyType::string: return "a string";
+    case KeyType::layers: return "a list of layer tables";
+  }
+  return "?";
+}
+
+bool has_type(const toml::value& v, KeyType t) {
+  switch (t) {
+    case KeyType::integer: return v.is_integer();
+    case KeyType::number: return v.is_integer() || v.is_floating();
+    case KeyType::boolean: return v.is_boolean();
+    case KeyType::string: return v.is_string();
+    case KeyType::layers: return v.is_array();
+  }
+  return false;
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string suggestion(std::string_view word, const std::vector<std::string_view>& candidates) {
+  std::string known;
+  for (auto c : candidates) {
+    if (edit_distance(word, c) <= 2) return fmt::format(" (did you mean '{}'?)", c);
+    known += known.empty() ? std::string(c) : ", " + std::string(c);
+  }
+  return fmt::format(" (known: {})", known);
+}
+
+std::string bound_text(const Key& k) {
+  return fmt::format("{}{}, {}{}", k.min_exclusive ? "(" : "[", k.min, k.max, k.max_exclusive ? ")" : "]");
+}
+
+std::expected<void, ConfigError> check_value(const Key& k, const toml::value& v) {
+  const std::string name = fmt::format("{}.{}", k.info.section, k.info.key);
+  if (!has_type(v, k.info.type))
+    return std::unexpected(error_at(v, fmt::format("{} must be {}", name, type_name(k.info.type))));
+  if (k.info.type == KeyType::integer || k.info.type == KeyType::number) {
+    const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
+    const bool low = k.min_exclusive ? x <= k.min : x < k.min;
+    const bool high = k.max_exclusive ? x >= k.max : x > k.max;
+    if (low || high || x != x)
+      return std::unexpected(error_at(v, fmt::format("{} = {} is out of range {}", name, x, bound_text(k))));
+  }
+  if (!k.choices.empty()) {
+    const std::string& s = v.as_string().str;
+    if (std::find(k.choices.begin(), k.choices.end(), s) == k.choices.end())
+      return std::unexpected(error_at(v, fmt::format("{} = \"{}\" is not allowed{}", name, s, suggestion(s, k.choices))));
+  }
+  return {};
+}
+
+/// A table's entries sorted by line, then key, so errors come in the order a reader meets them.
+std::vector<std::pair<std::string, const toml::value*>> entries_in_file_order(const toml::value& table) {
+  std::vector<std::pair<std::string, const toml::value*>> entries;
+  for (const auto& [key, value] : table.as_table()) entries.emplace_back(key, &value);
+  std::sort(entries.begin(), entries.end(), [](const auto& a, const auto& b) {
+    return std::pair{a.second->location().line(), a.first} < std::pair{b.second->location().line(), b.first};
+  });
+  return entries;
+}
+
+// Layers are checked as they are read, so their errors carry a line.
+struct LayerError {
+  ConfigError error;
+};
+
+void apply_layers(JobConfig& c, const toml::value& v) {
+  c.model.layers.clear();
+  const auto& array = v.as_array();
+  for (size_t i = 0; i < array.size(); ++i) {
+    const toml::value& t = array[i];
+    const std::string here = fmt::format("model.layers[{}]", i + 1);
+    if (!t.is_table()) throw LayerError{error_at(t, here + " must be a table such as { type = \"relu\" }")};
+    compute::LayerSpec spec;
+    for (const auto& [key, value] : entries_in_file_order(t)) {
+      if (key == "type" || key == "name") {
+        if (!value->is_string()) throw LayerError{error_at(*value, fmt::format("{}.{} must be a string", here, key))};
+        (key == "type" ? spec.type : spec.name) = value->as_string().str;
+      } else if (value->is_integer() || value->is_floating()) {
+        spec.args.emplace_back(key, value->is_integer() ? static_cast<double>(value->as_integer()) : value->as_floating());
+      } else {
+        throw LayerError{error_at(*value, fmt::format("{}.{} must be a number", here, key))};
+      }
+    }
+    if (spec.type.empty()) throw LayerError{error_at(t, here + " needs a type")};
+    if (auto layer = compute::make_layer(spec); !layer)
+      throw LayerError{error_at(t, fmt::format("{}: {}", here, layer.error().message))};
+    c.model.layers.push_back(std::move(spec));
+  }
+  if (c.model.layers.empty()) throw LayerError{error_at(v, "model.layers is empty")};
+}
+
+std::vector<std::string_view> section_names() {
+  std::vector<std::string_view> names;
+  for (const auto& k : keys())
+    if (std::find(names.begin(), names.end(), k.info.section) == names.end()) names.push_back(k.info.section);
+  return names;
+}
+
+/// Parses one "section.key=value" into root, the value as TOML or else as a bare string.
+std::expected<void, ConfigError> apply_override(toml::value& root, const std::string& text) {
+  const auto eq = text.find('=');
+  const std::string lhs = text.substr(0, eq);
+  const auto dot = lhs.find('.');
+  if (eq == std::string::npos || dot == std::string::npos || dot == 0 || dot + 1 == lhs.size())
+    return std::unexpected(ConfigError{fmt::format("--set {}: expected section.key=value", text)});
+  const std::string section = lhs.substr(0, dot), key = lhs.substr(dot + 1), value = text.substr(eq + 1);
+  const std::string origin = "--set " + lhs;
+  toml::value parsed;
+  try {
+    std::istringstream in("v = " + value);
+    parsed = toml::parse(in, origin);
+  } catch (const std::exception&) {
+    std::string quoted;
+    for (char ch : value) quoted += (ch == '"' || ch == '\\') ? std::string{'\\', ch} : std::string{ch};
+    try {
+      std::istringstream in("v = \"" + quoted + "\"");
+      parsed = toml::parse(in, origin);
+    } catch (const std::exception& e) {
+      return std::unexpected(ConfigError{fmt::format("{}: cannot read the value: {}", origin, e.what())});
+    }
+  }
+  auto& table = root.as_table();
+  auto [it, inserted] = table.try_emplace(section, toml::table{});
+  if (!it->second.is_table())
+    return std::unexpected(error_at(it->second, fmt::format("{} must be a table", section)));
+  it->second.as_table()[key] = parsed.as_table().at("v");
+  return {};
+}
+
+std::expected<JobConfig, ConfigError> validate(const toml::value& root, const std::string& name) {
+  JobConfig c;
+  c.source = name;
+  const auto sections = section_names();
+  // Report problems in file order, whatever order the hash tables iterate in.
+  for (const auto& [section, table] : entries_in_file_order(root)) {
+    if (std::find(sections.begin(), sections.end(), section) == sections.end())
+      return std::unexpected(error_at(*table, fmt::format("unknown section [{}]{}", section, suggestion(section, sections))));
+    if (!table->is_table())
+      return std::unexpected(error_at(*table, fmt::format("{} must be a section ([{}])", section, section)));
+    for (const auto& [key, value] : entries_in_file_order(*table)) {
+      const auto spec = std::find_if(keys().begin(), keys().end(),
+                                     [&](const Key& k) { return k.info.section == section && k.info.key == key; });
+      if (spec == keys().end()) {
+        std::vector<std::string_view> known;
+        for (const auto& k : keys())
+          if (k.info.section == section) known.push_back(k.info.key);
+        return std::unexpected(
+            error_at(*value, fmt::format("unknown key {}.{}{}", section, key, suggestion(key, known))));
+      }
+      if (auto ok = check_value(*spec, *value); !ok) return std::unexpected(ok.error());
+      try {
+        spec->apply(c, *value);
+      } catch (const LayerError& e) {
+        return std::unexpected(e.error);
+      }
+    }
+  }
+  const auto& top = root.as_table();
+  if (auto m = top.find("model"); m != top.end() && m->second.is_table()) {
+    const auto& model = m->second.as_table();
+    if (model.count("preset") && model.count("layers"))
+      return std::unexpected(error_at(model.at("layers"), "set either model.preset or model.layers, not both"));
+  }
+  if (c.optimizer.schedule.min_lr > c.optimizer.schedule.base_lr)
+    return std::unexpected(ConfigError{fmt::format("{}: optimizer.min_lr ({}) is above optimizer.lr ({})", name,
+                                                   c.optimizer.schedule.min_lr, c.optimizer.schedule.base_lr)});
+  if (c.optimizer.options.nesterov && c.optimizer.options.momentum <= 0)
+    return std::unexpected(ConfigError{fmt::format("{}: optimizer.nesterov needs optimizer.momentum > 0", name)});
+  return c;
+}
+
+ConfigResult<JobConfig> finish(toml::value root, const std::string& name, std::span<const std::string> overrides) {
+  for (const auto& o : overrides)
+    if (auto ok = apply_override(root, o); !ok) return std::unexpected(ok.error());
+  return validate(root, name);
+}
+
+}  // namespace
+
+ConfigResult<JobConfig> parse_config(std::string_view text, const std::string& name,
+                                     std::span<const std::string> overrides) {
+  toml::value root;
+  try {
+    std::istringstream in{std::string(text)};
+    root = toml::parse(in, name);
+  } catch (const std::exception& e) {
+    return std::unexpected(ConfigError{fmt::format("{}: not valid TOML:\n{}", name, e.what())});
+  }
+  return finish(std::move(root), name, overrides);
+}
+
+ConfigResult<JobConfig> load_config(const std::optional<std::filesystem::path>& file,
+                                    std::span<const std::string> overrides) {
+  if (!file) return finish(toml::value(toml::table{}), "(built-in defaults)", overrides);
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(*file, ec))
+    return std::unexpected(ConfigError{fmt::format("{}: no such config file", file->string())});
+  toml::value root;
+  try {
+    root = toml::parse(file->string());
+  } catch (const std::exception& e) {
+    return std::unexpected(ConfigError{fmt::format("{}: not valid TOML:\n{}", file->string(), e.what())});
+  }
+  return finish(std::move(root), file->string(), overrides);
+}
+
+std::vector<KeyInfo> schema() {
+  std::vector<KeyInfo> out;
+  for (const auto& k : keys()) out.push_back(k.info);
+  return out;
+}
+
+}  // namespace tepdist::elastic

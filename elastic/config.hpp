@@ -1,0 +1,88 @@
+#pragma once
+// The job file: one schema for every subcommand. Each subcommand loads and validates the whole
+// file (unknown sections or keys, wrong types and out-of-range values are errors that name the
+// file, line and key) and then uses the sections it needs.
+//
+// Sections so far: [job] [model] [data] [optimizer] [compute]. docs/config.md lists every key; a
+// test keeps it in step with schema().
+
+#include <cstdint>
+#include <expected>
+#include <filesystem>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "compute/optimizer.hpp"
+#include "compute/presets.hpp"
+
+namespace tepdist::elastic {
+
+struct JobConfig {
+  struct Job {
+    std::string mode = "single";
+    int64_t epochs = 3;
+    int64_t max_steps = 0;  ///< 0: no cap
+    uint64_t seed = 0;
+    int64_t eval_every_steps = 0;  ///< 0: only at epoch ends
+    double target_accuracy = 0.85;
+    int64_t log_every_steps = 50;
+  } job;
+  struct Model {
+    std::string preset = "lenet";
+    std::vector<compute::LayerSpec> layers;  ///< non-empty: used instead of the preset
+  } model;
+  struct Data {
+    std::string dataset = "fashion-mnist";
+    std::string dir = "/usr/share/datasets/fashion-mnist";
+    int64_t batch_size = 64;
+    int64_t train_samples = 0;  ///< 0: all (synthetic: 10,000)
+    int64_t test_samples = 0;   ///< 0: all (synthetic: 2,000)
+    bool shuffle = true;
+  } data;
+  struct Optimizer {
+    compute::OptimizerOptions options;
+    compute::ScheduleOptions schedule;  ///< total_steps is filled in by the training loop
+  } optimizer;
+  struct Compute {
+    std::string backend = "ref";
+    int64_t threads = 0;  ///< 0: every core
+  } compute;
+
+  /// Where the configuration came from, for messages: a path or "(built-in defaults)".
+  std::string source;
+};
+
+/// An error that names the file, line and key at fault; message is fit to print as it is.
+struct ConfigError {
+  std::string message;
+};
+
+template <class T>
+using ConfigResult = std::expected<T, ConfigError>;
+
+/// Loads file (nullopt: the built-in defaults) and applies overrides ("section.key=value", value
+/// in TOML syntax, bare words taken as strings), validating everything.
+ConfigResult<JobConfig> load_config(const std::optional<std::filesystem::path>& file,
+                                    std::span<const std::string> overrides = {});
+
+/// Parses and validates TOML text (name is used in messages).
+ConfigResult<JobConfig> parse_config(std::string_view text, const std::string& name,
+                                     std::span<const std::string> overrides = {});
+
+enum class KeyType { integer, number, boolean, string, layers };
+
+/// One key of the schema, as documented in docs/config.md.
+struct KeyInfo {
+  std::string_view section, key;
+  KeyType type;
+  std::string_view default_text;  ///< as it would be written in TOML
+  std::string_view doc;           ///< unit, range and meaning
+};
+
+/// Every key every subcommand accepts, section by section.
+std::vector<KeyInfo> schema();
+
+}  // namespace tepdist::elastic
