@@ -22,6 +22,7 @@ struct OptimizerOptions {
   float beta1 = 0.9f;         ///< adam(w)
   float beta2 = 0.999f;       ///< adam(w)
   float eps = 1e-8f;          ///< adam(w)
+  friend bool operator==(const OptimizerOptions&, const OptimizerOptions&) = default;
 };
 
 class Optimizer {
@@ -51,6 +52,7 @@ struct ScheduleOptions {
   float gamma = 0.1f;             ///< step
   int64_t total_steps = 0;        ///< cosine: steps over which to decay to min_lr
   float min_lr = 0.0f;            ///< cosine
+  friend bool operator==(const ScheduleOptions&, const ScheduleOptions&) = default;
 };
 
 /// The learning rate as a function of the number of updates applied so far.

@@ -24,6 +24,7 @@ struct LayerSpec {
   std::string type;
   std::string name;  ///< empty: automatic (conv1, fc2, ...)
   std::vector<std::pair<std::string, double>> args;
+  friend bool operator==(const LayerSpec&, const LayerSpec&) = default;
 };
 
 /// A layer from its spec; unknown types, unknown or missing arguments and non-integer sizes are

@@ -371,6 +371,22 @@ ConfigResult<JobConfig> load_config(const std::optional<std::filesystem::path>& 
   return finish(std::move(root), file->string(), overrides);
 }
 
+std::string schema_markdown() {
+  static constexpr const char* type_words[] = {"integer", "number", "boolean", "string", "array of tables"};
+  std::string md;
+  std::string_view section;
+  for (const auto& k : keys()) {
+    if (k.info.section != section) {
+      section = k.info.section;
+      md += fmt::format("{}## [{}]\n\n| key | type | default | meaning |\n|---|---|---|---|\n", md.empty() ? "" : "\n",
+                        section);
+    }
+    md += fmt::format("| `{}` | {} | `{}` | {} |\n", k.info.key, type_words[static_cast<int>(k.info.type)],
+                      k.info.default_text, k.info.doc);
+  }
+  return md;
+}
+
 std::vector<KeyInfo> schema() {
   std::vector<KeyInfo> out;
   for (const auto& k : keys()) out.push_back(k.info);

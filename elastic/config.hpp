@@ -29,10 +29,12 @@ struct JobConfig {
     int64_t eval_every_steps = 0;  ///< 0: only at epoch ends
     double target_accuracy = 0.85;
     int64_t log_every_steps = 50;
+    friend bool operator==(const Job&, const Job&) = default;
   } job;
   struct Model {
     std::string preset = "lenet";
     std::vector<compute::LayerSpec> layers;  ///< non-empty: used instead of the preset
+    friend bool operator==(const Model&, const Model&) = default;
   } model;
   struct Data {
     std::string dataset = "fashion-mnist";
@@ -41,18 +43,26 @@ struct JobConfig {
     int64_t train_samples = 0;  ///< 0: all (synthetic: 10,000)
     int64_t test_samples = 0;   ///< 0: all (synthetic: 2,000)
     bool shuffle = true;
+    friend bool operator==(const Data&, const Data&) = default;
   } data;
   struct Optimizer {
     compute::OptimizerOptions options;
     compute::ScheduleOptions schedule;  ///< total_steps is filled in by the training loop
+    friend bool operator==(const Optimizer&, const Optimizer&) = default;
   } optimizer;
   struct Compute {
     std::string backend = "ref";
     int64_t threads = 0;  ///< 0: every core
+    friend bool operator==(const Compute&, const Compute&) = default;
   } compute;
 
   /// Where the configuration came from, for messages: a path or "(built-in defaults)".
   std::string source;
+
+  /// Equal settings, wherever they came from (source is not compared).
+  bool same_settings(const JobConfig& o) const {
+    return job == o.job && model == o.model && data == o.data && optimizer == o.optimizer && compute == o.compute;
+  }
 };
 
 /// An error that names the file, line and key at fault; message is fit to print as it is.
@@ -84,5 +94,9 @@ struct KeyInfo {
 
 /// Every key every subcommand accepts, section by section.
 std::vector<KeyInfo> schema();
+
+/// The schema as Markdown: a "## [section]" heading and a table of keys per section. docs/config.md
+/// holds exactly this between its schema markers (a test checks; tests/tools/config_doc rewrites it).
+std::string schema_markdown();
 
 }  // namespace tepdist::elastic

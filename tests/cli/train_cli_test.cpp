@@ -1,0 +1,164 @@
+// `tepdist train` as a user runs it: a real process, its exit status, its files.
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("tepdist-cli-" + std::to_string(::getpid()) + "-" +
+                                               std::to_string(reinterpret_cast<uintptr_t>(this)));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+struct Run {
+  int status;
+  std::string out, err;
+};
+
+/// Runs tepdist with args (already shell-quoted where needed) and waits for it.
+Run tepdist(const std::string& args, const fs::path& scratch) {
+  const std::string cmd = std::string(TEPDIST_BINARY) + " " + args + " > " + (scratch / "stdout").string() + " 2> " +
+                          (scratch / "stderr").string();
+  const int raw = std::system(cmd.c_str());
+  return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(scratch / "stdout"), slurp(scratch / "stderr")};
+}
+
+const std::string synthetic = " --set data.dataset=synthetic --set data.train_samples=640 --set data.test_samples=200 ";
+
+}  // namespace
+
+TEST_CASE("train writes result.json, the model and a checkpoint", "[cli][train]") {
+  TempDir dir;
+  const auto out = dir.path / "out";
+  const Run r = tepdist("train" + synthetic + "--epochs 2 --set model.preset=mlp --out " + out.string(), dir.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  const auto result = nlohmann::json::parse(slurp(out / "result.json"));
+  for (const char* key : {"mode", "nodes", "epochs", "steps", "samples", "wall_seconds", "startup_seconds",
+                          "eval_seconds", "samples_per_second", "test_accuracy", "test_loss", "target_accuracy",
+                          "time_to_target_seconds", "membership_events", "checkpoint", "seed"})
+    CHECK(result.contains(key));
+  CHECK(result["mode"] == "single");
+  CHECK(result["nodes"] == 1);
+  CHECK(result["epochs"] == 2);
+  CHECK(result["steps"] == 20);  // 640 samples / batch 64, twice
+  CHECK(result["samples"] == 1280);
+  CHECK(result["test_accuracy"].get<double>() > 0.9);
+  CHECK(result["time_to_target_seconds"].is_number());
+  CHECK(fs::file_size(out / "model.safetensors") > 8);
+  CHECK(fs::exists(out / "checkpoint"));
+  CHECK_THAT(r.out, Catch::Contains("test accuracy"));
+}
+
+TEST_CASE("a bad config is refused before training, naming file, line and key", "[cli][train]") {
+  TempDir dir;
+  const auto job = dir.path / "job.toml";
+  std::ofstream(job) << "[job]\nepochs = 1\n[optimizer]\nlearning_rate = 0.1\n";
+  const Run r = tepdist("train " + job.string() + " --out " + (dir.path / "out").string(), dir.path);
+  CHECK(r.status == 2);
+  CHECK_THAT(r.err, Catch::Contains(job.string() + ":4") && Catch::Contains("optimizer.learning_rate"));
+  CHECK_FALSE(fs::exists(dir.path / "out" / "result.json"));
+
+  const Run bad_set = tepdist("train --set data.batch_size=0 --out " + (dir.path / "out").string(), dir.path);
+  CHECK(bad_set.status == 2);
+  CHECK_THAT(bad_set.err, Catch::Contains("data.batch_size"));
+}
+
+TEST_CASE("missing data names the file and the package that provides it", "[cli][train]") {
+  TempDir dir;
+  const Run r = tepdist("train --set data.dir=" + (dir.path / "nowhere").string() + " --out " +
+                            (dir.path / "out").string(),
+                        dir.path);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.err, Catch::Contains("train-images-idx3-ubyte.gz") && Catch::Contains("dataset-fashion-mnist"));
+}
+
+TEST_CASE("a resumed run ends exactly where an uninterrupted one does", "[cli][train]") {
+  TempDir dir;
+  const std::string common = "train" + synthetic + "--threads 1 --set model.preset=mlp ";
+  REQUIRE(tepdist(common + "--epochs 2 --out " + (dir.path / "straight").string(), dir.path).status == 0);
+  REQUIRE(tepdist(common + "--epochs 1 --out " + (dir.path / "resumed").string(), dir.path).status == 0);
+  const Run resumed = tepdist(common + "--epochs 2 --resume --out " + (dir.path / "resumed").string(), dir.path);
+  INFO(resumed.out << resumed.err);
+  REQUIRE(resumed.status == 0);
+  CHECK_THAT(resumed.out, Catch::Contains("resumed from"));
+  CHECK(slurp(dir.path / "straight" / "model.safetensors") == slurp(dir.path / "resumed" / "model.safetensors"));
+  CHECK(nlohmann::json::parse(slurp(dir.path / "resumed" / "result.json"))["steps"] == 20);
+}
+
+TEST_CASE("resuming without a checkpoint says so", "[cli][train]") {
+  TempDir dir;
+  const Run r = tepdist("train" + synthetic + "--resume --out " + (dir.path / "out").string(), dir.path);
+  CHECK(r.status == 1);
+  CHECK_THAT(r.err, Catch::Contains("--resume") && Catch::Contains("checkpoint"));
+}
+
+TEST_CASE("Ctrl-C stops at a step boundary with a checkpoint to resume from", "[cli][train]") {
+  TempDir dir;
+  const auto out = dir.path / "out";
+  int pipe_fds[2];
+  REQUIRE(pipe(pipe_fds) == 0);
+  const pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(pipe_fds[1], STDOUT_FILENO);
+    close(pipe_fds[0]);
+    const std::string out_dir = out.string();
+    execl(TEPDIST_BINARY, "tepdist", "train", "--set", "data.dataset=synthetic", "--set", "data.train_samples=20000",
+          "--set", "job.log_every_steps=1", "--epochs", "50", "--out", out_dir.c_str(), static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(pipe_fds[1]);
+  // Wait for the first progress line: training is under way.
+  std::string seen;
+  char buf[256];
+  while (seen.find("samples/s") == std::string::npos) {
+    const ssize_t n = read(pipe_fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    seen.append(buf, static_cast<size_t>(n));
+  }
+  REQUIRE_THAT(seen, Catch::Contains("samples/s"));
+  kill(pid, SIGINT);
+  while (read(pipe_fds[0], buf, sizeof buf) > 0) {
+  }
+  close(pipe_fds[0]);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 130);
+  CHECK(fs::exists(out / "checkpoint"));
+  CHECK_FALSE(fs::exists(out / "result.json"));
+}
+
+TEST_CASE("LeNet learns Fashion-MNIST: 8,000 samples take it from chance past 65%", "[cli][train][fashion]") {
+  TempDir dir;
+  const auto out = dir.path / "out";
+  const Run r = tepdist("train --epochs 1 --set data.train_samples=8000 --set data.test_samples=2000 --set optimizer.lr=0.05 --out " +
+                            out.string(),
+                        dir.path);
+  INFO(r.out << r.err);
+  REQUIRE(r.status == 0);
+  const auto result = nlohmann::json::parse(slurp(out / "result.json"));
+  CHECK(result["steps"] == 125);
+  CHECK(result["test_accuracy"].get<double>() >= 0.65);
+  CHECK(result["peak_rss_mb"].get<double>() < 300.0);
+}

@@ -1,0 +1,166 @@
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "compute/io/checkpoint.hpp"
+#include "compute/io/files.hpp"
+#include "compute/presets.hpp"
+#include "compute/ref/ref_backend.hpp"
+#include "compute/train.hpp"
+
+using namespace tepdist::compute;
+namespace fs = std::filesystem;
+
+namespace {
+
+struct TempDir {
+  fs::path path = fs::temp_directory_path() / ("tepdist-files-" + std::to_string(::getpid()) + "-" +
+                                               std::to_string(reinterpret_cast<uintptr_t>(this)));
+  TempDir() { fs::create_directories(path); }
+  ~TempDir() { fs::remove_all(path); }
+};
+
+std::unique_ptr<Model> built_mlp(uint64_t seed) {
+  auto m = make_mlp(16, 10);
+  REQUIRE(m->build({1, 28, 28}, seed).has_value());
+  return m;
+}
+
+std::unique_ptr<Optimizer> sgd(size_t n) { return std::move(*make_optimizer({}, n)); }
+
+/// A few real steps, so parameters, momentum and the step count all hold something.
+void train_a_little(Model& m, Optimizer& opt) {
+  auto backend = make_ref_backend();
+  const Dataset d = make_synthetic(64, 0);
+  Tensor x;
+  std::vector<int32_t> y;
+  LossScratch scratch;
+  const auto order = shuffled_indices(d.size(), 0, 0);
+  gather_batch(d, order, x, y);
+  for (int i = 0; i < 3; ++i) {
+    compute_gradients(m, *backend, x, y, scratch);
+    opt.step(m.parameters(), m.gradients(), 0.01f);
+  }
+}
+
+std::string slurp(const fs::path& p) { return *read_file(p); }
+
+}  // namespace
+
+TEST_CASE("a checkpoint restores parameters, optimiser state, step and random state", "[compute][checkpoint]") {
+  TempDir dir;
+  auto m = built_mlp(1);
+  auto opt = sgd(m->parameters().size());
+  train_a_little(*m, *opt);
+  m->rng().next();
+  const std::vector<float> params(m->parameters().begin(), m->parameters().end());
+  const std::vector<float> momentum(opt->state()[0].second.begin(), opt->state()[0].second.end());
+  const auto rng = m->rng().state();
+  REQUIRE(save_checkpoint(dir.path / "ckpt", *m, *opt, {3, 1, 42}).has_value());
+
+  auto fresh = built_mlp(2);
+  auto fresh_opt = sgd(fresh->parameters().size());
+  auto state = load_checkpoint(dir.path / "ckpt", *fresh, *fresh_opt);
+  REQUIRE(state.has_value());
+  CHECK(state->step == 3);
+  CHECK(state->epoch == 1);
+  CHECK(state->seed == 42);
+  CHECK(std::equal(params.begin(), params.end(), fresh->parameters().begin()));
+  CHECK(std::equal(momentum.begin(), momentum.end(), fresh_opt->state()[0].second.begin()));
+  CHECK(fresh_opt->steps() == 3);
+  CHECK(fresh->rng().state() == rng);
+}
+
+TEST_CASE("a damaged checkpoint is detected by its checksum and loads nothing", "[compute][checkpoint]") {
+  TempDir dir;
+  auto m = built_mlp(1);
+  auto opt = sgd(m->parameters().size());
+  REQUIRE(save_checkpoint(dir.path / "ckpt", *m, *opt, {}).has_value());
+  std::string bytes = slurp(dir.path / "ckpt");
+
+  auto target = built_mlp(2);
+  auto target_opt = sgd(target->parameters().size());
+  const std::vector<float> before(target->parameters().begin(), target->parameters().end());
+  SECTION("one flipped bit in the data") { bytes[bytes.size() / 2] ^= 0x10; }
+  SECTION("cut short") { bytes.resize(bytes.size() - 100); }
+  SECTION("not a checkpoint at all") { bytes = "hello"; }
+  std::ofstream(dir.path / "bad", std::ios::binary) << bytes;
+  auto r = load_checkpoint(dir.path / "bad", *target, *target_opt);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == Errc::corrupt);
+  CHECK_THAT(r.error().message, Catch::Contains((dir.path / "bad").string()));
+  CHECK(std::equal(before.begin(), before.end(), target->parameters().begin()));
+}
+
+TEST_CASE("a checkpoint of another model or optimiser is refused", "[compute][checkpoint]") {
+  TempDir dir;
+  auto m = built_mlp(1);
+  auto opt = sgd(m->parameters().size());
+  REQUIRE(save_checkpoint(dir.path / "ckpt", *m, *opt, {}).has_value());
+  auto other = make_mlp(32, 10);
+  REQUIRE(other->build({1, 28, 28}, 0).has_value());
+  auto other_opt = sgd(other->parameters().size());
+  auto r = load_checkpoint(dir.path / "ckpt", *other, *other_opt);
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == Errc::mismatch);
+
+  OptimizerOptions adam;
+  adam.name = "adam";
+  auto adam_opt = std::move(*make_optimizer(adam, m->parameters().size()));
+  auto r2 = load_checkpoint(dir.path / "ckpt", *m, *adam_opt);
+  REQUIRE_FALSE(r2.has_value());
+  CHECK_THAT(r2.error().message, Catch::Contains("sgd") && Catch::Contains("adam"));
+}
+
+TEST_CASE("atomic writes replace the file whole and leave no temporary behind", "[compute][files]") {
+  TempDir dir;
+  const auto p = dir.path / "f";
+  REQUIRE(write_file_atomically(p, "first").has_value());
+  REQUIRE(write_file_atomically(p, "second").has_value());
+  CHECK(slurp(p) == "second");
+  CHECK(std::distance(fs::directory_iterator(dir.path), fs::directory_iterator()) == 1);
+  auto r = write_file_atomically(dir.path / "no" / "such" / "dir", "x");
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == Errc::io);
+}
+
+TEST_CASE("safetensors export and import round-trip the parameters", "[compute][safetensors]") {
+  TempDir dir;
+  auto a = built_mlp(1);
+  REQUIRE(export_safetensors(dir.path / "m.safetensors", *a).has_value());
+  auto b = built_mlp(2);
+  REQUIRE(import_safetensors(dir.path / "m.safetensors", *b).has_value());
+  CHECK(std::equal(a->parameters().begin(), a->parameters().end(), b->parameters().begin()));
+
+  auto wrong = make_mlp(8, 10);
+  REQUIRE(wrong->build({1, 28, 28}, 0).has_value());
+  auto r = import_safetensors(dir.path / "m.safetensors", *wrong);
+  REQUIRE_FALSE(r.has_value());
+  CHECK_THAT(r.error().message, Catch::Contains("fc1.weight") && Catch::Contains("shape"));
+}
+
+TEST_CASE("an independent Python reader of the safetensors format reads back every value", "[compute][safetensors]") {
+  TempDir dir;
+  auto m = built_mlp(3);
+  const auto file = dir.path / "m.safetensors";
+  REQUIRE(export_safetensors(file, *m).has_value());
+  const auto dump = dir.path / "dump.json";
+  const std::string command = std::string(TEPDIST_PYTHON) + " " + TEPDIST_SAFETENSORS_READER + " " +
+                              file.string() + " > " + dump.string();
+  REQUIRE(std::system(command.c_str()) == 0);
+  const auto tensors = nlohmann::json::parse(slurp(dump));
+  REQUIRE(tensors.size() == m->named_parameters().size());
+  for (const auto& p : m->named_parameters()) {
+    INFO(p.name);
+    REQUIRE(tensors.contains(p.name));
+    CHECK(tensors[p.name]["shape"].get<std::vector<int64_t>>() == p.shape.dims());
+    const auto values = tensors[p.name]["values"].get<std::vector<double>>();
+    REQUIRE(static_cast<int64_t>(values.size()) == p.shape.elements());
+    for (size_t i = 0; i < values.size(); ++i)
+      REQUIRE(static_cast<float>(values[i]) == m->parameters()[static_cast<size_t>(p.offset) + i]);
+  }
+}

@@ -1,0 +1,171 @@
+#include <catch2/catch.hpp>
+#include <fstream>
+#include <sstream>
+
+#include "elastic/config.hpp"
+
+using namespace tepdist::elastic;
+
+namespace {
+
+JobConfig parse_ok(const std::string& text, std::vector<std::string> overrides = {}) {
+  auto c = parse_config(text, "job.toml", overrides);
+  INFO((c ? std::string() : c.error().message));
+  REQUIRE(c.has_value());
+  return *c;
+}
+
+std::string parse_error(const std::string& text, std::vector<std::string> overrides = {}) {
+  auto c = parse_config(text, "job.toml", overrides);
+  REQUIRE_FALSE(c.has_value());
+  return c.error().message;
+}
+
+}  // namespace
+
+TEST_CASE("no file means the documented defaults: LeNet, Fashion-MNIST, SGD 0.01/0.9, batch 64, seed 0",
+          "[elastic][config]") {
+  auto c = load_config(std::nullopt);
+  REQUIRE(c.has_value());
+  CHECK(c->model.preset == "lenet");
+  CHECK(c->model.layers.empty());
+  CHECK(c->data.dataset == "fashion-mnist");
+  CHECK(c->optimizer.options.name == "sgd");
+  CHECK(c->optimizer.schedule.base_lr == Approx(0.01f));
+  CHECK(c->optimizer.options.momentum == Approx(0.9f));
+  CHECK(c->data.batch_size == 64);
+  CHECK(c->job.seed == 0);
+}
+
+TEST_CASE("every key's documented default is the default the code uses", "[elastic][config]") {
+  const JobConfig defaults = *load_config(std::nullopt);
+  for (const auto& k : schema()) {
+    if (k.type == KeyType::layers) continue;  // the empty list means "use the preset"
+    const std::string o = std::string(k.section) + "." + std::string(k.key) + "=" + std::string(k.default_text);
+    INFO(o);
+    auto c = parse_config("", "defaults", std::vector<std::string>{o});
+    REQUIRE(c.has_value());
+    CHECK(c->same_settings(defaults));
+  }
+}
+
+TEST_CASE("configs/train.toml is the built-in default written out", "[elastic][config]") {
+  auto file = load_config(std::string(TEPDIST_SOURCE_DIR) + "/configs/train.toml");
+  INFO((file ? std::string() : file.error().message));
+  REQUIRE(file.has_value());
+  CHECK(file->same_settings(*load_config(std::nullopt)));
+}
+
+TEST_CASE("docs/config.md holds the schema as the code has it", "[elastic][config]") {
+  std::ifstream in(std::string(TEPDIST_SOURCE_DIR) + "/docs/config.md");
+  REQUIRE(in);
+  std::stringstream doc;
+  doc << in.rdbuf();
+  // If this fails after a schema change: build config_doc and run it on docs/config.md.
+  CHECK_THAT(doc.str(), Catch::Contains("<!-- schema:begin -->\n" + schema_markdown() + "<!-- schema:end -->"));
+}
+
+TEST_CASE("values are read into their fields", "[elastic][config]") {
+  const auto c = parse_ok(R"(
+[job]
+epochs = 10
+seed = 7
+eval_every_steps = 100
+[optimizer]
+name = "adamw"
+lr = 1        # an integer is a fine number
+weight_decay = 0.01
+schedule = "cosine"
+warmup_steps = 50
+[data]
+batch_size = 128
+shuffle = false
+[compute]
+threads = 2
+)");
+  CHECK(c.job.epochs == 10);
+  CHECK(c.job.seed == 7);
+  CHECK(c.job.eval_every_steps == 100);
+  CHECK(c.optimizer.options.name == "adamw");
+  CHECK(c.optimizer.schedule.base_lr == 1.0f);
+  CHECK(c.optimizer.options.weight_decay == Approx(0.01f));
+  CHECK(c.optimizer.schedule.kind == "cosine");
+  CHECK(c.optimizer.schedule.warmup_steps == 50);
+  CHECK(c.data.batch_size == 128);
+  CHECK_FALSE(c.data.shuffle);
+  CHECK(c.compute.threads == 2);
+}
+
+TEST_CASE("an unknown key is named with its file, line and a suggestion", "[elastic][config]") {
+  const auto e = parse_error("[job]\nepochs = 2\n\n[optimizer]\nlearning_rate = 0.1\nmomentun = 0.5\n");
+  CHECK_THAT(e, Catch::StartsWith("job.toml:5: unknown key optimizer.learning_rate"));
+  const auto typo = parse_error("[optimizer]\nmomentun = 0.5\n");
+  CHECK_THAT(typo, Catch::Contains("job.toml:2") && Catch::Contains("did you mean 'momentum'"));
+}
+
+TEST_CASE("an unknown section is named", "[elastic][config]") {
+  CHECK_THAT(parse_error("[jobs]\nepochs = 1\n"), Catch::Contains("unknown section [jobs]") && Catch::Contains("'job'"));
+}
+
+TEST_CASE("a value of the wrong type is named with its line", "[elastic][config]") {
+  CHECK_THAT(parse_error("[data]\n\nbatch_size = \"64\"\n"),
+             Catch::StartsWith("job.toml:3: data.batch_size must be an integer"));
+  CHECK_THAT(parse_error("[job]\nepochs = 2.5\n"), Catch::Contains("job.epochs must be an integer"));
+  CHECK_THAT(parse_error("[data]\nshuffle = 1\n"), Catch::Contains("data.shuffle must be true or false"));
+}
+
+TEST_CASE("out-of-range values and unknown choices are refused with the range", "[elastic][config]") {
+  CHECK_THAT(parse_error("[data]\nbatch_size = 0\n"), Catch::Contains("data.batch_size = 0 is out of range [1, 65536]"));
+  CHECK_THAT(parse_error("[optimizer]\nlr = 0\n"), Catch::Contains("(0, 10]"));
+  CHECK_THAT(parse_error("[optimizer]\nmomentum = 1.0\n"), Catch::Contains("[0, 1)"));
+  CHECK_THAT(parse_error("[optimizer]\nname = \"adan\"\n"), Catch::Contains("did you mean 'adam'"));
+  CHECK_THAT(parse_error("[job]\nmode = \"sync\"\n"), Catch::Contains("job.mode"));
+}
+
+TEST_CASE("syntax errors name the file", "[elastic][config]") {
+  CHECK_THAT(parse_error("[job\nepochs = 1\n"), Catch::StartsWith("job.toml: not valid TOML"));
+}
+
+TEST_CASE("overrides given with --set take TOML values or bare words and are validated like the file", "[elastic][config]") {
+  const auto c = parse_ok("[optimizer]\nlr = 0.1\n", {"optimizer.lr=0.5", "optimizer.name=adam", "job.epochs=4"});
+  CHECK(c.optimizer.schedule.base_lr == 0.5f);
+  CHECK(c.optimizer.options.name == "adam");
+  CHECK(c.job.epochs == 4);
+  CHECK_THAT(parse_error("", {"job.epochs=0"}), Catch::StartsWith("--set job.epochs:1: job.epochs = 0 is out of range"));
+  CHECK_THAT(parse_error("", {"epochs=3"}), Catch::Contains("expected section.key=value"));
+  CHECK_THAT(parse_error("", {"job.epoch=3"}), Catch::Contains("unknown key job.epoch"));
+}
+
+TEST_CASE("a model is described by its layers", "[elastic][config]") {
+  const auto c = parse_ok(R"([model]
+layers = [
+  { type = "conv2d", out_channels = 8, kernel = 3, padding = 1 },
+  { type = "relu" },
+  { type = "flatten" },
+  { type = "linear", out_features = 10, name = "head" },
+]
+)");
+  REQUIRE(c.model.layers.size() == 4);
+  CHECK(c.model.layers[0].type == "conv2d");
+  CHECK(c.model.layers[3].name == "head");
+  auto model = tepdist::compute::make_model(c.model.layers);
+  REQUIRE(model.has_value());
+  REQUIRE((*model)->build({1, 28, 28}, 0).has_value());
+  CHECK((*model)->named_parameters().back().name == "head.bias");
+}
+
+TEST_CASE("bad layers are named by position and line", "[elastic][config]") {
+  CHECK_THAT(parse_error("[model]\nlayers = [\n  { type = \"relu\" },\n  { type = \"conv2d\", kernel = 3 },\n]\n"),
+             Catch::Contains("job.toml:4") && Catch::Contains("model.layers[2]") && Catch::Contains("out_channels"));
+  CHECK_THAT(parse_error("[model]\nlayers = [ { kernel = 3 } ]\n"), Catch::Contains("needs a type"));
+  CHECK_THAT(parse_error("[model]\nlayers = [ { type = \"linear\", out_features = \"ten\" } ]\n"),
+             Catch::Contains("must be a number"));
+  CHECK_THAT(parse_error("[model]\npreset = \"mlp\"\nlayers = [ { type = \"relu\" } ]\n"),
+             Catch::Contains("either model.preset or model.layers"));
+}
+
+TEST_CASE("a missing config file is named", "[elastic][config]") {
+  auto c = load_config(std::filesystem::path("/nonexistent/job.toml"));
+  REQUIRE_FALSE(c.has_value());
+  CHECK_THAT(c.error().message, Catch::Contains("/nonexistent/job.toml"));
+}
