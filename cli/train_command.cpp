@@ -16,7 +16,7 @@
 #include "compute/io/checkpoint.hpp"
 #include "compute/io/files.hpp"
 #include "compute/presets.hpp"
-#include "compute/ref/ref_backend.hpp"
+#include "compute/backends.hpp"
 #include "compute/train.hpp"
 #include "elastic/config.hpp"
 
@@ -123,7 +123,9 @@ int run_train(const TrainArgs& args) {
     return usage_error(fmt::format("{}: the model outputs {} classes but the data has {}", c.source, net.classes(),
                                    data->train.classes));
 
-  auto backend = compute::make_ref_backend();
+  auto made = compute::make_backend(c.compute.backend);
+  if (!made) return usage_error(fmt::format("{}: {}", c.source, made.error().message));
+  const std::unique_ptr<compute::Backend> backend = std::move(*made);
   backend->set_threads(static_cast<int>(c.compute.threads));
 
   const int64_t n = data->train.size();

@@ -137,9 +137,10 @@ const std::vector<Key>& keys() {
       {{"optimizer", "min_lr", KeyType::number, "0.0", "Cosine schedule floor; [0, lr]."},
        0, 10, false, false, {}, assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::min_lr>},
       // [compute]
-      {{"compute", "backend", KeyType::string, "\"ref\"",
-        "Kernels: \"ref\", the readable reference (plain loops, OpenMP over the batch)."},
-       -inf, inf, false, false, {"ref"}, assign<&J::compute, &J::Compute::backend>},
+      {{"compute", "backend", KeyType::string, "\"onednn\"",
+        "Kernels: \"onednn\" (oneDNN primitives, the fast path) or \"ref\" (the readable reference: plain "
+        "loops, OpenMP over the batch; every oneDNN kernel is tested against it)."},
+       -inf, inf, false, false, {"onednn", "ref"}, assign<&J::compute, &J::Compute::backend>},
       {{"compute", "threads", KeyType::integer, "0", "Threads for the kernels; 0: every core. --threads overrides."},
        0, 1024, false, false, {}, assign<&J::compute, &J::Compute::threads>},
   };

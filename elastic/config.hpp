@@ -51,7 +51,7 @@ struct JobConfig {
     friend bool operator==(const Optimizer&, const Optimizer&) = default;
   } optimizer;
   struct Compute {
-    std::string backend = "ref";
+    std::string backend = "onednn";
     int64_t threads = 0;  ///< 0: every core
     friend bool operator==(const Compute&, const Compute&) = default;
   } compute;

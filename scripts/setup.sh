@@ -5,7 +5,8 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git python3
-  libcaf-dev libcapnp-dev capnproto libuv1-dev libdnnl-dev libtoml11-dev
+  libcaf-dev libcapnp-dev capnproto libuv1-dev libtoml11-dev
+  libdnnl-dev ocl-icd-opencl-dev  # Debian's oneDNN CMake package insists on finding OpenCL
   catch2 libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libssl-dev zlib1g-dev
   libbenchmark-dev clang libclang-rt-14-dev
   dataset-fashion-mnist

@@ -1,0 +1,267 @@
+// oneDNN kernels. Shape contracts are those of compute/ref (see the files there); what differs is
+// how the work is done, not what it computes.
+
+#include "compute/onednn/onednn_backend.hpp"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cassert>
+#include <cmath>
+#include <oneapi/dnnl/dnnl.hpp>
+
+#include "compute/onednn/operand.hpp"
+
+namespace tepdist::compute {
+namespace onednn {
+namespace {
+
+using dnnl::algorithm;
+using dnnl::prop_kind;
+using md = dnnl::memory::desc;
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+md plain(dnnl::memory::dims dims, tag t) { return md(dims, dt::f32, t); }
+md any(dnnl::memory::dims dims) { return md(dims, dt::f32, tag::any); }
+
+/// The engine and stream every kernel of one backend shares.
+struct Context {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+};
+
+class Conv2d final : public Conv2dKernel {
+ public:
+  Conv2d(Context& ctx, const Conv2dGeometry& g) : ctx_(ctx) {
+    const dnnl::memory::dims src{g.n, g.c, g.h, g.w}, wei{g.k, g.c, g.r, g.s}, bias{g.k},
+        dst{g.n, g.k, g.oh(), g.ow()}, stride{g.stride, g.stride}, pad{g.pad, g.pad};
+    const md bias_md = plain(bias, tag::x);
+    const convolution_desc fwd_d(prop_kind::forward_training, algorithm::convolution_direct, any(src), any(wei),
+                                 bias_md, any(dst), stride, pad, pad);
+    fwd_pd_ = dnnl::convolution_forward::primitive_desc(fwd_d, ctx.engine);
+    fwd_ = dnnl::convolution_forward(fwd_pd_);
+    bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(
+        {algorithm::convolution_direct, any(src), any(wei), any(dst), stride, pad, pad}, ctx.engine, fwd_pd_);
+    bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
+    bwd_weights_pd_ = dnnl::convolution_backward_weights::primitive_desc(
+        {algorithm::convolution_direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad}, ctx.engine, fwd_pd_);
+    bwd_weights_ = dnnl::convolution_backward_weights(bwd_weights_pd_);
+
+    const md src_plain = plain(src, tag::nchw), wei_plain = plain(wei, tag::oihw), dst_plain = plain(dst, tag::nchw);
+    x_ = Operand(ctx.engine, src_plain, fwd_pd_.src_desc());
+    w_ = Operand(ctx.engine, wei_plain, fwd_pd_.weights_desc());
+    b_ = Operand(ctx.engine, bias_md, bias_md);
+    y_ = Operand(ctx.engine, dst_plain, fwd_pd_.dst_desc());
+    bd_dy_ = Operand(ctx.engine, dst_plain, bwd_data_pd_.diff_dst_desc());
+    bd_w_ = Operand(ctx.engine, wei_plain, bwd_data_pd_.weights_desc());
+    bd_dx_ = Operand(ctx.engine, src_plain, bwd_data_pd_.diff_src_desc());
+    bw_x_ = Operand(ctx.engine, src_plain, bwd_weights_pd_.src_desc());
+    bw_dy_ = Operand(ctx.engine, dst_plain, bwd_weights_pd_.diff_dst_desc());
+    bw_dw_ = Operand(ctx.engine, wei_plain, bwd_weights_pd_.diff_weights_desc());
+    bw_db_ = Operand(ctx.engine, bias_md, bias_md);
+  }
+
+  void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) override {
+    auto& s = ctx_.stream;
+    fwd_.execute(s, {{DNNL_ARG_SRC, x_.in(s, x.data)},
+                     {DNNL_ARG_WEIGHTS, w_.in(s, w.data)},
+                     {DNNL_ARG_BIAS, b_.in(s, b.data)},
+                     {DNNL_ARG_DST, y_.out(y.data)}});
+    y_.finish(s);
+    s.wait();
+  }
+
+  void backward_data(ConstTensorView dy, ConstTensorView w, TensorView dx) override {
+    auto& s = ctx_.stream;
+    bwd_data_.execute(s, {{DNNL_ARG_DIFF_DST, bd_dy_.in(s, dy.data)},
+                          {DNNL_ARG_WEIGHTS, bd_w_.in(s, w.data)},
+                          {DNNL_ARG_DIFF_SRC, bd_dx_.out(dx.data)}});
+    bd_dx_.finish(s);
+    s.wait();
+  }
+
+  void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) override {
+    auto& s = ctx_.stream;
+    bwd_weights_.execute(s, {{DNNL_ARG_SRC, bw_x_.in(s, x.data)},
+                             {DNNL_ARG_DIFF_DST, bw_dy_.in(s, dy.data)},
+                             {DNNL_ARG_DIFF_WEIGHTS, bw_dw_.out(dw.data)},
+                             {DNNL_ARG_DIFF_BIAS, bw_db_.out(db.data)}});
+    bw_dw_.finish(s);
+    s.wait();
+  }
+
+ private:
+  using convolution_desc = dnnl::convolution_forward::desc;
+  Context& ctx_;
+  dnnl::convolution_forward::primitive_desc fwd_pd_;
+  dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
+  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd_;
+  dnnl::primitive fwd_, bwd_data_, bwd_weights_;
+  Operand x_, w_, b_, y_, bd_dy_, bd_w_, bd_dx_, bw_x_, bw_dy_, bw_dw_, bw_db_;
+};
+
+class MaxPool2d final : public MaxPool2dKernel {
+ public:
+  MaxPool2d(Context& ctx, const Pool2dGeometry& g) : ctx_(ctx) {
+    const dnnl::memory::dims src{g.n, g.c, g.h, g.w}, dst{g.n, g.c, g.oh(), g.ow()}, kernel{g.kernel, g.kernel},
+        stride{g.stride, g.stride}, pad{0, 0};
+    const md src_md = plain(src, tag::nchw), dst_md = plain(dst, tag::nchw);
+    fwd_pd_ = dnnl::pooling_forward::primitive_desc(
+        {prop_kind::forward_training, algorithm::pooling_max, src_md, dst_md, stride, kernel, pad, pad}, ctx.engine);
+    fwd_ = dnnl::pooling_forward(fwd_pd_);
+    bwd_pd_ = dnnl::pooling_backward::primitive_desc(
+        {algorithm::pooling_max, src_md, dst_md, stride, kernel, pad, pad}, ctx.engine, fwd_pd_);
+    bwd_ = dnnl::pooling_backward(bwd_pd_);
+    workspace_ = dnnl::memory(fwd_pd_.workspace_desc(), ctx.engine);
+    x_ = Operand(ctx.engine, src_md, src_md);
+    y_ = Operand(ctx.engine, dst_md, dst_md);
+  }
+
+  void forward(ConstTensorView x, TensorView y) override {
+    auto& s = ctx_.stream;
+    fwd_.execute(s, {{DNNL_ARG_SRC, x_.in(s, x.data)}, {DNNL_ARG_DST, y_.out(y.data)}, {DNNL_ARG_WORKSPACE, workspace_}});
+    s.wait();
+  }
+
+  void backward(ConstTensorView dy, TensorView dx) override {
+    auto& s = ctx_.stream;
+    bwd_.execute(s, {{DNNL_ARG_DIFF_DST, y_.in(s, dy.data)},
+                     {DNNL_ARG_DIFF_SRC, x_.out(dx.data)},
+                     {DNNL_ARG_WORKSPACE, workspace_}});
+    s.wait();
+  }
+
+ private:
+  Context& ctx_;
+  dnnl::pooling_forward::primitive_desc fwd_pd_;
+  dnnl::pooling_backward::primitive_desc bwd_pd_;
+  dnnl::primitive fwd_, bwd_;
+  dnnl::memory workspace_;
+  Operand x_, y_;
+};
+
+class Linear final : public LinearKernel {
+ public:
+  Linear(Context& ctx, const LinearGeometry& g) : ctx_(ctx) {
+    const dnnl::memory::dims src{g.n, g.in}, wei{g.out, g.in}, bias{g.out}, dst{g.n, g.out};
+    const md src_md = plain(src, tag::nc), wei_md = plain(wei, tag::oi), bias_md = plain(bias, tag::x),
+             dst_md = plain(dst, tag::nc);
+    fwd_pd_ = dnnl::inner_product_forward::primitive_desc(
+        {prop_kind::forward_training, src_md, any(wei), bias_md, dst_md}, ctx.engine);
+    fwd_ = dnnl::inner_product_forward(fwd_pd_);
+    bwd_data_pd_ = dnnl::inner_product_backward_data::primitive_desc({src_md, any(wei), dst_md}, ctx.engine, fwd_pd_);
+    bwd_data_ = dnnl::inner_product_backward_data(bwd_data_pd_);
+    bwd_weights_pd_ = dnnl::inner_product_backward_weights::primitive_desc({src_md, any(wei), bias_md, dst_md},
+                                                                           ctx.engine, fwd_pd_);
+    bwd_weights_ = dnnl::inner_product_backward_weights(bwd_weights_pd_);
+    x_ = Operand(ctx.engine, src_md, src_md);
+    y_ = Operand(ctx.engine, dst_md, dst_md);
+    b_ = Operand(ctx.engine, bias_md, bias_md);
+    w_ = Operand(ctx.engine, wei_md, fwd_pd_.weights_desc());
+    bd_w_ = Operand(ctx.engine, wei_md, bwd_data_pd_.weights_desc());
+    bw_dw_ = Operand(ctx.engine, wei_md, bwd_weights_pd_.diff_weights_desc());
+  }
+
+  void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) override {
+    auto& s = ctx_.stream;
+    fwd_.execute(s, {{DNNL_ARG_SRC, x_.in(s, x.data)},
+                     {DNNL_ARG_WEIGHTS, w_.in(s, w.data)},
+                     {DNNL_ARG_BIAS, b_.in(s, b.data)},
+                     {DNNL_ARG_DST, y_.out(y.data)}});
+    s.wait();
+  }
+
+  void backward_data(ConstTensorView dy, ConstTensorView w, TensorView dx) override {
+    auto& s = ctx_.stream;
+    bwd_data_.execute(s, {{DNNL_ARG_DIFF_DST, y_.in(s, dy.data)},
+                          {DNNL_ARG_WEIGHTS, bd_w_.in(s, w.data)},
+                          {DNNL_ARG_DIFF_SRC, x_.out(dx.data)}});
+    s.wait();
+  }
+
+  void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) override {
+    auto& s = ctx_.stream;
+    bwd_weights_.execute(s, {{DNNL_ARG_SRC, x_.in(s, x.data)},
+                             {DNNL_ARG_DIFF_DST, y_.in(s, dy.data)},
+                             {DNNL_ARG_DIFF_WEIGHTS, bw_dw_.out(dw.data)},
+                             {DNNL_ARG_DIFF_BIAS, b_.out(db.data)}});
+    bw_dw_.finish(s);
+    s.wait();
+  }
+
+ private:
+  Context& ctx_;
+  dnnl::inner_product_forward::primitive_desc fwd_pd_;
+  dnnl::inner_product_backward_data::primitive_desc bwd_data_pd_;
+  dnnl::inner_product_backward_weights::primitive_desc bwd_weights_pd_;
+  dnnl::primitive fwd_, bwd_data_, bwd_weights_;
+  Operand x_, y_, b_, w_, bd_w_, bw_dw_;
+};
+
+}  // namespace
+
+class OnednnBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "onednn"; }
+  void set_threads(int threads) override { omp_set_num_threads(threads > 0 ? threads : omp_get_num_procs()); }
+
+  std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dGeometry& g) override { return std::make_unique<Conv2d>(ctx_, g); }
+  std::unique_ptr<MaxPool2dKernel> make_max_pool2d(const Pool2dGeometry& g) override {
+    return std::make_unique<MaxPool2d>(ctx_, g);
+  }
+  std::unique_ptr<LinearKernel> make_linear(const LinearGeometry& g) override { return std::make_unique<Linear>(ctx_, g); }
+
+  void relu_forward(ConstTensorView x, TensorView y) override {
+    const int64_t n = x.elements();
+#pragma omp parallel for simd schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) y.data[i] = std::max(x.data[i], 0.0f);
+  }
+  void relu_backward(ConstTensorView y, ConstTensorView dy, TensorView dx) override {
+    const int64_t n = y.elements();
+#pragma omp parallel for simd schedule(static) if (n > (1 << 16))
+    for (int64_t i = 0; i < n; ++i) dx.data[i] = y.data[i] > 0.0f ? dy.data[i] : 0.0f;
+  }
+  float softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int32_t> labels,
+                                      TensorView probs) override;
+  void softmax_cross_entropy_backward(ConstTensorView probs, std::span<const int32_t> labels,
+                                      TensorView dlogits) override;
+
+ private:
+  Context ctx_;
+};
+
+float OnednnBackend::softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int32_t> labels,
+                                                   TensorView probs) {
+  // [n, classes] with classes ~10: too small for a primitive to pay off; a float loop over a row
+  // with the max subtracted is as accurate as the reference's double one to ~1e-6 relative.
+  const int64_t n = logits.shape[0], classes = logits.elements() / n;
+  double loss = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const float* z = logits.data + i * classes;
+    float* p = probs.data + i * classes;
+    const float zmax = *std::max_element(z, z + classes);
+    float sum = 0.0f;
+    for (int64_t j = 0; j < classes; ++j) sum += p[j] = std::exp(z[j] - zmax);
+    const float inv = 1.0f / sum;
+    for (int64_t j = 0; j < classes; ++j) p[j] *= inv;
+    loss += static_cast<double>(std::log(sum) - (z[labels[static_cast<size_t>(i)]] - zmax));
+  }
+  return static_cast<float>(loss / static_cast<double>(n));
+}
+
+void OnednnBackend::softmax_cross_entropy_backward(ConstTensorView probs, std::span<const int32_t> labels,
+                                                   TensorView dlogits) {
+  const int64_t n = probs.shape[0], classes = probs.elements() / n;
+  const float inv_n = 1.0f / static_cast<float>(n);
+  for (int64_t i = 0; i < n; ++i) {
+    for (int64_t j = 0; j < classes; ++j) dlogits.data[i * classes + j] = probs.data[i * classes + j] * inv_n;
+    dlogits.data[i * classes + labels[static_cast<size_t>(i)]] -= inv_n;
+  }
+}
+
+}  // namespace onednn
+
+std::unique_ptr<Backend> make_onednn_backend() { return std::make_unique<onednn::OnednnBackend>(); }
+
+}  // namespace tepdist::compute

@@ -1,0 +1,163 @@
+// Every oneDNN kernel against the reference, on LeNet's own shapes and on awkward ones.
+//
+// Tolerances: both backends compute in float32 but sum in different orders (oneDNN in vector
+// blocks with FMA, the reference row by row), so results differ by rounding that grows with the
+// number of terms in each sum, about sqrt(terms) * 6e-8 * |typical partial sum|. The largest sums
+// here have ~5,000 terms of magnitude <= 1, so 1e-4 relative plus 1e-4 absolute leaves an order of
+// magnitude of room for rounding while any indexing or layout bug (errors of order 1) fails.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "compute/onednn/onednn_backend.hpp"
+#include "compute/optimizer.hpp"
+#include "compute/presets.hpp"
+#include "compute/ref/ref_backend.hpp"
+#include "compute/train.hpp"
+
+using namespace tepdist::compute;
+
+namespace {
+
+Tensor random_tensor(Shape s, uint64_t seed) {
+  Tensor t(s);
+  Rng r(seed);
+  for (float& v : t.span()) v = r.uniform(-1.0f, 1.0f);
+  return t;
+}
+
+void require_close(const Tensor& got, const Tensor& want, double tolerance = 1e-4) {
+  REQUIRE(got.shape() == want.shape());
+  double worst = 0.0;
+  int64_t worst_at = 0;
+  for (int64_t i = 0; i < got.elements(); ++i) {
+    const double excess = std::abs(got[i] - want[i]) - tolerance * (1.0 + std::abs(want[i]));
+    if (excess > worst) worst = excess, worst_at = i;
+  }
+  INFO("worst element " << worst_at << ": onednn " << got[worst_at] << ", ref " << want[worst_at]);
+  CHECK(worst == 0.0);
+}
+
+struct Backends {
+  std::unique_ptr<Backend> fast = make_onednn_backend(), ref = make_ref_backend();
+};
+
+}  // namespace
+
+TEST_CASE("onednn conv2d agrees with the reference", "[compute][onednn][conv2d]") {
+  Backends b;
+  const Conv2dGeometry g = GENERATE(Conv2dGeometry{8, 1, 28, 28, 20, 5, 5, 1, 0},   // LeNet conv1
+                                    Conv2dGeometry{8, 20, 12, 12, 50, 5, 5, 1, 0},  // LeNet conv2
+                                    Conv2dGeometry{3, 3, 9, 7, 5, 3, 3, 2, 1});     // strided, padded, odd
+  auto fast = b.fast->make_conv2d(g);
+  auto ref = b.ref->make_conv2d(g);
+  const Tensor x = random_tensor(g.input(), 1), w = random_tensor(g.weight(), 2), bias = random_tensor({g.k}, 3),
+               dy = random_tensor(g.output(), 4);
+  Tensor y1(g.output()), y2(g.output());
+  fast->forward(x, w, bias, y1);
+  ref->forward(x, w, bias, y2);
+  require_close(y1, y2);
+
+  Tensor dx1(g.input()), dx2(g.input());
+  fast->backward_data(dy, w, dx1);
+  ref->backward_data(dy, w, dx2);
+  require_close(dx1, dx2);
+
+  Tensor dw1(g.weight()), dw2(g.weight()), db1({g.k}), db2({g.k});
+  fast->backward_weights(x, dy, dw1, db1);
+  ref->backward_weights(x, dy, dw2, db2);
+  require_close(dw1, dw2);
+  require_close(db1, db2);
+}
+
+TEST_CASE("onednn max_pool2d agrees with the reference", "[compute][onednn][pool]") {
+  Backends b;
+  const Pool2dGeometry g = GENERATE(Pool2dGeometry{8, 20, 24, 24, 2, 2}, Pool2dGeometry{2, 3, 7, 7, 3, 2});
+  auto fast = b.fast->make_max_pool2d(g);
+  auto ref = b.ref->make_max_pool2d(g);
+  const Tensor x = random_tensor(g.input(), 5), dy = random_tensor(g.output(), 6);
+  Tensor y1(g.output()), y2(g.output()), dx1(g.input()), dx2(g.input());
+  fast->forward(x, y1);
+  ref->forward(x, y2);
+  require_close(y1, y2, 0.0);  // a maximum is picked, not computed: exact
+  fast->backward(dy, dx1);
+  ref->backward(dy, dx2);
+  require_close(dx1, dx2, 1e-6);  // overlapping windows add up to `kernel` gradients in any order
+}
+
+TEST_CASE("onednn linear agrees with the reference", "[compute][onednn][linear]") {
+  Backends b;
+  const LinearGeometry g = GENERATE(LinearGeometry{64, 800, 500}, LinearGeometry{7, 13, 3});
+  auto fast = b.fast->make_linear(g);
+  auto ref = b.ref->make_linear(g);
+  const Tensor x = random_tensor({g.n, g.in}, 7), w = random_tensor({g.out, g.in}, 8), bias = random_tensor({g.out}, 9),
+               dy = random_tensor({g.n, g.out}, 10);
+  Tensor y1({g.n, g.out}), y2({g.n, g.out});
+  fast->forward(x, w, bias, y1);
+  ref->forward(x, w, bias, y2);
+  require_close(y1, y2);
+  Tensor dx1({g.n, g.in}), dx2({g.n, g.in});
+  fast->backward_data(dy, w, dx1);
+  ref->backward_data(dy, w, dx2);
+  require_close(dx1, dx2);
+  Tensor dw1({g.out, g.in}), dw2({g.out, g.in}), db1({g.out}), db2({g.out});
+  fast->backward_weights(x, dy, dw1, db1);
+  ref->backward_weights(x, dy, dw2, db2);
+  require_close(dw1, dw2);
+  require_close(db1, db2);
+}
+
+TEST_CASE("onednn relu and softmax cross-entropy agree with the reference", "[compute][onednn][pointwise]") {
+  Backends b;
+  const Tensor x = random_tensor({16, 10}, 11), dy = random_tensor({16, 10}, 12);
+  Tensor y1({16, 10}), y2({16, 10}), dx1({16, 10}), dx2({16, 10});
+  b.fast->relu_forward(x, y1);
+  b.ref->relu_forward(x, y2);
+  require_close(y1, y2, 0.0);
+  b.fast->relu_backward(y1, dy, dx1);
+  b.ref->relu_backward(y2, dy, dx2);
+  require_close(dx1, dx2, 0.0);
+
+  std::vector<int32_t> labels(16);
+  for (size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 7) % 10);
+  Tensor p1({16, 10}), p2({16, 10}), g1({16, 10}), g2({16, 10});
+  const float l1 = b.fast->softmax_cross_entropy_forward(x, labels, p1);
+  const float l2 = b.ref->softmax_cross_entropy_forward(x, labels, p2);
+  CHECK(l1 == Approx(l2).epsilon(1e-5));  // float vs double accumulation over 10 terms
+  require_close(p1, p2, 1e-5);
+  b.fast->softmax_cross_entropy_backward(p1, labels, g1);
+  b.ref->softmax_cross_entropy_backward(p2, labels, g2);
+  require_close(g1, g2, 1e-5);
+}
+
+TEST_CASE("a whole LeNet step on onednn agrees with the reference: loss, gradients, parameters",
+          "[compute][onednn][model]") {
+  auto fast_model = make_lenet(), ref_model = make_lenet();
+  REQUIRE(fast_model->build({1, 28, 28}, 3).has_value());
+  REQUIRE(ref_model->build({1, 28, 28}, 3).has_value());
+  Backends b;
+  Tensor x({32, 1, 28, 28});
+  Rng r(5);
+  for (float& v : x.span()) v = r.uniform();
+  std::vector<int32_t> y(32);
+  for (auto& l : y) l = static_cast<int32_t>(r.below(10));
+  LossScratch s1, s2;
+  const float loss1 = compute_gradients(*fast_model, *b.fast, x, y, s1);
+  const float loss2 = compute_gradients(*ref_model, *b.ref, x, y, s2);
+  CHECK(loss1 == Approx(loss2).epsilon(1e-5));
+  for (const auto& p : ref_model->named_parameters()) {
+    INFO(p.name);
+    Tensor g1(p.shape), g2(p.shape);
+    std::copy_n(fast_model->gradients().data() + p.offset, p.shape.elements(), g1.data());
+    std::copy_n(ref_model->gradients().data() + p.offset, p.shape.elements(), g2.data());
+    require_close(g1, g2);
+  }
+  auto o1 = std::move(*make_optimizer({}, fast_model->parameters().size()));
+  auto o2 = std::move(*make_optimizer({}, ref_model->parameters().size()));
+  o1->step(fast_model->parameters(), fast_model->gradients(), 0.01f);
+  o2->step(ref_model->parameters(), ref_model->gradients(), 0.01f);
+  Tensor p1({static_cast<int64_t>(fast_model->parameters().size())}), p2(p1.shape());
+  std::copy(fast_model->parameters().begin(), fast_model->parameters().end(), p1.data());
+  std::copy(ref_model->parameters().begin(), ref_model->parameters().end(), p2.data());
+  require_close(p1, p2, 1e-6);
+}
