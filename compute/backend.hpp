@@ -76,6 +76,30 @@ class LinearKernel {
   virtual void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) = 0;
 };
 
+/// One layer as a backend sees it when planning a whole network: its kind, its geometry for one
+/// batch size and where its parameters start in the model's flat buffers.
+struct PlannedLayer {
+  enum class Kind { conv2d, max_pool2d, relu, flatten, linear, other };
+  Kind kind = Kind::other;
+  Shape input;  ///< batch included
+  Conv2dGeometry conv{};
+  Pool2dGeometry pool{};
+  LinearGeometry linear{};
+  int64_t weight_offset = -1, bias_offset = -1;  ///< into the flat parameter and gradient buffers
+};
+
+/// A whole network planned at once for one batch size: the backend owns every activation and
+/// gradient buffer in the layouts it prefers, fuses what it can, and converts only at the edges
+/// (the plain NCHW input, the plain [n, classes] logits, the plain parameter and gradient buffers).
+class NetworkPlan {
+ public:
+  virtual ~NetworkPlan() = default;
+  /// Runs the network on x; returns the logits, owned by the plan, valid until the next forward.
+  virtual ConstTensorView forward(ConstTensorView x, std::span<const float> params) = 0;
+  /// Back-propagates dlogits through the last forward, overwriting every parameter gradient.
+  virtual void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads) = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -86,6 +110,13 @@ class Backend {
   virtual std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dGeometry& g) = 0;
   virtual std::unique_ptr<MaxPool2dKernel> make_max_pool2d(const Pool2dGeometry& g) = 0;
   virtual std::unique_ptr<LinearKernel> make_linear(const LinearGeometry& g) = 0;
+
+  /// A plan for the whole network, or null when this backend runs layer by layer (the default) or
+  /// cannot plan one of the layers; the model then uses the per-layer kernels.
+  virtual std::unique_ptr<NetworkPlan> plan_network(std::span<const PlannedLayer> layers) {
+    (void)layers;
+    return nullptr;
+  }
 
   /// y = max(x, 0), any shape; x and y may alias.
   virtual void relu_forward(ConstTensorView x, TensorView y) = 0;

@@ -68,6 +68,12 @@ void Conv2d::backward(PassContext& ctx, ConstTensorView x, ConstTensorView, Cons
   if (dx.data) kernel.backward_data(dy, weight_, dx);
 }
 
+PlannedLayer Conv2d::plan(int64_t batch) const {
+  PlannedLayer p{.kind = PlannedLayer::Kind::conv2d, .input = geometry_.input().with_batch(batch), .conv = geometry_};
+  p.conv.n = batch;
+  return p;
+}
+
 std::string Conv2d::describe() const {
   return fmt::format("conv2d {}->{} {}x{} stride {} padding {}", in_, out_, kernel_, kernel_, stride_, padding_);
 }
@@ -106,6 +112,12 @@ void MaxPool2d::backward(PassContext& ctx, ConstTensorView x, ConstTensorView, C
   if (dx.data) kernel.backward(dy, dx);
 }
 
+PlannedLayer MaxPool2d::plan(int64_t batch) const {
+  PlannedLayer p{.kind = PlannedLayer::Kind::max_pool2d, .input = geometry_.input().with_batch(batch), .pool = geometry_};
+  p.pool.n = batch;
+  return p;
+}
+
 std::string MaxPool2d::describe() const { return fmt::format("max_pool2d {}x{} stride {}", kernel_, kernel_, stride_); }
 
 // ---- Relu, Flatten ---------------------------------------------------------------------------
@@ -116,8 +128,17 @@ void Relu::backward(PassContext& ctx, ConstTensorView, ConstTensorView y, ConstT
   if (dx.data) ctx.backend.relu_backward(y, dy, dx);
 }
 
+PlannedLayer Relu::plan(int64_t batch) const {
+  return {.kind = PlannedLayer::Kind::relu, .input = input_.with_batch(batch)};
+}
+
+PlannedLayer Flatten::plan(int64_t batch) const {
+  return {.kind = PlannedLayer::Kind::flatten, .input = input_.with_batch(batch)};
+}
+
 Result<Shape> Flatten::configure(const Shape& input) {
   if (input.rank() < 1) return fail(Errc::invalid_argument, "flatten needs a batched input");
+  input_ = input;
   return Shape{input[0], input.elements() / input[0]};
 }
 
@@ -168,6 +189,10 @@ void Linear::backward(PassContext& ctx, ConstTensorView x, ConstTensorView, Cons
   auto& kernel = kernel_for(ctx.backend, x.shape[0]);
   kernel.backward_weights(x, dy, dweight_, dbias_);
   if (dx.data) kernel.backward_data(dy, weight_, dx);
+}
+
+PlannedLayer Linear::plan(int64_t batch) const {
+  return {.kind = PlannedLayer::Kind::linear, .input = Shape{batch, in_}, .linear = {batch, in_, out_}};
 }
 
 std::string Linear::describe() const { return fmt::format("linear {}->{}", in_, out_); }

@@ -81,6 +81,12 @@ class Layer {
                         TensorView dx) = 0;
   /// One line for model summaries: "conv2d 1->20 5x5".
   virtual std::string describe() const = 0;
+  /// The layer for a whole-network plan at this batch size (offsets are the model's to fill);
+  /// kind other means the layer cannot be planned.
+  virtual PlannedLayer plan(int64_t batch) const {
+    (void)batch;
+    return {};
+  }
 };
 
 class Conv2d final : public Layer {
@@ -95,6 +101,7 @@ class Conv2d final : public Layer {
   void forward(PassContext& ctx, ConstTensorView x, TensorView y) override;
   void backward(PassContext& ctx, ConstTensorView x, ConstTensorView y, ConstTensorView dy, TensorView dx) override;
   std::string describe() const override;
+  PlannedLayer plan(int64_t batch) const override;
 
  private:
   Conv2dKernel& kernel_for(Backend& backend, int64_t batch);
@@ -113,6 +120,7 @@ class MaxPool2d final : public Layer {
   void forward(PassContext& ctx, ConstTensorView x, TensorView y) override;
   void backward(PassContext& ctx, ConstTensorView x, ConstTensorView y, ConstTensorView dy, TensorView dx) override;
   std::string describe() const override;
+  PlannedLayer plan(int64_t batch) const override;
 
  private:
   MaxPool2dKernel& kernel_for(Backend& backend, int64_t batch);
@@ -125,10 +133,17 @@ class MaxPool2d final : public Layer {
 class Relu final : public Layer {
  public:
   std::string_view kind() const override { return "relu"; }
-  Result<Shape> configure(const Shape& input) override { return input; }
+  Result<Shape> configure(const Shape& input) override {
+    input_ = input;
+    return input;
+  }
   void forward(PassContext& ctx, ConstTensorView x, TensorView y) override;
   void backward(PassContext& ctx, ConstTensorView x, ConstTensorView y, ConstTensorView dy, TensorView dx) override;
   std::string describe() const override { return "relu"; }
+  PlannedLayer plan(int64_t batch) const override;
+
+ private:
+  Shape input_;
 };
 
 class Flatten final : public Layer {
@@ -138,6 +153,10 @@ class Flatten final : public Layer {
   void forward(PassContext& ctx, ConstTensorView x, TensorView y) override;
   void backward(PassContext& ctx, ConstTensorView x, ConstTensorView y, ConstTensorView dy, TensorView dx) override;
   std::string describe() const override { return "flatten"; }
+  PlannedLayer plan(int64_t batch) const override;
+
+ private:
+  Shape input_;
 };
 
 class Linear final : public Layer {
@@ -152,6 +171,7 @@ class Linear final : public Layer {
   void forward(PassContext& ctx, ConstTensorView x, TensorView y) override;
   void backward(PassContext& ctx, ConstTensorView x, ConstTensorView y, ConstTensorView dy, TensorView dx) override;
   std::string describe() const override;
+  PlannedLayer plan(int64_t batch) const override;
 
  private:
   LinearKernel& kernel_for(Backend& backend, int64_t batch);

@@ -74,11 +74,43 @@ int64_t Model::classes() const {
   return layers_.back().output[1];
 }
 
+NetworkPlan* Model::plan_for(Backend& backend, int64_t batch) {
+  if (&backend != plans_backend_) {
+    plans_.clear();
+    plans_backend_ = &backend;
+  }
+  for (auto& e : plans_)
+    if (e.batch == batch) return e.plan.get();
+  constexpr size_t max_plans = 4;  // training batch, last partial batch, evaluation batch, spare
+  if (plans_.size() == max_plans) plans_.erase(plans_.begin());
+  plans_.push_back({batch, backend.plan_network(planned_layers(batch))});
+  return plans_.back().plan.get();
+}
+
+std::vector<PlannedLayer> Model::planned_layers(int64_t batch) const {
+  assert(built_);
+  std::vector<PlannedLayer> layers;
+  size_t next_param = 0;
+  for (const auto& e : layers_) {
+    PlannedLayer p = e.layer->plan(batch);
+    const size_t count = e.layer->parameter_specs().size();
+    if (count == 2) {  // weight, then bias
+      p.weight_offset = named_[next_param].offset;
+      p.bias_offset = named_[next_param + 1].offset;
+    }
+    next_param += count;
+    layers.push_back(p);
+  }
+  return layers;
+}
+
 ConstTensorView Model::forward(Backend& backend, ConstTensorView x, bool training) {
   assert(built_ && x.shape.sample() == sample_shape_);
   const int64_t n = x.shape[0];
-  PassContext ctx{backend, training, rng_};
   input_ = x;
+  last_plan_ = plan_for(backend, n);
+  if (last_plan_) return last_plan_->forward(x, params_);
+  PassContext ctx{backend, training, rng_};
   ConstTensorView in = x;
   for (size_t i = 0; i < layers_.size(); ++i) {
     activations_[i].resize(layers_[i].output.with_batch(n));
@@ -89,7 +121,12 @@ ConstTensorView Model::forward(Backend& backend, ConstTensorView x, bool trainin
 }
 
 void Model::backward(Backend& backend, ConstTensorView dlogits) {
-  assert(built_ && dlogits.shape == activations_.back().shape());
+  assert(built_);
+  if (last_plan_) {
+    last_plan_->backward(dlogits, params_, grads_);
+    return;
+  }
+  assert(dlogits.shape == activations_.back().shape());
   PassContext ctx{backend, true, rng_};
   ConstTensorView dy = dlogits;
   Tensor* dx_buffer = &grad_ping_;

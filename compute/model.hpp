@@ -77,6 +77,9 @@ class Model {
   /// Number of classes the model outputs.
   int64_t classes() const;
 
+  /// The layers as a backend plans them for this batch size, parameter offsets filled in.
+  std::vector<PlannedLayer> planned_layers(int64_t batch) const;
+
   /// The model's own random source (dropout masks); part of a checkpoint.
   Rng& rng() { return rng_; }
   /// One line per layer with its name, description and output shape.
@@ -95,6 +98,18 @@ class Model {
   Shape sample_shape_;
   Rng rng_;
   bool built_ = false;
+
+  /// The backend's whole-network plan for this batch size, made on first use; null when the
+  /// backend runs layer by layer.
+  NetworkPlan* plan_for(Backend& backend, int64_t batch);
+
+  struct PlanEntry {
+    int64_t batch;
+    std::unique_ptr<NetworkPlan> plan;  // null: the backend declined
+  };
+  Backend* plans_backend_ = nullptr;
+  std::vector<PlanEntry> plans_;          // a few batch sizes, oldest dropped first
+  NetworkPlan* last_plan_ = nullptr;      // the plan the last forward ran, if any
 
   ConstTensorView input_;                 // what the last forward saw
   std::vector<Tensor> activations_;       // one output per layer

@@ -10,7 +10,8 @@
 #include <cmath>
 #include <oneapi/dnnl/dnnl.hpp>
 
-#include "compute/onednn/operand.hpp"
+#include "compute/onednn/common.hpp"
+#include "compute/onednn/network_plan.hpp"
 
 namespace tepdist::compute {
 namespace onednn {
@@ -18,18 +19,6 @@ namespace {
 
 using dnnl::algorithm;
 using dnnl::prop_kind;
-using md = dnnl::memory::desc;
-using dt = dnnl::memory::data_type;
-using tag = dnnl::memory::format_tag;
-
-md plain(dnnl::memory::dims dims, tag t) { return md(dims, dt::f32, t); }
-md any(dnnl::memory::dims dims) { return md(dims, dt::f32, tag::any); }
-
-/// The engine and stream every kernel of one backend shares.
-struct Context {
-  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
-  dnnl::stream stream{engine};
-};
 
 class Conv2d final : public Conv2dKernel {
  public:
@@ -211,6 +200,9 @@ class OnednnBackend final : public Backend {
     return std::make_unique<MaxPool2d>(ctx_, g);
   }
   std::unique_ptr<LinearKernel> make_linear(const LinearGeometry& g) override { return std::make_unique<Linear>(ctx_, g); }
+  std::unique_ptr<NetworkPlan> plan_network(std::span<const PlannedLayer> layers) override {
+    return onednn::plan_network(ctx_, layers);
+  }
 
   void relu_forward(ConstTensorView x, TensorView y) override {
     const int64_t n = x.elements();

@@ -8,6 +8,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <functional>
 
 #include "compute/onednn/onednn_backend.hpp"
 #include "compute/optimizer.hpp"
@@ -130,16 +131,19 @@ TEST_CASE("onednn relu and softmax cross-entropy agree with the reference", "[co
   require_close(g1, g2, 1e-5);
 }
 
-TEST_CASE("a whole LeNet step on onednn agrees with the reference: loss, gradients, parameters",
-          "[compute][onednn][model]") {
-  auto fast_model = make_lenet(), ref_model = make_lenet();
+namespace {
+
+/// One training step of the same model on both backends: the loss, every parameter's gradient
+/// and the SGD-updated parameters must agree, and so must the logits of a later forward.
+void compare_step(const std::function<std::unique_ptr<Model>()>& make, int64_t batch) {
+  auto fast_model = make(), ref_model = make();
   REQUIRE(fast_model->build({1, 28, 28}, 3).has_value());
   REQUIRE(ref_model->build({1, 28, 28}, 3).has_value());
   Backends b;
-  Tensor x({32, 1, 28, 28});
+  Tensor x({batch, 1, 28, 28});
   Rng r(5);
   for (float& v : x.span()) v = r.uniform();
-  std::vector<int32_t> y(32);
+  std::vector<int32_t> y(static_cast<size_t>(batch));
   for (auto& l : y) l = static_cast<int32_t>(r.below(10));
   LossScratch s1, s2;
   const float loss1 = compute_gradients(*fast_model, *b.fast, x, y, s1);
@@ -160,4 +164,60 @@ TEST_CASE("a whole LeNet step on onednn agrees with the reference: loss, gradien
   std::copy(fast_model->parameters().begin(), fast_model->parameters().end(), p1.data());
   std::copy(ref_model->parameters().begin(), ref_model->parameters().end(), p2.data());
   require_close(p1, p2, 1e-6);
+
+  // The same evaluation logits through the planned (or not) forward as well.
+  const ConstTensorView l1 = fast_model->forward(*b.fast, x, false);
+  Tensor logits(l1.shape);
+  std::copy_n(l1.data, l1.elements(), logits.data());
+  const ConstTensorView l2 = ref_model->forward(*b.ref, x, false);
+  Tensor want(l2.shape);
+  std::copy_n(l2.data, l2.elements(), want.data());
+  require_close(logits, want);
+}
+
+/// Strided and padded convolutions, a pool first, a standalone ReLU and no fusable pattern.
+class Awkward : public Model {
+ public:
+  Awkward() {
+    add<MaxPool2d>(2);
+    add<Relu>();
+    add<Conv2d>(0, 6, 3, 2, 1);
+    add<Conv2d>(0, 4, 3, 1, 1);
+    add<MaxPool2d>(3, 2);
+    add<Flatten>();
+    add<Linear>(0, 32);
+    add<Linear>(0, 10);
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a whole training step on onednn agrees with the reference: loss, gradients, parameters",
+          "[compute][onednn][model]") {
+  compare_step(make_lenet, 32);
+  compare_step(make_lenet, 7);  // an odd last batch
+  compare_step([] { return make_mlp(); }, 16);
+  compare_step([] { return std::unique_ptr<Model>(new Awkward()); }, 8);
+}
+
+TEST_CASE("onednn plans LeNet, MLP and odd networks whole, and declines what it cannot plan",
+          "[compute][onednn][model]") {
+  Backends b;
+  auto layers_of = [](Model& m, int64_t batch) { return m.planned_layers(batch); };
+  auto lenet = make_lenet();
+  REQUIRE(lenet->build({1, 28, 28}, 0).has_value());
+  CHECK(b.fast->plan_network(layers_of(*lenet, 64)) != nullptr);
+  CHECK(b.ref->plan_network(layers_of(*lenet, 64)) == nullptr);
+  auto mlp = make_mlp();
+  REQUIRE(mlp->build({1, 28, 28}, 0).has_value());
+  CHECK(b.fast->plan_network(layers_of(*mlp, 64)) != nullptr);
+  Awkward awkward;
+  REQUIRE(awkward.build({1, 28, 28}, 0).has_value());
+  CHECK(b.fast->plan_network(layers_of(awkward, 5)) != nullptr);
+  Model with_dropout;
+  with_dropout.add<Flatten>();
+  with_dropout.add<Dropout>(0.5f);
+  with_dropout.add<Linear>(0, 10);
+  REQUIRE(with_dropout.build({1, 28, 28}, 0).has_value());
+  CHECK(b.fast->plan_network(layers_of(with_dropout, 5)) == nullptr);
 }

@@ -1,13 +1,30 @@
 #pragma once
-// One argument of a oneDNN primitive as the kernels see it: the caller's plain row-major buffer and,
-// when the primitive prefers another layout, a buffer of its own in that layout plus the reorder
-// between the two. Both reorders are created once; only data handles change per call.
+// What the oneDNN kernels and network plans share: the engine and stream, descriptor shorthands,
+// and Operand, a plain caller buffer seen in the layout a primitive prefers.
 
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 
 namespace tepdist::compute::onednn {
 
+using md = dnnl::memory::desc;
+using dims = dnnl::memory::dims;
+using dt = dnnl::memory::data_type;
+using tag = dnnl::memory::format_tag;
+
+inline md plain(const dims& d, tag t) { return md(d, dt::f32, t); }
+/// A descriptor that lets the primitive choose the layout.
+inline md any(const dims& d) { return md(d, dt::f32, tag::any); }
+
+/// The engine and stream every kernel and plan of one backend shares.
+struct Context {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+};
+
+/// One argument of a primitive: the caller's plain row-major buffer and, when the primitive
+/// prefers another layout, a buffer of its own in that layout plus the reorders between the two.
+/// Everything is created once; only data handles change per call.
 class Operand {
  public:
   Operand() = default;

@@ -1,0 +1,403 @@
+// A whole network on oneDNN with activations kept in the layouts the primitives choose (blocked,
+// nChw8c and the like, on AVX2) from the first convolution to the logits. Per layer the kernels of
+// onednn_backend.cpp would reorder to plain NCHW and back at every boundary, and oneDNN's pooling on
+// plain NCHW is its slow generic code; here reorders happen only where two primitives disagree.
+//
+// Fusions (all exact, tested against the reference):
+//   conv2d, relu             -> conv2d with a ReLU post-op
+//   conv2d, max_pool2d, relu -> conv2d with a ReLU post-op, max_pool2d   (ReLU and max commute)
+//   linear, relu             -> inner product with a ReLU post-op
+//   flatten, linear          -> inner product on the 4-D activation (its weights [out, c, h, w] are
+//                               the plain [out, c*h*w] matrix, so the parameter layout is unchanged)
+// A fused ReLU is differentiated from the primitive's output (relu_use_dst_for_bwd), in place.
+
+#include "compute/onednn/network_plan.hpp"
+
+#include <cassert>
+#include <cstring>
+#include <vector>
+
+namespace tepdist::compute::onednn {
+namespace {
+
+using dnnl::algorithm;
+using dnnl::prop_kind;
+
+/// A value between two stages and its gradient, in one layout.
+struct Activation {
+  dnnl::memory value;
+  dnnl::memory grad;  // empty for the network's input
+};
+
+/// A stage's view of its input in the layout its primitive wants. When that is the producer's
+/// layout, the stage reads the producer's value and writes its gradient directly; otherwise the
+/// adapter keeps buffers of its own and reorders both ways.
+class Adapter {
+ public:
+  Adapter(Context& ctx, Activation& from, const md& want) : from_(from) {
+    if (want == from.value.get_desc()) return;
+    own_value_ = dnnl::memory(want, ctx.engine);
+    to_own_ = dnnl::reorder(from.value, own_value_);
+    if (from.grad) {
+      own_grad_ = dnnl::memory(want, ctx.engine);
+      to_from_ = dnnl::reorder(own_grad_, from.grad);
+    }
+  }
+  bool converts() const { return static_cast<bool>(own_value_); }
+
+  /// Brings the value into the wanted layout; call once per forward, before value().
+  void prepare(dnnl::stream& s) {
+    if (converts()) to_own_.execute(s, from_.value, own_value_);
+  }
+  const dnnl::memory& value() const { return converts() ? own_value_ : from_.value; }
+  /// Where the stage writes the gradient of its input.
+  const dnnl::memory& grad() const { return converts() ? own_grad_ : from_.grad; }
+  /// Hands that gradient back to the producer; call after writing grad().
+  void deliver_grad(dnnl::stream& s) {
+    if (converts()) to_from_.execute(s, own_grad_, from_.grad);
+  }
+
+ private:
+  Activation& from_;
+  dnnl::memory own_value_, own_grad_;
+  dnnl::reorder to_own_, to_from_;
+};
+
+/// A plain parameter (or gradient) slice of the flat buffer seen in a primitive's layout.
+class Weights {
+ public:
+  Weights(Context& ctx, const md& plain_md, const md& want) : op_(ctx.engine, plain_md, want) {}
+  const dnnl::memory& in(dnnl::stream& s, const float* data) { return op_.in(s, data); }
+  const dnnl::memory& out(float* data) { return op_.out(data); }
+  void finish(dnnl::stream& s) { op_.finish(s); }
+
+ private:
+  Operand op_;
+};
+
+class Stage {
+ public:
+  virtual ~Stage() = default;
+  virtual void forward(dnnl::stream& s, const float* params) = 0;
+  virtual void backward(dnnl::stream& s, const float* params, float* grads) = 0;
+  Activation out;
+
+ protected:
+  void allocate_output(Context& ctx, const md& d) {
+    out.value = dnnl::memory(d, ctx.engine);
+    out.grad = dnnl::memory(d, ctx.engine);
+  }
+};
+
+dnnl::primitive_attr relu_post_op(bool relu) {
+  dnnl::primitive_attr attr;
+  if (relu) {
+    dnnl::post_ops ops;
+    ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
+    attr.set_post_ops(ops);
+  }
+  return attr;
+}
+
+/// Differentiates a ReLU from its output, in place on the output's gradient.
+class ReluFromOutput {
+ public:
+  ReluFromOutput(Context& ctx, const md& d) {
+    // The backward descriptor needs a forward one as a hint; this one is never executed.
+    const dnnl::eltwise_forward::primitive_desc hint(
+        {prop_kind::forward_training, algorithm::eltwise_relu_use_dst_for_bwd, d, 0.0f}, ctx.engine);
+    bwd_ = dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(
+        {algorithm::eltwise_relu_use_dst_for_bwd, d, d, 0.0f}, ctx.engine, hint));
+  }
+  void run(dnnl::stream& s, Activation& a) {
+    bwd_.execute(s, {{DNNL_ARG_DIFF_DST, a.grad}, {DNNL_ARG_DST, a.value}, {DNNL_ARG_DIFF_SRC, a.grad}});
+  }
+
+ private:
+  dnnl::primitive bwd_;
+};
+
+class ConvStage final : public Stage {
+ public:
+  ConvStage(Context& ctx, const PlannedLayer& l, bool relu, Activation& in, bool input_grad)
+      : w_off_(l.weight_offset), b_off_(l.bias_offset), input_grad_(input_grad) {
+    const Conv2dGeometry& g = l.conv;
+    const dims src{g.n, g.c, g.h, g.w}, wei{g.k, g.c, g.r, g.s}, bias{g.k}, dst{g.n, g.k, g.oh(), g.ow()},
+        stride{g.stride, g.stride}, pad{g.pad, g.pad};
+    const md bias_md = plain(bias, tag::x), wei_plain = plain(wei, tag::oihw);
+    const dnnl::convolution_forward::primitive_desc fwd_pd(
+        {prop_kind::forward_training, algorithm::convolution_direct, any(src), any(wei), bias_md, any(dst), stride,
+         pad, pad},
+        relu_post_op(relu), ctx.engine);
+    fwd_ = dnnl::convolution_forward(fwd_pd);
+    src_.emplace(ctx, in, fwd_pd.src_desc());
+    allocate_output(ctx, fwd_pd.dst_desc());
+    w_.emplace(ctx, wei_plain, fwd_pd.weights_desc());
+    bias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
+    dbias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
+
+    const dnnl::convolution_backward_weights::primitive_desc bww_pd(
+        {algorithm::convolution_direct, fwd_pd.src_desc(), any(wei), bias_md, fwd_pd.dst_desc(), stride, pad, pad},
+        ctx.engine, fwd_pd);
+    bww_ = dnnl::convolution_backward_weights(bww_pd);
+    dw_.emplace(ctx, wei_plain, bww_pd.diff_weights_desc());
+    if (input_grad_) {
+      const dnnl::convolution_backward_data::primitive_desc bwd_pd(
+          {algorithm::convolution_direct, fwd_pd.src_desc(), any(wei), fwd_pd.dst_desc(), stride, pad, pad},
+          ctx.engine, fwd_pd);
+      bwd_ = dnnl::convolution_backward_data(bwd_pd);
+      w_bwd_.emplace(ctx, wei_plain, bwd_pd.weights_desc());
+    }
+    if (relu) relu_.emplace(ctx, fwd_pd.dst_desc());
+  }
+
+  void forward(dnnl::stream& s, const float* params) override {
+    src_->prepare(s);
+    bias_.set_data_handle(const_cast<float*>(params + b_off_));
+    fwd_.execute(s, {{DNNL_ARG_SRC, src_->value()},
+                     {DNNL_ARG_WEIGHTS, w_->in(s, params + w_off_)},
+                     {DNNL_ARG_BIAS, bias_},
+                     {DNNL_ARG_DST, out.value}});
+  }
+
+  void backward(dnnl::stream& s, const float* params, float* grads) override {
+    if (relu_) relu_->run(s, out);
+    dbias_.set_data_handle(grads + b_off_);
+    bww_.execute(s, {{DNNL_ARG_SRC, src_->value()},
+                     {DNNL_ARG_DIFF_DST, out.grad},
+                     {DNNL_ARG_DIFF_WEIGHTS, dw_->out(grads + w_off_)},
+                     {DNNL_ARG_DIFF_BIAS, dbias_}});
+    dw_->finish(s);
+    if (!input_grad_) return;
+    bwd_.execute(s, {{DNNL_ARG_DIFF_DST, out.grad},
+                     {DNNL_ARG_WEIGHTS, w_bwd_->in(s, params + w_off_)},
+                     {DNNL_ARG_DIFF_SRC, src_->grad()}});
+    src_->deliver_grad(s);
+  }
+
+ private:
+  int64_t w_off_, b_off_;
+  bool input_grad_;
+  dnnl::primitive fwd_, bww_, bwd_;
+  std::optional<Adapter> src_;
+  std::optional<Weights> w_, w_bwd_, dw_;
+  dnnl::memory bias_, dbias_;
+  std::optional<ReluFromOutput> relu_;
+};
+
+class PoolStage final : public Stage {
+ public:
+  PoolStage(Context& ctx, const PlannedLayer& l, Activation& in, bool input_grad) : in_(in), input_grad_(input_grad) {
+    const Pool2dGeometry& g = l.pool;
+    const dims dst{g.n, g.c, g.oh(), g.ow()}, kernel{g.kernel, g.kernel}, stride{g.stride, g.stride}, pad{0, 0};
+    const md src_md = in.value.get_desc();
+    const dnnl::pooling_forward::primitive_desc fwd_pd(
+        {prop_kind::forward_training, algorithm::pooling_max, src_md, any(dst), stride, kernel, pad, pad},
+        ctx.engine);
+    fwd_ = dnnl::pooling_forward(fwd_pd);
+    allocate_output(ctx, fwd_pd.dst_desc());
+    workspace_ = dnnl::memory(fwd_pd.workspace_desc(), ctx.engine);
+    if (input_grad_)
+      bwd_ = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(
+          {algorithm::pooling_max, src_md, fwd_pd.dst_desc(), stride, kernel, pad, pad}, ctx.engine, fwd_pd));
+  }
+
+  void forward(dnnl::stream& s, const float*) override {
+    fwd_.execute(s, {{DNNL_ARG_SRC, in_.value}, {DNNL_ARG_DST, out.value}, {DNNL_ARG_WORKSPACE, workspace_}});
+  }
+
+  void backward(dnnl::stream& s, const float*, float*) override {
+    if (input_grad_)
+      bwd_.execute(s, {{DNNL_ARG_DIFF_DST, out.grad}, {DNNL_ARG_DIFF_SRC, in_.grad}, {DNNL_ARG_WORKSPACE, workspace_}});
+  }
+
+ private:
+  Activation& in_;
+  bool input_grad_;
+  dnnl::primitive fwd_, bwd_;
+  dnnl::memory workspace_;
+};
+
+class ReluStage final : public Stage {
+ public:
+  ReluStage(Context& ctx, Activation& in, bool input_grad) : in_(in), input_grad_(input_grad) {
+    const md d = in.value.get_desc();
+    fwd_ = dnnl::eltwise_forward(
+        dnnl::eltwise_forward::primitive_desc({prop_kind::forward_training, algorithm::eltwise_relu, d, 0.0f}, ctx.engine));
+    allocate_output(ctx, d);
+    if (input_grad_) relu_.emplace(ctx, d);
+  }
+
+  void forward(dnnl::stream& s, const float*) override {
+    fwd_.execute(s, {{DNNL_ARG_SRC, in_.value}, {DNNL_ARG_DST, out.value}});
+  }
+
+  void backward(dnnl::stream& s, const float*, float*) override {
+    if (!input_grad_) return;
+    relu_->run(s, out);  // out.grad becomes the input gradient, in the input's layout
+    s.wait();
+    std::memcpy(in_.grad.get_data_handle(), out.grad.get_data_handle(), out.grad.get_desc().get_size());
+  }
+
+ private:
+  Activation& in_;
+  bool input_grad_;
+  dnnl::primitive fwd_;
+  std::optional<ReluFromOutput> relu_;
+};
+
+class LinearStage final : public Stage {
+ public:
+  /// in may be 4-D (a flatten precedes): the inner product then reads it as [n, c*h*w].
+  LinearStage(Context& ctx, const PlannedLayer& l, bool relu, Activation& in, bool input_grad)
+      : w_off_(l.weight_offset), b_off_(l.bias_offset), input_grad_(input_grad) {
+    const LinearGeometry& g = l.linear;
+    const dims src = in.value.get_desc().dims();
+    dims wei{g.out};
+    wei.insert(wei.end(), src.begin() + 1, src.end());
+    const md wei_plain = plain(wei, wei.size() == 4 ? tag::oihw : wei.size() == 3 ? tag::oiw : tag::oi);
+    const md bias_md = plain({g.out}, tag::x), dst_md = plain({g.n, g.out}, tag::nc);
+    const dnnl::inner_product_forward::primitive_desc fwd_pd(
+        {prop_kind::forward_training, any(src), any(wei), bias_md, dst_md}, relu_post_op(relu), ctx.engine);
+    fwd_ = dnnl::inner_product_forward(fwd_pd);
+    src_.emplace(ctx, in, fwd_pd.src_desc());
+    allocate_output(ctx, fwd_pd.dst_desc());
+    w_.emplace(ctx, wei_plain, fwd_pd.weights_desc());
+    bias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
+    dbias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
+    const dnnl::inner_product_backward_weights::primitive_desc bww_pd(
+        {fwd_pd.src_desc(), any(wei), bias_md, fwd_pd.dst_desc()}, ctx.engine, fwd_pd);
+    bww_ = dnnl::inner_product_backward_weights(bww_pd);
+    dw_.emplace(ctx, wei_plain, bww_pd.diff_weights_desc());
+    if (input_grad_) {
+      const dnnl::inner_product_backward_data::primitive_desc bwd_pd(
+          {fwd_pd.src_desc(), any(wei), fwd_pd.dst_desc()}, ctx.engine, fwd_pd);
+      bwd_ = dnnl::inner_product_backward_data(bwd_pd);
+      w_bwd_.emplace(ctx, wei_plain, bwd_pd.weights_desc());
+    }
+    if (relu) relu_.emplace(ctx, fwd_pd.dst_desc());
+  }
+
+  void forward(dnnl::stream& s, const float* params) override {
+    src_->prepare(s);
+    bias_.set_data_handle(const_cast<float*>(params + b_off_));
+    fwd_.execute(s, {{DNNL_ARG_SRC, src_->value()},
+                     {DNNL_ARG_WEIGHTS, w_->in(s, params + w_off_)},
+                     {DNNL_ARG_BIAS, bias_},
+                     {DNNL_ARG_DST, out.value}});
+  }
+
+  void backward(dnnl::stream& s, const float* params, float* grads) override {
+    if (relu_) relu_->run(s, out);
+    dbias_.set_data_handle(grads + b_off_);
+    bww_.execute(s, {{DNNL_ARG_SRC, src_->value()},
+                     {DNNL_ARG_DIFF_DST, out.grad},
+                     {DNNL_ARG_DIFF_WEIGHTS, dw_->out(grads + w_off_)},
+                     {DNNL_ARG_DIFF_BIAS, dbias_}});
+    dw_->finish(s);
+    if (!input_grad_) return;
+    bwd_.execute(s, {{DNNL_ARG_DIFF_DST, out.grad},
+                     {DNNL_ARG_WEIGHTS, w_bwd_->in(s, params + w_off_)},
+                     {DNNL_ARG_DIFF_SRC, src_->grad()}});
+    src_->deliver_grad(s);
+  }
+
+ private:
+  int64_t w_off_, b_off_;
+  bool input_grad_;
+  dnnl::primitive fwd_, bww_, bwd_;
+  std::optional<Adapter> src_;
+  std::optional<Weights> w_, w_bwd_, dw_;
+  dnnl::memory bias_, dbias_;
+  std::optional<ReluFromOutput> relu_;
+};
+
+class Plan final : public NetworkPlan {
+ public:
+  Plan(Context& ctx, const Shape& input) : ctx_(ctx) {
+    dims d = input.dims();
+    input_.value = dnnl::memory(plain(d, d.size() == 4 ? tag::nchw : d.size() == 3 ? tag::ncw : tag::nc), ctx.engine,
+                                DNNL_MEMORY_NONE);
+  }
+
+  /// The activation the next stage reads: the last stage's output, or the network's input.
+  Activation& tail() { return stages_.empty() ? input_ : stages_.back()->out; }
+  bool empty() const { return stages_.empty(); }
+  void add(std::unique_ptr<Stage> stage) { stages_.push_back(std::move(stage)); }
+
+  ConstTensorView forward(ConstTensorView x, std::span<const float> params) override {
+    auto& s = ctx_.stream;
+    input_.value.set_data_handle(const_cast<float*>(x.data));
+    for (auto& stage : stages_) stage->forward(s, params.data());
+    s.wait();
+    const auto logits = stages_.back()->out.value.get_desc().dims();
+    return {static_cast<const float*>(stages_.back()->out.value.get_data_handle()), {logits[0], logits[1]}};
+  }
+
+  void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads) override {
+    auto& s = ctx_.stream;
+    Activation& last = stages_.back()->out;
+    assert(static_cast<size_t>(dlogits.elements()) * sizeof(float) == last.grad.get_desc().get_size());
+    std::memcpy(last.grad.get_data_handle(), dlogits.data, static_cast<size_t>(dlogits.elements()) * sizeof(float));
+    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) (*it)->backward(s, params.data(), grads.data());
+    s.wait();
+  }
+
+ private:
+  Context& ctx_;
+  Activation input_;
+  // Stages hold references to each other's activations: a deque-like stable home is needed,
+  // which unique_ptr elements give.
+  std::vector<std::unique_ptr<Stage>> stages_;
+};
+
+using Kind = PlannedLayer::Kind;
+
+bool is(std::span<const PlannedLayer> layers, size_t i, Kind k) { return i < layers.size() && layers[i].kind == k; }
+
+}  // namespace
+
+std::unique_ptr<NetworkPlan> plan_network(Context& ctx, std::span<const PlannedLayer> layers) {
+  if (layers.empty() || layers.back().kind != Kind::linear) return nullptr;
+  try {
+    auto plan = std::make_unique<Plan>(ctx, layers.front().input);
+    for (size_t i = 0; i < layers.size(); ++i) {
+      const PlannedLayer& l = layers[i];
+      const bool input_grad = !plan->empty();  // nobody needs the gradient of the network's input
+      switch (l.kind) {
+        case Kind::conv2d: {
+          bool relu = false;
+          if (is(layers, i + 1, Kind::relu)) {
+            relu = true;
+            ++i;
+          } else if (is(layers, i + 1, Kind::max_pool2d) && is(layers, i + 2, Kind::relu)) {
+            relu = true;  // relu(max(x)) == max(relu(x)): fuse into the conv, drop the later relu
+            plan->add(std::make_unique<ConvStage>(ctx, l, true, plan->tail(), input_grad));
+            plan->add(std::make_unique<PoolStage>(ctx, layers[i + 1], plan->tail(), true));
+            i += 2;
+            break;
+          }
+          plan->add(std::make_unique<ConvStage>(ctx, l, relu, plan->tail(), input_grad));
+          break;
+        }
+        case Kind::max_pool2d: plan->add(std::make_unique<PoolStage>(ctx, l, plan->tail(), input_grad)); break;
+        case Kind::relu: plan->add(std::make_unique<ReluStage>(ctx, plan->tail(), input_grad)); break;
+        case Kind::flatten:
+          if (!is(layers, i + 1, Kind::linear)) return nullptr;
+          break;  // the inner product that follows reads the activation as it is
+        case Kind::linear: {
+          const bool relu = is(layers, i + 1, Kind::relu);
+          plan->add(std::make_unique<LinearStage>(ctx, l, relu, plan->tail(), input_grad));
+          if (relu) ++i;
+          break;
+        }
+        case Kind::other: return nullptr;
+      }
+    }
+    return plan;
+  } catch (const dnnl::error&) {
+    return nullptr;  // a shape oneDNN cannot plan: the per-layer kernels still can
+  }
+}
+
+}  // namespace tepdist::compute::onednn
