@@ -63,6 +63,35 @@ class Adapter {
   dnnl::reorder to_own_, to_from_;
 };
 
+/// One of our memories as a primitive argument that may want another layout: the memory itself
+/// when the layouts agree, else a buffer in the wanted layout and the reorders to and from it.
+/// Backward primitives are created with free layouts (a fixed one can send oneDNN to its slow
+/// reference code: conv1's weight gradient took 590 ms a step that way) and bridged like this.
+class Bridge {
+ public:
+  Bridge(Context& ctx, const dnnl::memory& ours, const md& theirs) : ours_(ours) {
+    if (theirs == ours.get_desc()) return;
+    theirs_ = dnnl::memory(theirs, ctx.engine);
+    to_theirs_ = dnnl::reorder(ours_, theirs_);
+    to_ours_ = dnnl::reorder(theirs_, ours_);
+  }
+  /// For an input: our data, in their layout.
+  const dnnl::memory& in(dnnl::stream& s) {
+    if (!theirs_) return ours_;
+    to_theirs_.execute(s, ours_, theirs_);
+    return theirs_;
+  }
+  /// For an output: where the primitive writes; then deliver().
+  const dnnl::memory& out() const { return theirs_ ? theirs_ : ours_; }
+  void deliver(dnnl::stream& s) {
+    if (theirs_) to_ours_.execute(s, theirs_, ours_);
+  }
+
+ private:
+  dnnl::memory ours_, theirs_;
+  dnnl::reorder to_theirs_, to_ours_;
+};
+
 /// A plain parameter (or gradient) slice of the flat buffer seen in a primitive's layout.
 class Weights {
  public:
@@ -137,16 +166,18 @@ class ConvStage final : public Stage {
     dbias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
 
     const dnnl::convolution_backward_weights::primitive_desc bww_pd(
-        {algorithm::convolution_direct, fwd_pd.src_desc(), any(wei), bias_md, fwd_pd.dst_desc(), stride, pad, pad},
-        ctx.engine, fwd_pd);
+        {algorithm::convolution_direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad}, ctx.engine, fwd_pd);
     bww_ = dnnl::convolution_backward_weights(bww_pd);
+    bww_src_.emplace(ctx, src_->value(), bww_pd.src_desc());
+    bww_dy_.emplace(ctx, out.grad, bww_pd.diff_dst_desc());
     dw_.emplace(ctx, wei_plain, bww_pd.diff_weights_desc());
     if (input_grad_) {
       const dnnl::convolution_backward_data::primitive_desc bwd_pd(
-          {algorithm::convolution_direct, fwd_pd.src_desc(), any(wei), fwd_pd.dst_desc(), stride, pad, pad},
-          ctx.engine, fwd_pd);
+          {algorithm::convolution_direct, any(src), any(wei), any(dst), stride, pad, pad}, ctx.engine, fwd_pd);
       bwd_ = dnnl::convolution_backward_data(bwd_pd);
       w_bwd_.emplace(ctx, wei_plain, bwd_pd.weights_desc());
+      bwd_dy_.emplace(ctx, out.grad, bwd_pd.diff_dst_desc());
+      bwd_dx_.emplace(ctx, src_->grad(), bwd_pd.diff_src_desc());
     }
     if (relu) relu_.emplace(ctx, fwd_pd.dst_desc());
   }
@@ -163,15 +194,16 @@ class ConvStage final : public Stage {
   void backward(dnnl::stream& s, const float* params, float* grads) override {
     if (relu_) relu_->run(s, out);
     dbias_.set_data_handle(grads + b_off_);
-    bww_.execute(s, {{DNNL_ARG_SRC, src_->value()},
-                     {DNNL_ARG_DIFF_DST, out.grad},
+    bww_.execute(s, {{DNNL_ARG_SRC, bww_src_->in(s)},
+                     {DNNL_ARG_DIFF_DST, bww_dy_->in(s)},
                      {DNNL_ARG_DIFF_WEIGHTS, dw_->out(grads + w_off_)},
                      {DNNL_ARG_DIFF_BIAS, dbias_}});
     dw_->finish(s);
     if (!input_grad_) return;
-    bwd_.execute(s, {{DNNL_ARG_DIFF_DST, out.grad},
+    bwd_.execute(s, {{DNNL_ARG_DIFF_DST, bwd_dy_->in(s)},
                      {DNNL_ARG_WEIGHTS, w_bwd_->in(s, params + w_off_)},
-                     {DNNL_ARG_DIFF_SRC, src_->grad()}});
+                     {DNNL_ARG_DIFF_SRC, bwd_dx_->out()}});
+    bwd_dx_->deliver(s);
     src_->deliver_grad(s);
   }
 
@@ -180,6 +212,7 @@ class ConvStage final : public Stage {
   bool input_grad_;
   dnnl::primitive fwd_, bww_, bwd_;
   std::optional<Adapter> src_;
+  std::optional<Bridge> bww_src_, bww_dy_, bwd_dy_, bwd_dx_;
   std::optional<Weights> w_, w_bwd_, dw_;
   dnnl::memory bias_, dbias_;
   std::optional<ReluFromOutput> relu_;
@@ -265,15 +298,16 @@ class LinearStage final : public Stage {
     w_.emplace(ctx, wei_plain, fwd_pd.weights_desc());
     bias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
     dbias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
-    const dnnl::inner_product_backward_weights::primitive_desc bww_pd(
-        {fwd_pd.src_desc(), any(wei), bias_md, fwd_pd.dst_desc()}, ctx.engine, fwd_pd);
+    const dnnl::inner_product_backward_weights::primitive_desc bww_pd({any(src), any(wei), bias_md, dst_md},
+                                                                      ctx.engine, fwd_pd);
     bww_ = dnnl::inner_product_backward_weights(bww_pd);
+    bww_src_.emplace(ctx, src_->value(), bww_pd.src_desc());
     dw_.emplace(ctx, wei_plain, bww_pd.diff_weights_desc());
     if (input_grad_) {
-      const dnnl::inner_product_backward_data::primitive_desc bwd_pd(
-          {fwd_pd.src_desc(), any(wei), fwd_pd.dst_desc()}, ctx.engine, fwd_pd);
+      const dnnl::inner_product_backward_data::primitive_desc bwd_pd({any(src), any(wei), dst_md}, ctx.engine, fwd_pd);
       bwd_ = dnnl::inner_product_backward_data(bwd_pd);
       w_bwd_.emplace(ctx, wei_plain, bwd_pd.weights_desc());
+      bwd_dx_.emplace(ctx, src_->grad(), bwd_pd.diff_src_desc());
     }
     if (relu) relu_.emplace(ctx, fwd_pd.dst_desc());
   }
@@ -290,7 +324,7 @@ class LinearStage final : public Stage {
   void backward(dnnl::stream& s, const float* params, float* grads) override {
     if (relu_) relu_->run(s, out);
     dbias_.set_data_handle(grads + b_off_);
-    bww_.execute(s, {{DNNL_ARG_SRC, src_->value()},
+    bww_.execute(s, {{DNNL_ARG_SRC, bww_src_->in(s)},
                      {DNNL_ARG_DIFF_DST, out.grad},
                      {DNNL_ARG_DIFF_WEIGHTS, dw_->out(grads + w_off_)},
                      {DNNL_ARG_DIFF_BIAS, dbias_}});
@@ -298,7 +332,8 @@ class LinearStage final : public Stage {
     if (!input_grad_) return;
     bwd_.execute(s, {{DNNL_ARG_DIFF_DST, out.grad},
                      {DNNL_ARG_WEIGHTS, w_bwd_->in(s, params + w_off_)},
-                     {DNNL_ARG_DIFF_SRC, src_->grad()}});
+                     {DNNL_ARG_DIFF_SRC, bwd_dx_->out()}});
+    bwd_dx_->deliver(s);
     src_->deliver_grad(s);
   }
 
@@ -307,6 +342,7 @@ class LinearStage final : public Stage {
   bool input_grad_;
   dnnl::primitive fwd_, bww_, bwd_;
   std::optional<Adapter> src_;
+  std::optional<Bridge> bww_src_, bwd_dx_;
   std::optional<Weights> w_, w_bwd_, dw_;
   dnnl::memory bias_, dbias_;
   std::optional<ReluFromOutput> relu_;

@@ -1,0 +1,304 @@
+#include "gossip/wire/codec.hpp"
+
+#include <capnp/serialize.h>
+#include <fmt/format.h>
+#include <kj/exception.h>
+
+#include <cstring>
+
+#include "gossip/wire/wire.capnp.h"
+
+namespace tepdist::gossip {
+namespace {
+
+// ---- C++ values -> Cap'n Proto builders ----
+
+void put_member(wire::Member::Builder b, const Member& m) {
+  b.setId(m.id);
+  b.setAddress(m.address);
+  b.setIncarnation(m.incarnation);
+  b.setState(static_cast<wire::Member::State>(m.state));
+  b.setRegion(m.region);
+  auto roles = b.initRoles(static_cast<unsigned>(m.roles.size()));
+  for (unsigned i = 0; i < m.roles.size(); ++i) roles.set(i, m.roles[i]);
+}
+
+void put_members(capnp::List<wire::Member>::Builder list, const std::vector<Member>& members) {
+  for (unsigned i = 0; i < members.size(); ++i) put_member(list[i], members[i]);
+}
+
+struct Encoder {
+  capnp::MallocMessageBuilder& mb;
+  std::vector<std::shared_ptr<const void>>& keep_alive;
+
+  void put_chunk(wire::TensorChunk::Builder b, const TensorChunk& c) {
+    b.setStep(c.step);
+    b.setShard(c.shard);
+    b.setOffset(c.offset);
+    b.setTotal(c.total);
+    const auto bytes = kj::arrayPtr(reinterpret_cast<const kj::byte*>(c.data.data()), c.data.size_bytes());
+    if (reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 && !c.data.empty()) {
+      b.adoptData(mb.getOrphanage().referenceExternalData(bytes));
+      if (c.owner) keep_alive.push_back(c.owner);
+    } else {
+      b.setData(bytes);
+    }
+  }
+
+  void operator()(wire::Envelope::Builder e, const Body& body) {
+    std::visit(
+        [&](const auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, Ping>) {
+            auto b = e.initPing();
+            b.setSeqNo(m.seq_no);
+            put_members(b.initUpdates(static_cast<unsigned>(m.updates.size())), m.updates);
+          } else if constexpr (std::is_same_v<T, Ack>) {
+            auto b = e.initAck();
+            b.setSeqNo(m.seq_no);
+            put_members(b.initUpdates(static_cast<unsigned>(m.updates.size())), m.updates);
+          } else if constexpr (std::is_same_v<T, PingReq>) {
+            auto b = e.initPingReq();
+            b.setSeqNo(m.seq_no);
+            put_member(b.initTarget(), m.target);
+            put_members(b.initUpdates(static_cast<unsigned>(m.updates.size())), m.updates);
+          } else if constexpr (std::is_same_v<T, Join>) {
+            put_member(e.initJoin().initMember(), m.member);
+          } else if constexpr (std::is_same_v<T, Leave>) {
+            put_member(e.initLeave().initMember(), m.member);
+          } else if constexpr (std::is_same_v<T, StateSync>) {
+            auto b = e.initStateSync();
+            put_members(b.initMembers(static_cast<unsigned>(m.members.size())), m.members);
+            b.setReply(m.reply);
+            b.setEpochUnixMs(m.epoch_unix_ms);
+          } else if constexpr (std::is_same_v<T, TensorChunk>) {
+            put_chunk(e.initTensorChunk(), m);
+          } else if constexpr (std::is_same_v<T, ParamPull>) {
+            auto b = e.initParamPull();
+            b.setShard(m.shard);
+            b.setHaveVersion(m.have_version);
+          } else if constexpr (std::is_same_v<T, ParamPush>) {
+            auto b = e.initParamPush();
+            b.setShard(m.shard);
+            b.setVersion(m.version);
+            put_chunk(b.initChunk(), m.chunk);
+          } else if constexpr (std::is_same_v<T, Control>) {
+            auto b = e.initControl();
+            b.setCoordinator(m.coordinator);
+            b.setCoordinatorIncarnation(m.coordinator_incarnation);
+            b.setCommand(static_cast<wire::Control::Command>(m.command));
+            b.setJobId(m.job_id);
+            b.setArgument(kj::arrayPtr(m.argument.data(), m.argument.size()));
+          } else if constexpr (std::is_same_v<T, MetricsSnapshot>) {
+            auto list = e.initMetrics().initEntries(static_cast<unsigned>(m.entries.size()));
+            for (unsigned i = 0; i < m.entries.size(); ++i) {
+              const auto& metric = m.entries[i];
+              list[i].setName(metric.name);
+              list[i].setValue(metric.value);
+              auto labels = list[i].initLabels(static_cast<unsigned>(metric.labels.size()));
+              for (unsigned j = 0; j < metric.labels.size(); ++j) {
+                labels[j].setKey(metric.labels[j].first);
+                labels[j].setValue(metric.labels[j].second);
+              }
+            }
+          }
+        },
+        body);
+  }
+};
+
+// ---- Cap'n Proto readers -> C++ values (inside one try block: readers throw on bad data) ----
+
+Member get_member(wire::Member::Reader r) {
+  Member m;
+  m.id = r.getId();
+  m.address = r.getAddress();
+  m.incarnation = r.getIncarnation();
+  const auto state = r.getState();
+  if (state > wire::Member::State::LEFT)
+    throw WireError{WireErrc::unknown_kind, fmt::format("member {} has unknown state {}", m.id, static_cast<int>(state))};
+  m.state = static_cast<Member::State>(state);
+  m.region = r.getRegion();
+  for (auto role : r.getRoles()) m.roles.emplace_back(role);
+  return m;
+}
+
+std::vector<Member> get_members(capnp::List<wire::Member>::Reader list) {
+  std::vector<Member> out;
+  out.reserve(list.size());
+  for (auto m : list) out.push_back(get_member(m));
+  return out;
+}
+
+TensorChunk get_chunk(wire::TensorChunk::Reader r, const std::shared_ptr<const void>& owner) {
+  TensorChunk c;
+  c.step = r.getStep();
+  c.shard = r.getShard();
+  c.offset = r.getOffset();
+  c.total = r.getTotal();
+  const auto data = r.getData();
+  if (data.size() % sizeof(float) != 0)
+    throw WireError{WireErrc::malformed, fmt::format("tensor data of {} bytes is not whole floats", data.size())};
+  // Data blobs start on a word boundary inside the (word-aligned) frame, so floats can be viewed
+  // in place.
+  c.data = {reinterpret_cast<const float*>(data.begin()), data.size() / sizeof(float)};
+  if (c.offset > c.total || c.data.size() > c.total - c.offset)
+    throw WireError{WireErrc::malformed, fmt::format("tensor chunk [{}, +{}) outside a tensor of {}", c.offset,
+                                                     c.data.size(), c.total)};
+  c.owner = owner;
+  return c;
+}
+
+Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner) {
+  switch (e.which()) {
+    case wire::Envelope::PING: {
+      auto r = e.getPing();
+      return Ping{r.getSeqNo(), get_members(r.getUpdates())};
+    }
+    case wire::Envelope::ACK: {
+      auto r = e.getAck();
+      return Ack{r.getSeqNo(), get_members(r.getUpdates())};
+    }
+    case wire::Envelope::PING_REQ: {
+      auto r = e.getPingReq();
+      return PingReq{r.getSeqNo(), get_member(r.getTarget()), get_members(r.getUpdates())};
+    }
+    case wire::Envelope::JOIN: return Join{get_member(e.getJoin().getMember())};
+    case wire::Envelope::LEAVE: return Leave{get_member(e.getLeave().getMember())};
+    case wire::Envelope::STATE_SYNC: {
+      auto r = e.getStateSync();
+      return StateSync{get_members(r.getMembers()), r.getReply(), r.getEpochUnixMs()};
+    }
+    case wire::Envelope::TENSOR_CHUNK: return get_chunk(e.getTensorChunk(), owner);
+    case wire::Envelope::PARAM_PULL: {
+      auto r = e.getParamPull();
+      return ParamPull{r.getShard(), r.getHaveVersion()};
+    }
+    case wire::Envelope::PARAM_PUSH: {
+      auto r = e.getParamPush();
+      return ParamPush{r.getShard(), r.getVersion(), get_chunk(r.getChunk(), owner)};
+    }
+    case wire::Envelope::CONTROL: {
+      auto r = e.getControl();
+      const auto command = r.getCommand();
+      if (command > wire::Control::Command::EVALUATE)
+        throw WireError{WireErrc::unknown_kind, fmt::format("unknown control command {}", static_cast<int>(command))};
+      const auto arg = r.getArgument();
+      return Control{r.getCoordinator(), r.getCoordinatorIncarnation(), static_cast<Control::Command>(command),
+                     r.getJobId(), std::vector<uint8_t>(arg.begin(), arg.end())};
+    }
+    case wire::Envelope::METRICS: {
+      MetricsSnapshot s;
+      for (auto m : e.getMetrics().getEntries()) {
+        MetricsSnapshot::Metric metric{m.getName(), {}, m.getValue()};
+        for (auto l : m.getLabels()) metric.labels.emplace_back(l.getKey(), l.getValue());
+        s.entries.push_back(std::move(metric));
+      }
+      return s;
+    }
+  }
+  throw WireError{WireErrc::unknown_kind, fmt::format("unknown message kind {}", static_cast<int>(e.which()))};
+}
+
+/// The received words; tensor chunks share ownership of them.
+struct Received {
+  std::vector<uint64_t> words;
+  kj::ArrayPtr<const capnp::word> view() const {
+    return {reinterpret_cast<const capnp::word*>(words.data()), words.size()};
+  }
+};
+
+}  // namespace
+
+OutFrame::OutFrame(std::unique_ptr<capnp::MallocMessageBuilder> builder,
+                   std::vector<std::shared_ptr<const void>> keep_alive)
+    : builder_(std::move(builder)), keep_alive_(std::move(keep_alive)) {
+  const auto segments = builder_->getSegmentsForOutput();
+  // Cap'n Proto's stream framing: segment count - 1, each segment's size in words, padded to 8 bytes.
+  const size_t table_words = (segments.size() + 2) & ~size_t{1};
+  header_.assign(1 + table_words, 0);
+  header_[1] = static_cast<uint32_t>(segments.size() - 1);
+  size_t body = table_words * sizeof(uint32_t);
+  for (size_t i = 0; i < segments.size(); ++i) {
+    header_[2 + i] = static_cast<uint32_t>(segments[i].size());
+    body += segments[i].size() * sizeof(capnp::word);
+  }
+  header_[0] = static_cast<uint32_t>(body);  // little-endian hosts only, like the rest of the wire
+  pieces_.push_back({header_.data(), header_.size() * sizeof(uint32_t)});
+  for (const auto& s : segments) pieces_.push_back({s.begin(), s.size() * sizeof(capnp::word)});
+  bytes_ = frame_header_bytes + body;
+}
+
+std::vector<uint8_t> OutFrame::flatten() const {
+  std::vector<uint8_t> out;
+  out.reserve(bytes_);
+  for (const auto& p : pieces_) out.insert(out.end(), static_cast<const uint8_t*>(p.data), static_cast<const uint8_t*>(p.data) + p.size);
+  return out;
+}
+
+OutFrame encode(const Message& message) {
+  auto mb = std::make_unique<capnp::MallocMessageBuilder>();
+  std::vector<std::shared_ptr<const void>> keep_alive;
+  auto e = mb->initRoot<wire::Envelope>();
+  e.setSender(message.sender);
+  e.setIncarnation(message.incarnation);
+  e.setClusterId(message.cluster_id);
+  Encoder{*mb, keep_alive}(e, message.body);
+  return OutFrame(std::move(mb), std::move(keep_alive));
+}
+
+WireResult<uint32_t> frame_length(const uint8_t header[frame_header_bytes], const WireLimits& limits) {
+  uint32_t n;
+  std::memcpy(&n, header, sizeof n);
+  if (n > limits.max_frame_bytes)
+    return std::unexpected(WireError{WireErrc::too_large, fmt::format("frame of {} bytes exceeds the limit of {}", n,
+                                                                      limits.max_frame_bytes)});
+  if (n < 8 || n % 8 != 0)
+    return std::unexpected(WireError{WireErrc::truncated, fmt::format("a frame of {} bytes is not whole 8-byte words", n)});
+  return n;
+}
+
+WireResult<Message> decode_bytes(std::span<const uint8_t> body, const WireLimits& limits) {
+  if (body.size() % sizeof(uint64_t) != 0)
+    return std::unexpected(WireError{WireErrc::truncated, fmt::format("{} bytes is not whole words", body.size())});
+  std::vector<uint64_t> words(body.size() / sizeof(uint64_t));
+  std::memcpy(words.data(), body.data(), body.size());
+  return decode(std::move(words), limits);
+}
+
+WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits) {
+  auto received = std::make_shared<Received>();
+  received->words = std::move(body);
+  capnp::ReaderOptions options;
+  // Reading the message may touch each word at most a few times over: a bound on the work a hostile
+  // frame can cause (Cap'n Proto counts list and struct pointers against it).
+  options.traversalLimitInWords = received->words.size() * 4 + 64;
+  const auto words = received->view();
+  options.nestingLimit = limits.nesting_limit;
+  try {
+    capnp::FlatArrayMessageReader reader(words, options);
+    if (reader.getEnd() != words.end())
+      return std::unexpected(WireError{WireErrc::malformed, "bytes after the end of the message"});
+    const auto e = reader.getRoot<wire::Envelope>();
+    Message m;
+    m.sender = e.getSender();
+    m.incarnation = e.getIncarnation();
+    m.cluster_id = e.getClusterId();
+    m.body = get_body(e, received);
+    return m;
+  } catch (const WireError& error) {
+    return std::unexpected(error);
+  } catch (const kj::Exception& e) {
+    const std::string what = e.getDescription().cStr();
+    const bool limit = what.find("limit") != std::string::npos;
+    return std::unexpected(WireError{limit ? WireErrc::over_limit : WireErrc::malformed, what});
+  }
+}
+
+const char* kind_name(const Body& body) {
+  static constexpr const char* names[] = {"ping",         "ack",        "ping_req",   "join",    "leave",  "state_sync",
+                                          "tensor_chunk", "param_pull", "param_push", "control", "metrics"};
+  return names[body.index()];
+}
+
+}  // namespace tepdist::gossip

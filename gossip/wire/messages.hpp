@@ -1,0 +1,127 @@
+#pragma once
+// The messages nodes exchange, as plain C++ values. The protocol cores (membership, the ring, the
+// shard protocol) speak these and know nothing of Cap'n Proto; gossip/wire/codec.hpp converts
+// them to and from the one wire (wire.capnp), where all checking of untrusted bytes happens.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <variant>
+#include <vector>
+
+namespace tepdist::gossip {
+
+struct Member {
+  enum class State : uint8_t { alive, suspect, dead, left };
+  std::string id;
+  std::string address;  ///< host:port
+  uint64_t incarnation = 0;
+  State state = State::alive;
+  std::string region;
+  std::vector<std::string> roles;
+  friend bool operator==(const Member&, const Member&) = default;
+};
+
+struct Ping {
+  uint64_t seq_no = 0;
+  std::vector<Member> updates;
+  friend bool operator==(const Ping&, const Ping&) = default;
+};
+
+struct Ack {
+  uint64_t seq_no = 0;
+  std::vector<Member> updates;
+  friend bool operator==(const Ack&, const Ack&) = default;
+};
+
+struct PingReq {
+  uint64_t seq_no = 0;
+  Member target;
+  std::vector<Member> updates;
+  friend bool operator==(const PingReq&, const PingReq&) = default;
+};
+
+struct Join {
+  Member member;
+  friend bool operator==(const Join&, const Join&) = default;
+};
+
+struct Leave {
+  Member member;
+  friend bool operator==(const Leave&, const Leave&) = default;
+};
+
+struct StateSync {
+  std::vector<Member> members;
+  bool reply = false;
+  uint64_t epoch_unix_ms = 0;
+  friend bool operator==(const StateSync&, const StateSync&) = default;
+};
+
+/// A slice of a float tensor. On the sending side `data` views an immutable snapshot that `owner`
+/// keeps alive until the frame is written; on the receiving side it views the received frame,
+/// which `owner` keeps alive. Either way no copy is made.
+struct TensorChunk {
+  uint64_t step = 0;
+  uint32_t shard = 0;
+  uint64_t offset = 0;  ///< elements
+  uint64_t total = 0;   ///< elements in the whole tensor
+  std::span<const float> data;
+  std::shared_ptr<const void> owner;
+  friend bool operator==(const TensorChunk& a, const TensorChunk& b) {
+    return a.step == b.step && a.shard == b.shard && a.offset == b.offset && a.total == b.total &&
+           std::equal(a.data.begin(), a.data.end(), b.data.begin(), b.data.end());
+  }
+};
+
+struct ParamPull {
+  uint32_t shard = 0;
+  uint64_t have_version = 0;
+  friend bool operator==(const ParamPull&, const ParamPull&) = default;
+};
+
+struct ParamPush {
+  uint32_t shard = 0;
+  uint64_t version = 0;
+  TensorChunk chunk;
+  friend bool operator==(const ParamPush&, const ParamPush&) = default;
+};
+
+struct Control {
+  enum class Command : uint8_t { start_job, stop_job, epoch_boundary, evaluate };
+  std::string coordinator;
+  uint64_t coordinator_incarnation = 0;
+  Command command = Command::start_job;
+  uint64_t job_id = 0;
+  std::vector<uint8_t> argument;
+  friend bool operator==(const Control&, const Control&) = default;
+};
+
+struct MetricsSnapshot {
+  struct Metric {
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> labels;
+    double value = 0.0;
+    friend bool operator==(const Metric&, const Metric&) = default;
+  };
+  std::vector<Metric> entries;
+  friend bool operator==(const MetricsSnapshot&, const MetricsSnapshot&) = default;
+};
+
+using Body = std::variant<Ping, Ack, PingReq, Join, Leave, StateSync, TensorChunk, ParamPull, ParamPush, Control,
+                          MetricsSnapshot>;
+
+/// Everything after the handshake: who sent it and what.
+struct Message {
+  std::string sender;
+  uint64_t incarnation = 0;
+  std::string cluster_id;
+  Body body;
+  friend bool operator==(const Message&, const Message&) = default;
+};
+
+/// The kind's name for logs and metrics ("ping", "tensor_chunk", ...).
+const char* kind_name(const Body& body);
+
+}  // namespace tepdist::gossip

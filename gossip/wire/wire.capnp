@@ -1,0 +1,148 @@
+@0x84bd63c774384f63;
+# The one wire between tepdist nodes. Every frame after the handshake is an Envelope; the
+# handshake (Hello, Challenge, Proof) runs first on every connection and nothing else is accepted
+# until it succeeds. Frames are a 4-byte little-endian length followed by a Cap'n Proto message
+# (segment table, then segments); tensors ride in their own segment, referenced, not copied.
+
+using Cxx = import "/capnp/c++.capnp";
+$Cxx.namespace("tepdist::wire");
+
+# ---- Handshake: mutual HMAC-SHA256 challenge-response over fresh nonces ---------------------
+
+struct Hello {
+  # Initiator -> responder: who I am and my challenge to you.
+  version @0 :UInt32;
+  clusterId @1 :Text;
+  nodeId @2 :Text;
+  nonce @3 :Data;          # 32 random bytes, fresh per connection
+}
+
+struct Challenge {
+  # Responder -> initiator: my proof (over both nonces) and my challenge to you.
+  nodeId @0 :Text;
+  nonce @1 :Data;          # 32 random bytes, fresh per connection
+  proof @2 :Data;          # HMAC(secret, transcript, "responder")
+}
+
+struct Proof {
+  # Initiator -> responder: my proof over both nonces.
+  proof @0 :Data;          # HMAC(secret, transcript, "initiator")
+}
+
+# ---- After the handshake ------------------------------------------------------------------
+
+struct Envelope {
+  sender @0 :Text;         # node id
+  incarnation @1 :UInt64;  # the sender's, above any it used before (start time in ms will do)
+  clusterId @2 :Text;
+  union {
+    ping @3 :Ping;
+    ack @4 :Ack;
+    pingReq @5 :PingReq;
+    join @6 :Join;
+    leave @7 :Leave;
+    stateSync @8 :StateSync;
+    tensorChunk @9 :TensorChunk;
+    paramPull @10 :ParamPull;
+    paramPush @11 :ParamPush;
+    control @12 :Control;
+    metrics @13 :MetricsSnapshot;
+  }
+}
+
+# -- membership (SWIM) --
+
+struct Member {
+  id @0 :Text;
+  address @1 :Text;        # host:port
+  incarnation @2 :UInt64;
+  state @3 :State;
+  region @4 :Text;
+  roles @5 :List(Text);
+  enum State {
+    alive @0;
+    suspect @1;
+    dead @2;
+    left @3;
+  }
+}
+
+struct Ping {
+  seqNo @0 :UInt64;
+  updates @1 :List(Member);  # piggybacked dissemination
+}
+
+struct Ack {
+  seqNo @0 :UInt64;
+  updates @1 :List(Member);
+}
+
+struct PingReq {
+  seqNo @0 :UInt64;
+  target @1 :Member;         # probe this member on my behalf
+  updates @2 :List(Member);
+}
+
+struct Join {
+  member @0 :Member;
+}
+
+struct Leave {
+  member @0 :Member;         # state left, incarnation of the leaver
+}
+
+struct StateSync {
+  members @0 :List(Member);  # push-pull anti-entropy and the joiner's first view
+  reply @1 :Bool;
+  epochUnixMs @2 :UInt64;    # the cluster epoch: link-emulator times count from it
+}
+
+# -- tensors and parameters --
+
+struct TensorChunk {
+  step @0 :UInt64;           # the step or version the tensor belongs to
+  shard @1 :UInt32;
+  offset @2 :UInt64;         # in elements, within the whole tensor
+  total @3 :UInt64;          # elements in the whole tensor
+  data @4 :Data;             # little-endian float32, (size / 4) elements from offset
+}
+
+struct ParamPull {
+  shard @0 :UInt32;
+  haveVersion @1 :UInt64;
+}
+
+struct ParamPush {
+  shard @0 :UInt32;
+  version @1 :UInt64;        # version the gradient was computed on (push) or is (reply)
+  chunk @2 :TensorChunk;
+}
+
+# -- control plane and monitoring --
+
+struct Control {
+  coordinator @0 :Text;      # the id the command comes from; obeyed only from the lowest live id
+  coordinatorIncarnation @1 :UInt64;
+  command @2 :Command;
+  jobId @3 :UInt64;
+  argument @4 :Data;
+  enum Command {
+    startJob @0;
+    stopJob @1;
+    epochBoundary @2;
+    evaluate @3;
+  }
+}
+
+struct MetricsSnapshot {
+  entries @0 :List(Metric);
+  struct Metric {
+    name @0 :Text;
+    labels @1 :List(Label);
+    value @2 :Float64;
+  }
+  struct Label {
+    key @0 :Text;
+    value @1 :Text;
+  }
+}

@@ -1,0 +1,131 @@
+#include <catch2/catch.hpp>
+#include <cstring>
+
+#include "compute/rng.hpp"
+#include "gossip/wire/codec.hpp"
+
+using namespace tepdist::gossip;
+
+namespace {
+
+Member member(const std::string& id, Member::State state = Member::State::alive) {
+  return {id, id + ":7000", 17, state, "eu-west", {"worker", "parameter-shard"}};
+}
+
+Message envelope(Body body) { return {"node-a", 1700000000123, "cluster-1", std::move(body)}; }
+
+/// Encodes, flattens into one buffer as it would arrive, and decodes.
+Message round_trip(const Message& m) {
+  const auto bytes = encode(m).flatten();
+  REQUIRE(bytes.size() > frame_header_bytes);
+  auto length = frame_length(bytes.data(), {});
+  REQUIRE(length.has_value());
+  REQUIRE(*length == bytes.size() - frame_header_bytes);
+  auto decoded = decode_bytes(std::span(bytes).subspan(frame_header_bytes));
+  INFO((decoded ? std::string() : decoded.error().message));
+  REQUIRE(decoded.has_value());
+  return *decoded;
+}
+
+}  // namespace
+
+TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
+  std::vector<float> tensor(1000);
+  for (size_t i = 0; i < tensor.size(); ++i) tensor[i] = static_cast<float>(i) * 0.5f - 3.0f;
+  const TensorChunk chunk{42, 3, 100, 5000, std::span<const float>(tensor), nullptr};
+  const std::vector<Body> bodies = {
+      Ping{1, {member("a"), member("b", Member::State::suspect)}},
+      Ack{2, {member("c", Member::State::dead)}},
+      PingReq{3, member("d"), {member("e", Member::State::left)}},
+      Join{member("f")},
+      Leave{member("g", Member::State::left)},
+      StateSync{{member("h"), member("i")}, true, 1700000000000},
+      chunk,
+      ParamPull{7, 99},
+      ParamPush{7, 100, chunk},
+      Control{"node-0", 5, Control::Command::evaluate, 11, {1, 2, 3}},
+      MetricsSnapshot{{{"frames_in", {{"peer", "b"}}, 12.0}, {"queue_depth", {}, 3.5}}},
+  };
+  for (const auto& body : bodies) {
+    INFO(kind_name(body));
+    const Message m = envelope(body);
+    CHECK(round_trip(m) == m);
+  }
+}
+
+TEST_CASE("a tensor is sent from its own buffer and received in place", "[gossip][wire]") {
+  auto tensor = std::make_shared<std::vector<float>>(431080, 0.25f);
+  const std::span<const float> view(*tensor);
+  const OutFrame frame = encode(envelope(TensorChunk{1, 0, 0, tensor->size(), view, tensor}));
+  bool referenced = false;
+  for (const auto& piece : frame.pieces()) referenced |= piece.data == tensor->data();
+  CHECK(referenced);
+  // The frame keeps the snapshot alive after its owner lets go.
+  std::weak_ptr<std::vector<float>> watch = tensor;
+  tensor.reset();
+  CHECK_FALSE(watch.expired());
+
+  const auto bytes = frame.flatten();
+  auto decoded = decode_bytes(std::span(bytes).subspan(frame_header_bytes));
+  REQUIRE(decoded.has_value());
+  const auto& chunk = std::get<TensorChunk>(decoded->body);
+  CHECK(chunk.data.size() == 431080);
+  CHECK(chunk.data[431079] == 0.25f);
+  CHECK(chunk.owner != nullptr);
+}
+
+TEST_CASE("unaligned tensor slices are copied rather than referenced", "[gossip][wire]") {
+  std::vector<float> tensor(9, 1.0f);
+  const std::span<const float> odd(tensor.data() + 1, 8);  // 4 bytes past an 8-byte boundary
+  const Message m = envelope(TensorChunk{1, 0, 1, 9, odd, nullptr});
+  CHECK(round_trip(m) == m);
+}
+
+TEST_CASE("a length prefix over the limit or not in whole words is refused", "[gossip][wire]") {
+  uint8_t header[4];
+  const uint32_t huge = 1u << 30;
+  std::memcpy(header, &huge, 4);
+  auto r = frame_length(header, {});
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == WireErrc::too_large);
+  const uint32_t odd = 12;
+  std::memcpy(header, &odd, 4);
+  CHECK(frame_length(header, {}).error().code == WireErrc::truncated);
+}
+
+TEST_CASE("garbage, truncated frames and unknown kinds become errors, never crashes", "[gossip][wire]") {
+  const auto bytes = encode(envelope(Ping{9, {member("a")}})).flatten();
+  const auto body = std::span(bytes).subspan(frame_header_bytes);
+
+  SECTION("cut short") {
+    auto r = decode_bytes(body.first(body.size() - 8));
+    REQUIRE_FALSE(r.has_value());
+  }
+  SECTION("random words") {
+    tepdist::compute::Rng rng(3);
+    for (int trial = 0; trial < 500; ++trial) {
+      std::vector<uint8_t> junk(8 * (1 + rng.below(64)));
+      for (auto& b : junk) b = static_cast<uint8_t>(rng.next());
+      (void)decode_bytes(junk);  // must return, error or not
+    }
+    std::vector<uint8_t> junk(64, 0xab);
+    CHECK_FALSE(decode_bytes(junk).has_value());
+  }
+  SECTION("a kind from the future") {
+    std::vector<uint8_t> patched(body.begin(), body.end());
+    // After the 8-byte segment table: the root pointer (word 0), then the Envelope's data section,
+    // whose union discriminant is its fifth 16-bit element (see wire.capnp.h, Envelope::which()).
+    const uint16_t future = 99;
+    std::memcpy(patched.data() + 8 + 8 + 8, &future, 2);
+    auto r = decode_bytes(patched);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == WireErrc::unknown_kind);
+  }
+  SECTION("a tensor chunk claiming to lie outside its tensor") {
+    std::vector<float> t(4, 1.0f);
+    const auto chunk = encode(envelope(TensorChunk{1, 0, 10, 12, std::span<const float>(t), nullptr})).flatten();
+    auto r = decode_bytes(std::span(chunk).subspan(frame_header_bytes));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == WireErrc::malformed);
+  }
+}
