@@ -15,6 +15,7 @@ struct Hello {
   clusterId @1 :Text;
   nodeId @2 :Text;
   nonce @3 :Data;          # 32 random bytes, fresh per connection
+  region @4 :Text;         # for the link emulator, before membership has told anyone
 }
 
 struct Challenge {
@@ -22,6 +23,7 @@ struct Challenge {
   nodeId @0 :Text;
   nonce @1 :Data;          # 32 random bytes, fresh per connection
   proof @2 :Data;          # HMAC(secret, transcript, "responder")
+  region @3 :Text;
 }
 
 struct Proof {

@@ -1,0 +1,167 @@
+#include "gossip/transport/handshake.hpp"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <fmt/format.h>
+#include <kj/exception.h>
+#include <openssl/crypto.h>
+#include <openssl/hmac.h>
+#include <openssl/rand.h>
+
+#include <cstring>
+#include <stdexcept>
+
+#include "gossip/wire/wire.capnp.h"
+
+namespace tepdist::gossip {
+namespace {
+
+constexpr uint32_t protocol_version = 1;
+constexpr size_t proof_bytes = 32;
+
+void append(std::vector<uint8_t>& out, const void* data, size_t n) {
+  const uint32_t len = static_cast<uint32_t>(n);
+  const auto* p = reinterpret_cast<const uint8_t*>(&len);
+  out.insert(out.end(), p, p + sizeof len);
+  out.insert(out.end(), static_cast<const uint8_t*>(data), static_cast<const uint8_t*>(data) + n);
+}
+
+template <class Fill>
+OutFrame frame_of(Fill fill) {
+  auto mb = std::make_unique<capnp::MallocMessageBuilder>();
+  fill(*mb);
+  return OutFrame(std::move(mb), {});
+}
+
+kj::ArrayPtr<const capnp::word> words_of(const std::vector<uint64_t>& body) {
+  return {reinterpret_cast<const capnp::word*>(body.data()), body.size()};
+}
+
+capnp::ReaderOptions small_message_limits() {
+  capnp::ReaderOptions o;
+  o.traversalLimitInWords = 1024;  // a handshake message is a few dozen words
+  o.nestingLimit = 4;
+  return o;
+}
+
+bool copy_nonce(capnp::Data::Reader in, Nonce& out) {
+  if (in.size() != out.size()) return false;
+  std::memcpy(out.data(), in.begin(), out.size());
+  return true;
+}
+
+}  // namespace
+
+Nonce fresh_nonce() {
+  Nonce n;
+  if (RAND_bytes(n.data(), static_cast<int>(n.size())) != 1) throw std::runtime_error("RAND_bytes failed");
+  return n;
+}
+
+Handshake::Handshake(Role role, Identity self, Nonce nonce)
+    : role_(role),
+      self_(std::move(self)),
+      nonce_(nonce),
+      state_(role == Role::initiator ? State::await_challenge : State::await_hello) {}
+
+std::vector<uint8_t> Handshake::proof(const std::string& initiator, const std::string& responder, const Nonce& ni,
+                                      const Nonce& nr, const char* label) const {
+  std::vector<uint8_t> transcript;
+  constexpr std::string_view tag = "tepdist-auth-v1";
+  append(transcript, tag.data(), tag.size());
+  append(transcript, self_.cluster_id.data(), self_.cluster_id.size());
+  append(transcript, initiator.data(), initiator.size());
+  append(transcript, responder.data(), responder.size());
+  append(transcript, ni.data(), ni.size());
+  append(transcript, nr.data(), nr.size());
+  append(transcript, label, std::strlen(label));
+  std::vector<uint8_t> mac(EVP_MAX_MD_SIZE);
+  unsigned len = 0;
+  HMAC(EVP_sha256(), self_.secret.data(), static_cast<int>(self_.secret.size()), transcript.data(), transcript.size(),
+       mac.data(), &len);
+  mac.resize(len);
+  return mac;
+}
+
+Handshake::Step Handshake::refuse(std::string why) {
+  state_ = State::failed;
+  Step s;
+  s.refused = std::move(why);
+  return s;
+}
+
+OutFrame Handshake::hello() {
+  return frame_of([&](capnp::MallocMessageBuilder& mb) {
+    auto h = mb.initRoot<wire::Hello>();
+    h.setVersion(protocol_version);
+    h.setClusterId(self_.cluster_id);
+    h.setNodeId(self_.node_id);
+    h.setRegion(self_.region);
+    h.setNonce(kj::arrayPtr(nonce_.data(), nonce_.size()));
+  });
+}
+
+Handshake::Step Handshake::on_frame(std::vector<uint64_t> body) {
+  try {
+    capnp::FlatArrayMessageReader reader(words_of(body), small_message_limits());
+    switch (state_) {
+      case State::await_hello: {
+        const auto h = reader.getRoot<wire::Hello>();
+        if (h.getVersion() != protocol_version)
+          return refuse(fmt::format("protocol version {} (this node speaks {})", h.getVersion(), protocol_version));
+        if (std::string_view(h.getClusterId().cStr()) != self_.cluster_id)
+          return refuse(fmt::format("cluster id mismatch: peer is in '{}', this node in '{}'", h.getClusterId().cStr(),
+                                    self_.cluster_id));
+        if (!copy_nonce(h.getNonce(), peer_nonce_)) return refuse("malformed nonce");
+        peer_id_ = h.getNodeId();
+        peer_region_ = h.getRegion();
+        state_ = State::await_proof;
+        const auto mac = proof(peer_id_, self_.node_id, peer_nonce_, nonce_, "responder");
+        Step s;
+        s.send = frame_of([&](capnp::MallocMessageBuilder& mb) {
+          auto c = mb.initRoot<wire::Challenge>();
+          c.setNodeId(self_.node_id);
+          c.setRegion(self_.region);
+          c.setNonce(kj::arrayPtr(nonce_.data(), nonce_.size()));
+          c.setProof(kj::arrayPtr(mac.data(), mac.size()));
+        });
+        return s;
+      }
+      case State::await_challenge: {
+        const auto c = reader.getRoot<wire::Challenge>();
+        if (!copy_nonce(c.getNonce(), peer_nonce_)) return refuse("malformed nonce");
+        peer_id_ = c.getNodeId();
+        peer_region_ = c.getRegion();
+        const auto expected = proof(self_.node_id, peer_id_, nonce_, peer_nonce_, "responder");
+        const auto got = c.getProof();
+        if (got.size() != proof_bytes || CRYPTO_memcmp(got.begin(), expected.data(), proof_bytes) != 0)
+          return refuse("the peer does not hold the cluster secret (wrong secret)");
+        const auto mac = proof(self_.node_id, peer_id_, nonce_, peer_nonce_, "initiator");
+        state_ = State::done;
+        Step s;
+        s.done = true;
+        s.send = frame_of([&](capnp::MallocMessageBuilder& mb) {
+          mb.initRoot<wire::Proof>().setProof(kj::arrayPtr(mac.data(), mac.size()));
+        });
+        return s;
+      }
+      case State::await_proof: {
+        const auto expected = proof(peer_id_, self_.node_id, peer_nonce_, nonce_, "initiator");
+        const auto got = reader.getRoot<wire::Proof>().getProof();
+        if (got.size() != proof_bytes || CRYPTO_memcmp(got.begin(), expected.data(), proof_bytes) != 0)
+          return refuse("wrong proof: the peer does not hold the cluster secret, or replayed an old handshake");
+        state_ = State::done;
+        Step s;
+        s.done = true;
+        return s;
+      }
+      case State::done:
+      case State::failed: return refuse("handshake frame after the handshake ended");
+    }
+  } catch (const kj::Exception& e) {
+    return refuse(fmt::format("malformed handshake: {}", e.getDescription().cStr()));
+  }
+  return refuse("unreachable");
+}
+
+}  // namespace tepdist::gossip
