@@ -5,6 +5,10 @@
 #include <algorithm>
 #include <functional>
 #include <limits>
+#include <optional>
+#include <sys/stat.h>
+#include <fstream>
+#include <iterator>
 #include <sstream>
 #include <toml.hpp>
 
@@ -48,6 +52,9 @@ ConfigError error_at(const toml::value& v, std::string_view what) {
 }
 
 void apply_layers(JobConfig& c, const toml::value& v);
+void apply_regions(JobConfig& c, const toml::value& v);
+void apply_links(JobConfig& c, const toml::value& v);
+void apply_partitions(JobConfig& c, const toml::value& v);
 
 const std::vector<Key>& keys() {
   using J = JobConfig;
@@ -136,6 +143,42 @@ const std::vector<Key>& keys() {
        0, 1, true, false, {}, assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::gamma>},
       {{"optimizer", "min_lr", KeyType::number, "0.0", "Cosine schedule floor; [0, lr]."},
        0, 10, false, false, {}, assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::min_lr>},
+      // [cluster]
+      {{"cluster", "cluster_id", KeyType::string, "\"tepdist\"",
+        "Name of the cluster; a node refuses peers that name another one."},
+       -inf, inf, false, false, {}, assign<&J::cluster, &J::Cluster::cluster_id>},
+      {{"cluster", "secret", KeyType::string, "\"\"",
+        "The cluster secret every node proves it holds (HMAC-SHA256 challenge-response; it never crosses the "
+        "wire). Prefer secret_file."},
+       -inf, inf, false, false, {}, assign<&J::cluster, &J::Cluster::secret>},
+      {{"cluster", "secret_file", KeyType::string, "\"\"",
+        "A file holding the cluster secret; refused unless its mode is 0600 or stricter."},
+       -inf, inf, false, false, {}, assign<&J::cluster, &J::Cluster::secret_file>},
+      {{"cluster", "max_frame_mb", KeyType::integer, "64",
+        "Largest frame a node accepts, MiB; a longer length prefix closes the connection. 1 to 1024."},
+       1, 1024, false, false, {}, assign<&J::cluster, &J::Cluster::max_frame_mb>},
+      {{"cluster", "send_queue_mb", KeyType::integer, "64",
+        "Bytes queued for one peer before senders are told to back off, MiB; bounds memory when a peer is "
+        "slow. 1 to 4096."},
+       1, 4096, false, false, {}, assign<&J::cluster, &J::Cluster::send_queue_mb>},
+      {{"cluster", "reconnect_max_ms", KeyType::integer, "2000",
+        "Cap of the exponential back-off between reconnection attempts (from 50 ms, doubling), ms."},
+       50, 600000, false, false, {}, assign<&J::cluster, &J::Cluster::reconnect_max_ms>},
+      // [network]
+      {{"network", "regions", KeyType::strings, "[]",
+        "Region of each local node, by index (node 0 first); nodes beyond the list, and nodes started by hand "
+        "without --region, are in region \"local\"."},
+       -inf, inf, false, false, {}, apply_regions},
+      {{"network", "link", KeyType::tables, "[]",
+        "Emulated links, one [[network.link]] per region pair: between = [A, B] (A = B: within a region), "
+        "latency_ms (one-way), jitter_ms, bandwidth_mbit (0: unlimited), loss (datagrams only, 0 to 1). "
+        "Pairs not listed are not emulated. The link emulator is a simulation: real traffic on loopback, "
+        "delayed as the model says."},
+       -inf, inf, false, false, {}, apply_links},
+      {{"network", "partition", KeyType::tables, "[]",
+        "Scheduled partitions, one [[network.partition]] each: at_s and duration_s (seconds since the cluster "
+        "epoch), between = [A, B]. Streams wait for the partition to heal; datagrams are lost."},
+       -inf, inf, false, false, {}, apply_partitions},
       // [compute]
       {{"compute", "backend", KeyType::string, "\"onednn\"",
         "Kernels: \"onednn\" (oneDNN primitives, the fast path) or \"ref\" (the readable reference: plain "
@@ -154,6 +197,8 @@ const char* type_name(KeyType t) {
     case KeyType::boolean: return "true or false";
     case KeyType::string: return "a string";
     case KeyType::layers: return "a list of layer tables";
+    case KeyType::strings: return "a list of strings";
+    case KeyType::tables: return "a list of tables ([[section.key]])";
   }
   return "?";
 }
@@ -164,7 +209,9 @@ bool has_type(const toml::value& v, KeyType t) {
     case KeyType::number: return v.is_integer() || v.is_floating();
     case KeyType::boolean: return v.is_boolean();
     case KeyType::string: return v.is_string();
-    case KeyType::layers: return v.is_array();
+    case KeyType::layers:
+    case KeyType::strings:
+    case KeyType::tables: return v.is_array();
   }
   return false;
 }
@@ -255,6 +302,81 @@ void apply_layers(JobConfig& c, const toml::value& v) {
     c.model.layers.push_back(std::move(spec));
   }
   if (c.model.layers.empty()) throw LayerError{error_at(v, "model.layers is empty")};
+}
+
+void apply_regions(JobConfig& c, const toml::value& v) {
+  c.network.regions.clear();
+  for (const auto& r : v.as_array()) {
+    if (!r.is_string() || r.as_string().str.empty())
+      throw LayerError{error_at(r, "network.regions must list non-empty region names")};
+    c.network.regions.push_back(r.as_string().str);
+  }
+}
+
+/// Reads a number field of a [[network.*]] table, checking its range; required unless fallback.
+double table_number(const toml::value& t, const std::string& where, const std::string& key, double lo, double hi,
+                    std::optional<double> fallback) {
+  const auto& table = t.as_table();
+  const auto it = table.find(key);
+  if (it == table.end()) {
+    if (fallback) return *fallback;
+    throw LayerError{error_at(t, fmt::format("{} needs {}", where, key))};
+  }
+  const toml::value& v = it->second;
+  if (!v.is_integer() && !v.is_floating()) throw LayerError{error_at(v, fmt::format("{}.{} must be a number", where, key))};
+  const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
+  if (!(x >= lo && x <= hi))
+    throw LayerError{error_at(v, fmt::format("{}.{} = {} is out of range [{}, {}]", where, key, x, lo, hi))};
+  return x;
+}
+
+std::pair<std::string, std::string> table_pair(const toml::value& t, const std::string& where) {
+  const auto& table = t.as_table();
+  const auto it = table.find("between");
+  if (it == table.end()) throw LayerError{error_at(t, where + " needs between = [region, region]")};
+  const toml::value& v = it->second;
+  if (!v.is_array() || v.as_array().size() != 2 || !v.as_array()[0].is_string() || !v.as_array()[1].is_string())
+    throw LayerError{error_at(v, where + ".between must be two region names")};
+  return {v.as_array()[0].as_string().str, v.as_array()[1].as_string().str};
+}
+
+void check_keys(const toml::value& t, const std::string& where, std::initializer_list<std::string_view> known) {
+  if (!t.is_table()) throw LayerError{error_at(t, where + " must be a table")};
+  for (const auto& [key, value] : entries_in_file_order(t))
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      throw LayerError{error_at(*value, fmt::format("unknown key {}.{}{}", where, key,
+                                                    suggestion(key, std::vector<std::string_view>(known))))};
+}
+
+void apply_links(JobConfig& c, const toml::value& v) {
+  c.network.model.links.clear();
+  const auto& array = v.as_array();
+  for (size_t i = 0; i < array.size(); ++i) {
+    const std::string where = fmt::format("network.link[{}]", i + 1);
+    check_keys(array[i], where, {"between", "latency_ms", "jitter_ms", "bandwidth_mbit", "loss"});
+    const auto [a, b] = table_pair(array[i], where);
+    if (c.network.model.link(a, b)) throw LayerError{error_at(array[i], fmt::format("{}: {} - {} is listed twice", where, a, b))};
+    gossip::LinkProfile p;
+    p.latency_ms = table_number(array[i], where, "latency_ms", 0, 60000, 0.0);
+    p.jitter_ms = table_number(array[i], where, "jitter_ms", 0, 60000, 0.0);
+    p.bandwidth_mbit = table_number(array[i], where, "bandwidth_mbit", 0, 1e6, 0.0);
+    p.loss = table_number(array[i], where, "loss", 0, 1, 0.0);
+    if (p.jitter_ms > p.latency_ms)
+      throw LayerError{error_at(array[i], fmt::format("{}: jitter_ms ({}) above latency_ms ({})", where, p.jitter_ms, p.latency_ms))};
+    c.network.model.set_link(a, b, p);
+  }
+}
+
+void apply_partitions(JobConfig& c, const toml::value& v) {
+  c.network.model.partitions.clear();
+  const auto& array = v.as_array();
+  for (size_t i = 0; i < array.size(); ++i) {
+    const std::string where = fmt::format("network.partition[{}]", i + 1);
+    check_keys(array[i], where, {"between", "at_s", "duration_s"});
+    const auto [a, b] = table_pair(array[i], where);
+    c.network.model.partitions.push_back({table_number(array[i], where, "at_s", 0, 1e7, std::nullopt),
+                                          table_number(array[i], where, "duration_s", 0, 1e7, std::nullopt), a, b});
+  }
 }
 
 std::vector<std::string_view> section_names() {
@@ -373,7 +495,9 @@ ConfigResult<JobConfig> load_config(const std::optional<std::filesystem::path>& 
 }
 
 std::string schema_markdown() {
-  static constexpr const char* type_words[] = {"integer", "number", "boolean", "string", "array of tables"};
+  static constexpr const char* type_words[] = {"integer",          "number",           "boolean",
+                                                "string",           "array of tables",  "array of strings",
+                                                "array of tables"};
   std::string md;
   std::string_view section;
   for (const auto& k : keys()) {
@@ -386,6 +510,26 @@ std::string schema_markdown() {
                       k.info.default_text, k.info.doc);
   }
   return md;
+}
+
+ConfigResult<std::string> load_secret(const JobConfig::Cluster& cluster) {
+  if (cluster.secret_file.empty()) {
+    if (cluster.secret.empty())
+      return std::unexpected(ConfigError{"no cluster secret: set [cluster] secret_file (mode 0600) or secret"});
+    return cluster.secret;
+  }
+  struct stat st{};
+  if (::stat(cluster.secret_file.c_str(), &st) != 0)
+    return std::unexpected(ConfigError{fmt::format("{}: cannot read the cluster secret file", cluster.secret_file)});
+  if ((st.st_mode & 077) != 0)
+    return std::unexpected(ConfigError{fmt::format("{}: the cluster secret file has mode {:o}; it must be 0600 "
+                                                   "(chmod 600 {})",
+                                                   cluster.secret_file, st.st_mode & 0777, cluster.secret_file)});
+  std::ifstream in(cluster.secret_file, std::ios::binary);
+  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
+  if (secret.empty()) return std::unexpected(ConfigError{fmt::format("{}: the cluster secret file is empty", cluster.secret_file)});
+  return secret;
 }
 
 std::vector<KeyInfo> schema() {

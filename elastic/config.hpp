@@ -3,7 +3,7 @@
 // file (unknown sections or keys, wrong types and out-of-range values are errors that name the
 // file, line and key) and then uses the sections it needs.
 //
-// Sections so far: [job] [model] [data] [optimizer] [compute]. docs/config.md lists every key; a
+// Sections so far: [job] [model] [data] [optimizer] [compute] [cluster] [network]. docs/config.md lists every key; a
 // test keeps it in step with schema().
 
 #include <cstdint>
@@ -17,6 +17,7 @@
 
 #include "compute/optimizer.hpp"
 #include "compute/presets.hpp"
+#include "gossip/transport/link_emulator.hpp"
 
 namespace tepdist::elastic {
 
@@ -56,12 +57,28 @@ struct JobConfig {
     friend bool operator==(const Compute&, const Compute&) = default;
   } compute;
 
+  struct Cluster {
+    std::string cluster_id = "tepdist";
+    std::string secret;       ///< the cluster secret itself (prefer secret_file)
+    std::string secret_file;  ///< a file holding the secret; must not be readable by group or others
+    int64_t max_frame_mb = 64;
+    int64_t send_queue_mb = 64;
+    int64_t reconnect_max_ms = 2000;
+    friend bool operator==(const Cluster&, const Cluster&) = default;
+  } cluster;
+  struct Network {
+    std::vector<std::string> regions;  ///< region of local node i, by index
+    gossip::NetworkModel model;        ///< [[network.link]] and [[network.partition]]
+    friend bool operator==(const Network&, const Network&) = default;
+  } network;
+
   /// Where the configuration came from, for messages: a path or "(built-in defaults)".
   std::string source;
 
   /// Equal settings, wherever they came from (source is not compared).
   bool same_settings(const JobConfig& o) const {
-    return job == o.job && model == o.model && data == o.data && optimizer == o.optimizer && compute == o.compute;
+    return job == o.job && model == o.model && data == o.data && optimizer == o.optimizer && compute == o.compute &&
+           cluster == o.cluster && network == o.network;
   }
 };
 
@@ -82,7 +99,7 @@ ConfigResult<JobConfig> load_config(const std::optional<std::filesystem::path>& 
 ConfigResult<JobConfig> parse_config(std::string_view text, const std::string& name,
                                      std::span<const std::string> overrides = {});
 
-enum class KeyType { integer, number, boolean, string, layers };
+enum class KeyType { integer, number, boolean, string, layers, strings, tables };
 
 /// One key of the schema, as documented in docs/config.md.
 struct KeyInfo {
@@ -98,5 +115,13 @@ std::vector<KeyInfo> schema();
 /// The schema as Markdown: a "## [section]" heading and a table of keys per section. docs/config.md
 /// holds exactly this between its schema markers (a test checks; tests/tools/config_doc rewrites it).
 std::string schema_markdown();
+
+}  // namespace tepdist::elastic
+
+namespace tepdist::elastic {
+
+/// The cluster secret: [cluster] secret, or the contents of secret_file (trailing newline
+/// dropped), which must exist and be readable by its owner only. Errors name the file.
+ConfigResult<std::string> load_secret(const JobConfig::Cluster& cluster);
 
 }  // namespace tepdist::elastic

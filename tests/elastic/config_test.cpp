@@ -1,4 +1,7 @@
 #include <catch2/catch.hpp>
+#include <unistd.h>
+
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
@@ -168,4 +171,55 @@ TEST_CASE("a missing config file is named", "[elastic][config]") {
   auto c = load_config(std::filesystem::path("/nonexistent/job.toml"));
   REQUIRE_FALSE(c.has_value());
   CHECK_THAT(c.error().message, Catch::Contains("/nonexistent/job.toml"));
+}
+
+TEST_CASE("configs/cross_region.toml describes four nodes in three regions", "[elastic][config][network]") {
+  auto c = load_config(std::string(TEPDIST_SOURCE_DIR) + "/configs/cross_region.toml");
+  INFO((c ? std::string() : c.error().message));
+  REQUIRE(c.has_value());
+  CHECK(c->network.regions == std::vector<std::string>{"us-east", "us-east", "eu-west", "ap-south"});
+  const auto* us_eu = c->network.model.link("eu-west", "us-east");
+  REQUIRE(us_eu != nullptr);
+  CHECK(us_eu->latency_ms == 40.0);
+  CHECK(us_eu->bandwidth_mbit == 100.0);
+  CHECK(c->network.model.link("ap-south", "us-east")->latency_ms == 110.0);
+  CHECK(c->network.model.link("us-east", "us-east")->bandwidth_mbit == 1000.0);
+}
+
+TEST_CASE("network links and partitions are checked field by field", "[elastic][config][network]") {
+  const auto ok = parse_ok(
+      "[[network.partition]]\nat_s = 5\nduration_s = 2.5\nbetween = [\"a\", \"b\"]\n"
+      "[[network.link]]\nbetween = [\"a\", \"b\"]\nlatency_ms = 10\nloss = 0.05\n");
+  REQUIRE(ok.network.model.partitions.size() == 1);
+  CHECK(ok.network.model.partitions[0].duration_s == 2.5);
+  CHECK(ok.network.model.link("b", "a")->loss == 0.05);
+  CHECK_THAT(parse_error("[[network.link]]\nbetween = [\"a\", \"b\"]\nlatency = 10\n"),
+             Catch::Contains("job.toml:3") && Catch::Contains("network.link[1].latency") &&
+                 Catch::Contains("latency_ms"));
+  CHECK_THAT(parse_error("[[network.link]]\nbetween = [\"a\"]\n"), Catch::Contains("two region names"));
+  CHECK_THAT(parse_error("[[network.link]]\nbetween = [\"a\", \"b\"]\nloss = 2\n"), Catch::Contains("out of range"));
+  CHECK_THAT(parse_error("[[network.partition]]\nbetween = [\"a\", \"b\"]\nat_s = 1\n"), Catch::Contains("duration_s"));
+  CHECK_THAT(parse_error("[[network.link]]\nbetween = [\"a\", \"b\"]\n[[network.link]]\nbetween = [\"b\", \"a\"]\n"),
+             Catch::Contains("twice"));
+}
+
+TEST_CASE("the cluster secret comes from a file only its owner can read", "[elastic][config][secret]") {
+  const std::string path = std::filesystem::temp_directory_path() / ("tepdist-secret-" + std::to_string(::getpid()));
+  std::ofstream(path) << "hunter2\n";
+  JobConfig::Cluster c;
+  c.secret_file = path;
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  auto secret = load_secret(c);
+  REQUIRE(secret.has_value());
+  CHECK(*secret == "hunter2");
+  std::filesystem::permissions(path, std::filesystem::perms::group_read, std::filesystem::perm_options::add);
+  auto loose = load_secret(c);
+  REQUIRE_FALSE(loose.has_value());
+  CHECK_THAT(loose.error().message, Catch::Contains("0600") && Catch::Contains(path));
+  std::filesystem::remove(path);
+  CHECK_FALSE(load_secret(c).has_value());
+  CHECK_FALSE(load_secret(JobConfig::Cluster{}).has_value());
+  JobConfig::Cluster inline_secret;
+  inline_secret.secret = "abc";
+  CHECK(load_secret(inline_secret).value() == "abc");
 }
