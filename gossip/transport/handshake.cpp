@@ -97,6 +97,7 @@ OutFrame Handshake::hello() {
     h.setClusterId(self_.cluster_id);
     h.setNodeId(self_.node_id);
     h.setRegion(self_.region);
+    h.setListenAddress(self_.listen_address);
     h.setNonce(kj::arrayPtr(nonce_.data(), nonce_.size()));
   });
 }
@@ -115,6 +116,7 @@ Handshake::Step Handshake::on_frame(std::vector<uint64_t> body) {
         if (!copy_nonce(h.getNonce(), peer_nonce_)) return refuse("malformed nonce");
         peer_id_ = h.getNodeId();
         peer_region_ = h.getRegion();
+        peer_listen_address_ = h.getListenAddress();
         state_ = State::await_proof;
         const auto mac = proof(peer_id_, self_.node_id, peer_nonce_, nonce_, "responder");
         Step s;

@@ -26,7 +26,8 @@ struct Identity {
   std::string cluster_id;
   std::string node_id;
   std::string region;
-  std::string secret;  ///< the cluster secret's bytes
+  std::string secret;          ///< the cluster secret's bytes
+  std::string listen_address;  ///< host:port this node accepts connections on
 };
 
 using Nonce = std::array<uint8_t, 32>;
@@ -54,6 +55,8 @@ class Handshake {
 
   const std::string& peer_id() const { return peer_id_; }
   const std::string& peer_region() const { return peer_region_; }
+  /// The initiator's listen address, as its Hello gave it (responder side only).
+  const std::string& peer_listen_address() const { return peer_listen_address_; }
   bool done() const { return state_ == State::done; }
 
  private:
@@ -66,7 +69,7 @@ class Handshake {
   Identity self_;
   Nonce nonce_;
   Nonce peer_nonce_{};
-  std::string peer_id_, peer_region_;
+  std::string peer_id_, peer_region_, peer_listen_address_;
   State state_;
 };
 

@@ -16,6 +16,8 @@ struct Hello {
   nodeId @2 :Text;
   nonce @3 :Data;          # 32 random bytes, fresh per connection
   region @4 :Text;         # for the link emulator, before membership has told anyone
+  listenAddress @5 :Text;  # host:port where the initiator accepts connections: the responder
+                           # reuses this connection for what it sends to that address
 }
 
 struct Challenge {

@@ -15,7 +15,7 @@ std::vector<uint64_t> body_of(const OutFrame& f) {
 }
 
 Identity id(std::string node, std::string secret = "s3cret", std::string cluster = "c1") {
-  return {std::move(cluster), std::move(node), "eu-west", std::move(secret)};
+  return {std::move(cluster), std::move(node), "eu-west", std::move(secret), "127.0.0.1:1"};
 }
 
 struct Outcome {

@@ -1,0 +1,538 @@
+#include "gossip/transport/transport.hpp"
+
+#include <uv.h>
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <cstring>
+#include <deque>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <unordered_map>
+#include <unordered_set>
+#include <vector>
+
+#include "gossip/log.hpp"
+
+namespace tepdist::gossip {
+namespace {
+
+constexpr size_t scratch_bytes = 64 * 1024;
+
+double unix_ms_now() {
+  return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+/// Membership probes behave like datagrams under emulation: they may be lost, and they do not wait
+/// behind a stream's big frames.
+bool is_datagram(const Body& b) {
+  return std::holds_alternative<Ping>(b) || std::holds_alternative<Ack>(b) || std::holds_alternative<PingReq>(b);
+}
+
+/// A numeric host:port as a socket address; port 0 only where binding (any free port).
+std::expected<sockaddr_storage, std::string> resolve(const std::string& address, bool allow_port_zero = false) {
+  const auto colon = address.rfind(':');
+  if (colon == std::string::npos) return std::unexpected("expected host:port, got '" + address + "'");
+  std::string host = address.substr(0, colon);
+  const int port = std::atoi(address.c_str() + colon + 1);
+  const std::string port_text = address.substr(colon + 1);
+  if (port_text.empty() || port_text.find_first_not_of("0123456789") != std::string::npos || port > 65535 ||
+      (port == 0 && !allow_port_zero))
+    return std::unexpected("bad port in '" + address + "'");
+  if (host == "localhost") host = "127.0.0.1";
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  sockaddr_storage ss{};
+  if (uv_ip4_addr(host.c_str(), port, reinterpret_cast<sockaddr_in*>(&ss)) == 0) return ss;
+  if (uv_ip6_addr(host.c_str(), port, reinterpret_cast<sockaddr_in6*>(&ss)) == 0) return ss;
+  return std::unexpected("'" + host + "' is not a numeric IP address");
+}
+
+std::string peer_name(uv_tcp_t* tcp) {
+  sockaddr_storage ss{};
+  int len = sizeof ss;
+  if (uv_tcp_getpeername(tcp, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "unknown";
+  char ip[64] = {};
+  if (ss.ss_family == AF_INET) {
+    auto* in = reinterpret_cast<sockaddr_in*>(&ss);
+    uv_ip4_name(in, ip, sizeof ip);
+    return std::string(ip) + ":" + std::to_string(ntohs(in->sin_port));
+  }
+  auto* in6 = reinterpret_cast<sockaddr_in6*>(&ss);
+  uv_ip6_name(in6, ip, sizeof ip);
+  return "[" + std::string(ip) + "]:" + std::to_string(ntohs(in6->sin6_port));
+}
+
+}  // namespace
+
+struct Transport::Impl {
+  struct Peer;
+
+  /// One TCP connection, inbound or outbound, from handshake to close.
+  struct Conn {
+    Impl* impl;
+    uv_tcp_t tcp{};
+    uv_timer_t handshake_timer{};
+    bool outbound;
+    Peer* peer = nullptr;  // outbound: from the start; inbound: once authenticated
+    Handshake handshake;
+    std::string label;     // for logs: the address dialled, or the remote ip:port
+    bool authenticated = false, closing = false;
+    int open_handles = 0;
+    // Frame reader: a 4-byte header, then a body read straight into word-aligned memory.
+    uint8_t header[frame_header_bytes]{};
+    size_t header_have = 0;
+    std::vector<uint64_t> body;
+    size_t body_bytes = 0, body_have = 0;
+    bool in_body = false;
+    char scratch[scratch_bytes];
+
+    Conn(Impl* i, bool out, Handshake hs) : impl(i), outbound(out), handshake(std::move(hs)) {}
+  };
+
+  struct Outgoing {
+    OutFrame frame;
+    double release_ms;  // epoch-relative; 0 for immediately
+    size_t counted;     // bytes this frame holds in queued_bytes (0 for handshake frames)
+  };
+
+  /// Everything about one address this node sends to.
+  struct Peer {
+    std::string address, id, region;
+    Conn* conn = nullptr;        // authenticated connection used for sending
+    Conn* connecting = nullptr;  // outbound connection not yet authenticated
+    std::deque<Outgoing> queue;
+    uv_timer_t* timer = nullptr;  // next release or reconnect; owned, closed at stop
+    uint64_t backoff_ms = 0;      // 0: connect at once
+    double next_connect_ms = 0;   // loop time before which no reconnect is tried
+  };
+
+  struct WriteReq {
+    uv_write_t req{};
+    Impl* impl;
+    OutFrame frame;
+    std::string address;
+    size_t counted;
+    std::vector<uv_buf_t> bufs;
+  };
+
+  TransportOptions opt;
+  TransportEvents events;
+  TransportStats stats;
+  LinkEmulator emulator;
+  std::mt19937_64 random;
+
+  uv_loop_t loop{};
+  uv_async_t wake{};
+  uv_tcp_t listener{};
+  std::thread thread;
+  bool started = false, stopped = false;
+  double epoch_offset_ms = 0;  // loop time + this = ms since the cluster epoch
+
+  struct Pending {
+    std::string address;
+    OutFrame frame;
+    bool datagram;
+  };
+  std::mutex mutex;  // guards inbox, queued_bytes and stopping
+  std::vector<Pending> inbox;
+  std::unordered_map<std::string, size_t> queued_bytes;
+  bool stopping = false;
+
+  // Loop thread only.
+  std::unordered_map<std::string, std::unique_ptr<Peer>> peers;
+  std::unordered_set<Conn*> conns;
+
+  Impl(TransportOptions o, TransportEvents e)
+      : opt(std::move(o)), events(std::move(e)), emulator(opt.network, opt.identity.region), random(opt.seed) {}
+
+  double now_ms() { return static_cast<double>(uv_now(&loop)) + epoch_offset_ms; }
+
+  // ---- connections ----
+
+  Conn* new_conn(bool outbound) {
+    auto* c = new Conn(this, outbound,
+                       Handshake(outbound ? Handshake::Role::initiator : Handshake::Role::responder, opt.identity,
+                                 fresh_nonce()));
+    uv_tcp_init(&loop, &c->tcp);
+    c->tcp.data = c;
+    uv_timer_init(&loop, &c->handshake_timer);
+    c->handshake_timer.data = c;
+    c->open_handles = 2;
+    conns.insert(c);
+    return c;
+  }
+
+  void start_handshake_clock(Conn* c) {
+    uv_timer_start(
+        &c->handshake_timer,
+        [](uv_timer_t* t) {
+          auto* c = static_cast<Conn*>(t->data);
+          c->impl->fail(c, "handshake timed out");
+        },
+        opt.handshake_timeout_ms, 0);
+  }
+
+  void start_reading(Conn* c) {
+    uv_tcp_nodelay(&c->tcp, 1);
+    uv_read_start(
+        reinterpret_cast<uv_stream_t*>(&c->tcp),
+        [](uv_handle_t* h, size_t, uv_buf_t* buf) {
+          auto* c = static_cast<Conn*>(h->data);
+          const size_t left = c->body_bytes - c->body_have;
+          if (c->in_body && left >= scratch_bytes) {  // big bodies land in place, no extra copy
+            buf->base = reinterpret_cast<char*>(c->body.data()) + c->body_have;
+            buf->len = left;
+          } else {
+            buf->base = c->scratch;
+            buf->len = scratch_bytes;
+          }
+        },
+        [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
+          auto* c = static_cast<Conn*>(s->data);
+          if (n < 0) {
+            c->impl->fail(c, n == UV_EOF ? "closed by the peer" : uv_strerror(static_cast<int>(n)), false);
+            return;
+          }
+          if (buf->base != c->scratch) {
+            c->body_have += static_cast<size_t>(n);
+            if (c->body_have == c->body_bytes) c->impl->frame_complete(c);
+            return;
+          }
+          c->impl->on_bytes(c, c->scratch, static_cast<size_t>(n));
+        });
+  }
+
+  void on_bytes(Conn* c, const char* p, size_t n) {
+    while (n > 0 && !c->closing) {
+      if (!c->in_body) {
+        const size_t take = std::min(frame_header_bytes - c->header_have, n);
+        std::memcpy(c->header + c->header_have, p, take);
+        c->header_have += take, p += take, n -= take;
+        if (c->header_have < frame_header_bytes) return;
+        c->header_have = 0;
+        auto length = frame_length(c->header, opt.limits);
+        if (!length) return fail(c, length.error().message);
+        c->body.assign(*length / sizeof(uint64_t), 0);
+        c->body_bytes = *length;
+        c->body_have = 0;
+        c->in_body = true;
+      } else {
+        const size_t take = std::min(c->body_bytes - c->body_have, n);
+        std::memcpy(reinterpret_cast<char*>(c->body.data()) + c->body_have, p, take);
+        c->body_have += take, p += take, n -= take;
+        if (c->body_have == c->body_bytes) frame_complete(c);
+      }
+    }
+  }
+
+  void frame_complete(Conn* c) {
+    c->in_body = false;
+    stats.frames_in++;
+    stats.bytes_in += frame_header_bytes + c->body_bytes;
+    std::vector<uint64_t> body = std::move(c->body);
+    c->body = {};
+    if (!c->authenticated) return handshake_step(c, std::move(body));
+    auto message = decode(std::move(body), opt.limits);
+    if (!message) return fail(c, "bad frame: " + message.error().message);
+    if (message->cluster_id != opt.identity.cluster_id)
+      return fail(c, "frame for cluster '" + message->cluster_id + "'");
+    if (events.on_message) events.on_message(c->handshake.peer_id(), std::move(*message));
+  }
+
+  void handshake_step(Conn* c, std::vector<uint64_t> body) {
+    auto step = c->handshake.on_frame(std::move(body));
+    if (step.send) write(c, std::move(*step.send), "", 0);
+    if (step.refused) {
+      stats.refused_connections++;
+      log().warn("peer_refused peer={} reason=\"{}\"", c->label, *step.refused);
+      if (events.on_refused) events.on_refused(c->label, *step.refused);
+      return fail(c, *step.refused, false);
+    }
+    if (!step.done) return;
+    c->authenticated = true;
+    uv_timer_stop(&c->handshake_timer);
+    Peer* p = c->outbound ? c->peer : &peer(c->handshake.peer_listen_address());
+    c->peer = p;
+    p->id = c->handshake.peer_id();
+    p->region = c->handshake.peer_region();
+    if (p->connecting == c) p->connecting = nullptr;
+    if (!p->conn) p->conn = c;
+    p->backoff_ms = 0;
+    log().debug("peer_up peer={} address={} region={}", p->id, p->address, p->region);
+    if (events.on_peer_up) events.on_peer_up(p->id, p->address);
+    pump(*p);
+  }
+
+  /// Closes a connection; `warn` logs it as a problem (hostile or broken input) rather than news.
+  void fail(Conn* c, const std::string& reason, bool warn = true) {
+    if (c->closing) return;
+    c->closing = true;
+    if (warn) log().warn("connection_closed peer={} reason=\"{}\"", c->label, reason);
+    Peer* p = c->peer;
+    if (p && p->conn == c) p->conn = nullptr;
+    if (p && p->connecting == c) p->connecting = nullptr;
+    if (c->authenticated && p && events.on_peer_down) events.on_peer_down(p->id, reason);
+    auto on_closed = [](uv_handle_t* h) {
+      auto* c = static_cast<Conn*>(h->data);
+      if (--c->open_handles == 0) delete c;
+    };
+    conns.erase(c);
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->handshake_timer), on_closed);
+    uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), on_closed);
+    if (p && !p->queue.empty() && !stopping_loop()) {
+      p->backoff_ms = p->backoff_ms ? std::min(p->backoff_ms * 2, opt.reconnect_max_ms) : opt.reconnect_initial_ms;
+      p->next_connect_ms = static_cast<double>(uv_now(&loop) + p->backoff_ms);
+      pump(*p);
+    }
+  }
+
+  bool stopping_loop() {
+    std::lock_guard lock(mutex);
+    return stopping;
+  }
+
+  void connect(Peer& p) {
+    auto addr = resolve(p.address);
+    if (!addr) {
+      log().warn("connect_failed peer={} reason=\"{}\"", p.address, addr.error());
+      drop_queue(p);
+      return;
+    }
+    Conn* c = new_conn(true);
+    c->peer = &p;
+    c->label = p.address;
+    p.connecting = c;
+    auto* req = new uv_connect_t;
+    req->data = c;
+    const int rc = uv_tcp_connect(req, &c->tcp, reinterpret_cast<const sockaddr*>(&*addr), [](uv_connect_t* r, int status) {
+      auto* c = static_cast<Conn*>(r->data);
+      delete r;
+      if (c->closing) return;
+      if (status < 0) return c->impl->fail(c, std::string("connect: ") + uv_strerror(status), false);
+      c->impl->start_reading(c);
+      c->impl->start_handshake_clock(c);
+      c->impl->write(c, c->handshake.hello(), "", 0);
+    });
+    if (rc != 0) {
+      delete req;
+      fail(c, std::string("connect: ") + uv_strerror(rc), false);
+    }
+  }
+
+  void accept() {
+    Conn* c = new_conn(false);
+    if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener), reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0)
+      return fail(c, "accept failed");
+    c->label = peer_name(&c->tcp);
+    start_reading(c);
+    start_handshake_clock(c);
+  }
+
+  // ---- sending ----
+
+  Peer& peer(const std::string& address) {
+    auto& slot = peers[address];
+    if (!slot) {
+      slot = std::make_unique<Peer>();
+      slot->address = address;
+      slot->timer = new uv_timer_t;
+      uv_timer_init(&loop, slot->timer);
+      slot->timer->data = slot.get();
+    }
+    return *slot;
+  }
+
+  void write(Conn* c, OutFrame frame, const std::string& address, size_t counted) {
+    auto* w = new WriteReq{{}, this, std::move(frame), address, counted, {}};
+    for (const auto& piece : w->frame.pieces())
+      w->bufs.push_back(uv_buf_init(const_cast<char*>(static_cast<const char*>(piece.data)),
+                                    static_cast<unsigned>(piece.size)));
+    w->req.data = w;
+    stats.frames_out++;
+    stats.bytes_out += w->frame.bytes();
+    const int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&c->tcp), w->bufs.data(),
+                            static_cast<unsigned>(w->bufs.size()), [](uv_write_t* r, int) {
+                              auto* w = static_cast<WriteReq*>(r->data);
+                              w->impl->release(w->address, w->counted);
+                              delete w;
+                            });
+    if (rc != 0) {
+      release(address, counted);
+      delete w;
+      fail(c, std::string("write: ") + uv_strerror(rc));
+    }
+  }
+
+  /// Gives back a frame's share of its peer's send queue (it was written or dropped).
+  void release(const std::string& address, size_t counted) {
+    if (!counted) return;
+    std::lock_guard lock(mutex);
+    auto& q = queued_bytes[address];
+    q -= std::min(q, counted);
+  }
+
+  void drop_queue(Peer& p) {
+    for (auto& o : p.queue) release(p.address, o.counted);
+    p.queue.clear();
+  }
+
+  /// Moves a peer forward: connect if needed, write what the emulator has released, and arm the
+  /// timer for the next thing to do.
+  void pump(Peer& p) {
+    uv_timer_stop(p.timer);
+    if (p.queue.empty()) return;
+    if (!p.conn) {
+      if (p.connecting) return;  // the handshake's end pumps again
+      const double now = static_cast<double>(uv_now(&loop));
+      if (now >= p.next_connect_ms) return connect(p);
+      arm(p, p.next_connect_ms - now);
+      return;
+    }
+    const double now = now_ms();
+    while (!p.queue.empty() && p.queue.front().release_ms <= now) {
+      Outgoing o = std::move(p.queue.front());
+      p.queue.pop_front();
+      write(p.conn, std::move(o.frame), p.address, o.counted);
+      if (!p.conn) return;  // the write failed and closed it
+    }
+    if (!p.queue.empty()) arm(p, p.queue.front().release_ms - now);
+  }
+
+  void arm(Peer& p, double delay_ms) {
+    uv_timer_start(
+        p.timer, [](uv_timer_t* t) { static_cast<Transport::Impl*>(t->loop->data)->pump(*static_cast<Peer*>(t->data)); },
+        static_cast<uint64_t>(std::max(0.0, std::ceil(delay_ms))), 0);
+  }
+
+  void enqueue(const std::string& address, OutFrame frame, bool datagram) {
+    Peer& p = peer(address);
+    const size_t bytes = frame.bytes();
+    double release_at = 0;
+    if (emulator.active()) {
+      std::uniform_real_distribution<double> unit(0.0, 1.0);
+      const double jitter = unit(random) * 2.0 - 1.0;
+      if (datagram) {
+        const auto r = emulator.datagram_release_ms(address, p.region, bytes, now_ms(), jitter, unit(random));
+        if (!r) {
+          stats.dropped_datagrams++;
+          release(address, bytes);
+          return;
+        }
+        release_at = *r;
+      } else {
+        release_at = emulator.stream_release_ms(address, p.region, bytes, now_ms(), jitter);
+      }
+    }
+    // A datagram released earlier than frames queued before it would overtake them; on one TCP
+    // connection it cannot, so it takes its turn (the model's "not held back" is an upper bound).
+    if (!p.queue.empty()) release_at = std::max(release_at, p.queue.back().release_ms);
+    p.queue.push_back({std::move(frame), release_at, bytes});
+    pump(p);
+  }
+
+  void drain_inbox() {
+    std::vector<Pending> batch;
+    bool stop_now;
+    {
+      std::lock_guard lock(mutex);
+      batch.swap(inbox);
+      stop_now = stopping;
+    }
+    if (stop_now) return shutdown();
+    for (auto& pending : batch) enqueue(pending.address, std::move(pending.frame), pending.datagram);
+  }
+
+  void shutdown() {
+    for (Conn* c : std::vector<Conn*>(conns.begin(), conns.end())) fail(c, "node stopping", false);
+    for (auto& [address, p] : peers) {
+      drop_queue(*p);
+      uv_close(reinterpret_cast<uv_handle_t*>(p->timer),
+               [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
+      p->timer = nullptr;
+    }
+    uv_close(reinterpret_cast<uv_handle_t*>(&listener), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&wake), nullptr);
+  }
+};
+
+Transport::Transport(TransportOptions options, TransportEvents events)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(events))) {}
+
+Transport::~Transport() { stop(); }
+
+std::expected<std::string, std::string> Transport::start() {
+  Impl& i = *impl_;
+  assert(!i.started);
+  uv_loop_init(&i.loop);
+  i.loop.data = &i;
+  uv_async_init(&i.loop, &i.wake, [](uv_async_t* h) { static_cast<Impl*>(h->loop->data)->drain_inbox(); });
+  uv_tcp_init(&i.loop, &i.listener);
+  i.listener.data = &i;
+  auto fail_start = [&](const std::string& why) -> std::expected<std::string, std::string> {
+    uv_close(reinterpret_cast<uv_handle_t*>(&i.listener), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&i.wake), nullptr);
+    uv_run(&i.loop, UV_RUN_DEFAULT);
+    uv_loop_close(&i.loop);
+    i.stopped = true;
+    return std::unexpected(why);
+  };
+  const std::string wanted = i.opt.listen_host + ":" + std::to_string(i.opt.listen_port);
+  auto addr = resolve(wanted, true);
+  if (!addr) return fail_start("--listen " + wanted + ": " + addr.error());
+  if (int rc = uv_tcp_bind(&i.listener, reinterpret_cast<const sockaddr*>(&*addr), 0); rc != 0)
+    return fail_start("cannot bind " + wanted + ": " + uv_strerror(rc));
+  if (int rc = uv_listen(reinterpret_cast<uv_stream_t*>(&i.listener), 128,
+                         [](uv_stream_t* s, int status) {
+                           if (status == 0) static_cast<Impl*>(s->data)->accept();
+                         });
+      rc != 0)
+    return fail_start("cannot listen on " + wanted + ": " + uv_strerror(rc));
+  sockaddr_storage bound{};
+  int len = sizeof bound;
+  uv_tcp_getsockname(&i.listener, reinterpret_cast<sockaddr*>(&bound), &len);
+  const int port = ntohs(bound.ss_family == AF_INET ? reinterpret_cast<sockaddr_in*>(&bound)->sin_port
+                                                    : reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port);
+  const std::string host = i.opt.listen_host == "localhost" ? "127.0.0.1" : i.opt.listen_host;
+  const std::string address = host + ":" + std::to_string(port);
+  i.opt.identity.listen_address = address;
+  uv_update_time(&i.loop);
+  i.epoch_offset_ms = unix_ms_now() - static_cast<double>(i.opt.epoch_unix_ms) - static_cast<double>(uv_now(&i.loop));
+  i.started = true;
+  i.thread = std::thread([&i] { uv_run(&i.loop, UV_RUN_DEFAULT); });
+  return address;
+}
+
+bool Transport::send(const std::string& address, const Message& message) {
+  Impl& i = *impl_;
+  OutFrame frame = encode(message);
+  const size_t bytes = frame.bytes();
+  {
+    std::lock_guard lock(i.mutex);
+    if (i.stopping || !i.started) return false;
+    auto& queued = i.queued_bytes[address];
+    if (queued + bytes > i.opt.send_queue_bytes && queued > 0) return false;
+    queued += bytes;
+    i.inbox.push_back({address, std::move(frame), is_datagram(message.body)});
+  }
+  uv_async_send(&i.wake);
+  return true;
+}
+
+void Transport::stop() {
+  Impl& i = *impl_;
+  if (!i.started || i.stopped) return;
+  {
+    std::lock_guard lock(i.mutex);
+    i.stopping = true;
+  }
+  uv_async_send(&i.wake);
+  i.thread.join();
+  uv_loop_close(&i.loop);
+  i.stopped = true;
+}
+
+const TransportStats& Transport::stats() const { return impl_->stats; }
+
+}  // namespace tepdist::gossip

@@ -1,0 +1,86 @@
+#pragma once
+// The transport: one libuv loop on its own thread moving authenticated frames between nodes.
+//
+// Threads and queues. Every libuv handle lives on the loop thread. Other threads (actors) call
+// send(), which encodes the message on the caller's thread, takes the inbox lock, appends, and
+// wakes the loop with uv_async_send; the loop drains the inbox whole. Received frames are decoded
+// on the loop thread and handed to TransportEvents::on_message, which must only forward them (the
+// node's callback does caf::anon_send). No other state is shared between threads, except the
+// per-peer queued-byte counts that send() reads under the same lock to apply back-pressure.
+//
+// Connections. One TCP connection per peer pair is reused: outbound connections are made on the
+// first send to an address; inbound ones are registered under the initiator's listen address from
+// its Hello, so replies ride the same connection. Every connection starts with the handshake
+// (gossip/transport/handshake.hpp) and nothing else is read until it succeeds. TCP_NODELAY is set.
+// A failed connection is retried with capped exponential back-off while frames wait for it.
+// Frames are a 4-byte length plus a Cap'n Proto message; a frame whose length or content is
+// hostile closes that connection, with a log line naming the peer and the reason, and nothing else.
+//
+// Link emulation. With a network model, each frame is held until the link emulator releases it
+// (bandwidth, latency, jitter, partitions), then written; frames to one peer stay in order.
+
+#include <atomic>
+#include <cstdint>
+#include <expected>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "gossip/transport/handshake.hpp"
+#include "gossip/transport/link_emulator.hpp"
+#include "gossip/wire/codec.hpp"
+
+namespace tepdist::gossip {
+
+struct TransportOptions {
+  Identity identity;               ///< cluster id, node id, region, secret (listen_address is filled in)
+  std::string listen_host = "127.0.0.1";
+  uint16_t listen_port = 0;        ///< 0: any free port; start() returns the one bound
+  WireLimits limits;
+  size_t send_queue_bytes = 64u << 20;  ///< per peer: send() refuses beyond this (back-pressure)
+  uint64_t reconnect_initial_ms = 50;
+  uint64_t reconnect_max_ms = 2000;
+  uint64_t handshake_timeout_ms = 5000;
+  NetworkModel network;            ///< empty: no emulation
+  uint64_t epoch_unix_ms = 0;      ///< the cluster epoch partitions count from
+  uint64_t seed = 0;               ///< jitter and loss draws
+};
+
+/// Called on the loop thread. Keep them short: forward, do not work.
+struct TransportEvents {
+  std::function<void(const std::string& peer_id, Message message)> on_message;
+  std::function<void(const std::string& peer_id, const std::string& address)> on_peer_up;
+  std::function<void(const std::string& peer, const std::string& reason)> on_peer_down;
+  /// A connection refused in its handshake (wrong secret, other cluster, replay, garbage).
+  std::function<void(const std::string& peer, const std::string& reason)> on_refused;
+};
+
+/// Counters the transport keeps; read from any thread.
+struct TransportStats {
+  std::atomic<uint64_t> frames_in{0}, frames_out{0}, bytes_in{0}, bytes_out{0};
+  std::atomic<uint64_t> refused_connections{0}, dropped_datagrams{0};
+};
+
+class Transport {
+ public:
+  Transport(TransportOptions options, TransportEvents events);
+  ~Transport();
+  Transport(const Transport&) = delete;
+  Transport& operator=(const Transport&) = delete;
+
+  /// Binds, starts the loop thread and returns the bound "host:port", or why it could not.
+  std::expected<std::string, std::string> start();
+  /// Queues message for the node listening at address. Thread-safe. Returns false, sending
+  /// nothing, when that peer already has send_queue_bytes waiting: the caller backs off.
+  bool send(const std::string& address, const Message& message);
+  /// Closes every connection and joins the loop thread. Idempotent; the destructor calls it.
+  void stop();
+
+  const TransportStats& stats() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace tepdist::gossip
