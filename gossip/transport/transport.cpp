@@ -95,6 +95,13 @@ struct Transport::Impl {
     OutFrame frame;
     double release_ms;  // epoch-relative; 0 for immediately
     size_t counted;     // bytes this frame holds in queued_bytes (0 for handshake frames)
+    uint64_t sent_ns;   // uv_hrtime() when send() took it
+  };
+
+  /// A peer's metric handles, looked up once.
+  struct PeerMetrics {
+    Counter *frames_in = nullptr, *bytes_in = nullptr, *frames_out = nullptr, *bytes_out = nullptr;
+    Histogram* latency = nullptr;
   };
 
   /// Everything about one address this node sends to.
@@ -106,6 +113,7 @@ struct Transport::Impl {
     uv_timer_t* timer = nullptr;  // next release or reconnect; owned, closed at stop
     uint64_t backoff_ms = 0;      // 0: connect at once
     double next_connect_ms = 0;   // loop time before which no reconnect is tried
+    PeerMetrics metrics;
   };
 
   struct WriteReq {
@@ -114,6 +122,8 @@ struct Transport::Impl {
     OutFrame frame;
     std::string address;
     size_t counted;
+    uint64_t sent_ns;
+    Histogram* latency;
     std::vector<uv_buf_t> bufs;
   };
 
@@ -134,6 +144,7 @@ struct Transport::Impl {
     std::string address;
     OutFrame frame;
     bool datagram;
+    uint64_t sent_ns;
   };
   std::mutex mutex;  // guards inbox, queued_bytes and stopping
   std::vector<Pending> inbox;
@@ -238,6 +249,10 @@ struct Transport::Impl {
     if (!message) return fail(c, "bad frame: " + message.error().message);
     if (message->cluster_id != opt.identity.cluster_id)
       return fail(c, "frame for cluster '" + message->cluster_id + "'");
+    if (c->peer && c->peer->metrics.frames_in) {
+      c->peer->metrics.frames_in->add();
+      c->peer->metrics.bytes_in->add(frame_header_bytes + c->body_bytes);
+    }
     if (events.on_message) events.on_message(c->handshake.peer_id(), std::move(*message));
   }
 
@@ -247,7 +262,8 @@ struct Transport::Impl {
     if (step.refused) {
       stats.refused_connections++;
       log().warn("peer_refused peer={} reason=\"{}\"", c->label, *step.refused);
-      if (events.on_refused) events.on_refused(c->label, *step.refused);
+        if (events.on_refused) events.on_refused(c->label, *step.refused);
+      if (opt.metrics) opt.metrics->counter("connections_refused_total", {}, "connections refused in the handshake").add();
       return fail(c, *step.refused, false);
     }
     if (!step.done) return;
@@ -260,6 +276,14 @@ struct Transport::Impl {
     if (p->connecting == c) p->connecting = nullptr;
     if (!p->conn) p->conn = c;
     p->backoff_ms = 0;
+    if (opt.metrics && !p->metrics.frames_in) {
+      const Labels l{{"peer", p->address}};
+      p->metrics = {&opt.metrics->counter("frames_in_total", l, "frames received from the peer"),
+                    &opt.metrics->counter("bytes_in_total", l, "bytes received from the peer"),
+                    &opt.metrics->counter("frames_out_total", l, "frames written to the peer"),
+                    &opt.metrics->counter("bytes_out_total", l, "bytes written to the peer"),
+                    &opt.metrics->histogram("send_latency_ms", l, "send() to write completed, emulated delay included")};
+    }
     log().debug("peer_up peer={} address={} region={}", p->id, p->address, p->region);
     if (events.on_peer_up) events.on_peer_up(p->id, p->address);
     pump(*p);
@@ -344,8 +368,13 @@ struct Transport::Impl {
     return *slot;
   }
 
-  void write(Conn* c, OutFrame frame, const std::string& address, size_t counted) {
-    auto* w = new WriteReq{{}, this, std::move(frame), address, counted, {}};
+  void write(Conn* c, OutFrame frame, const std::string& address, size_t counted, uint64_t sent_ns = 0) {
+    Histogram* latency = c->peer && counted ? c->peer->metrics.latency : nullptr;
+    if (c->peer && counted && c->peer->metrics.frames_out) {
+      c->peer->metrics.frames_out->add();
+      c->peer->metrics.bytes_out->add(frame.bytes());
+    }
+    auto* w = new WriteReq{{}, this, std::move(frame), address, counted, sent_ns, latency, {}};
     for (const auto& piece : w->frame.pieces())
       w->bufs.push_back(uv_buf_init(const_cast<char*>(static_cast<const char*>(piece.data)),
                                     static_cast<unsigned>(piece.size)));
@@ -355,6 +384,7 @@ struct Transport::Impl {
     const int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&c->tcp), w->bufs.data(),
                             static_cast<unsigned>(w->bufs.size()), [](uv_write_t* r, int) {
                               auto* w = static_cast<WriteReq*>(r->data);
+                              if (w->latency) w->latency->observe(static_cast<double>(uv_hrtime() - w->sent_ns) / 1e6);
                               w->impl->release(w->address, w->counted);
                               delete w;
                             });
@@ -371,6 +401,7 @@ struct Transport::Impl {
     std::lock_guard lock(mutex);
     auto& q = queued_bytes[address];
     q -= std::min(q, counted);
+    if (opt.metrics) opt.metrics->gauge("send_queue_bytes", {{"peer", address}}, "bytes waiting to be written").set(static_cast<double>(q));
   }
 
   void drop_queue(Peer& p) {
@@ -394,7 +425,7 @@ struct Transport::Impl {
     while (!p.queue.empty() && p.queue.front().release_ms <= now) {
       Outgoing o = std::move(p.queue.front());
       p.queue.pop_front();
-      write(p.conn, std::move(o.frame), p.address, o.counted);
+      write(p.conn, std::move(o.frame), p.address, o.counted, o.sent_ns);
       if (!p.conn) return;  // the write failed and closed it
     }
     if (!p.queue.empty()) arm(p, p.queue.front().release_ms - now);
@@ -406,7 +437,7 @@ struct Transport::Impl {
         static_cast<uint64_t>(std::max(0.0, std::ceil(delay_ms))), 0);
   }
 
-  void enqueue(const std::string& address, OutFrame frame, bool datagram) {
+  void enqueue(const std::string& address, OutFrame frame, bool datagram, uint64_t sent_ns) {
     Peer& p = peer(address);
     const size_t bytes = frame.bytes();
     double release_at = 0;
@@ -417,6 +448,7 @@ struct Transport::Impl {
         const auto r = emulator.datagram_release_ms(address, p.region, bytes, now_ms(), jitter, unit(random));
         if (!r) {
           stats.dropped_datagrams++;
+          if (opt.metrics) opt.metrics->counter("datagrams_dropped_total", {}, "membership datagrams lost by the link emulator").add();
           release(address, bytes);
           return;
         }
@@ -428,7 +460,7 @@ struct Transport::Impl {
     // A datagram released earlier than frames queued before it would overtake them; on one TCP
     // connection it cannot, so it takes its turn (the model's "not held back" is an upper bound).
     if (!p.queue.empty()) release_at = std::max(release_at, p.queue.back().release_ms);
-    p.queue.push_back({std::move(frame), release_at, bytes});
+    p.queue.push_back({std::move(frame), release_at, bytes, sent_ns});
     pump(p);
   }
 
@@ -441,7 +473,7 @@ struct Transport::Impl {
       stop_now = stopping;
     }
     if (stop_now) return shutdown();
-    for (auto& pending : batch) enqueue(pending.address, std::move(pending.frame), pending.datagram);
+    for (auto& pending : batch) enqueue(pending.address, std::move(pending.frame), pending.datagram, pending.sent_ns);
   }
 
   void shutdown() {
@@ -514,7 +546,9 @@ bool Transport::send(const std::string& address, const Message& message) {
     auto& queued = i.queued_bytes[address];
     if (queued + bytes > i.opt.send_queue_bytes && queued > 0) return false;
     queued += bytes;
-    i.inbox.push_back({address, std::move(frame), is_datagram(message.body)});
+    if (i.opt.metrics)
+      i.opt.metrics->gauge("send_queue_bytes", {{"peer", address}}, "bytes waiting to be written").set(static_cast<double>(queued));
+    i.inbox.push_back({address, std::move(frame), is_datagram(message.body), uv_hrtime()});
   }
   uv_async_send(&i.wake);
   return true;

@@ -26,6 +26,7 @@
 #include <memory>
 #include <string>
 
+#include "gossip/metrics/registry.hpp"
 #include "gossip/transport/handshake.hpp"
 #include "gossip/transport/link_emulator.hpp"
 #include "gossip/wire/codec.hpp"
@@ -44,6 +45,11 @@ struct TransportOptions {
   NetworkModel network;            ///< empty: no emulation
   uint64_t epoch_unix_ms = 0;      ///< the cluster epoch partitions count from
   uint64_t seed = 0;               ///< jitter and loss draws
+  /// Where to record per-peer traffic (labels: peer = host:port): frames_in_total,
+  /// bytes_in_total, frames_out_total, bytes_out_total, send_queue_bytes (gauge), send_latency_ms
+  /// (histogram: send() to write completed, emulated delay included), connections_refused_total,
+  /// datagrams_dropped_total. Null: not recorded. Must outlive the transport.
+  MetricsRegistry* metrics = nullptr;
 };
 
 /// Called on the loop thread. Keep them short: forward, do not work.

@@ -60,7 +60,10 @@ Message ping(uint64_t seq) { return {"a", 1, "c1", Ping{seq, {}}}; }
 
 TEST_CASE("two transports authenticate and deliver messages in order", "[gossip][transport]") {
   Recorder ra, rb;
-  Transport a(options("a"), ra.events()), b(options("b"), rb.events());
+  MetricsRegistry metrics;
+  auto oa = options("a");
+  oa.metrics = &metrics;
+  Transport a(oa, ra.events()), b(options("b"), rb.events());
   const auto addr_b = b.start();
   REQUIRE(addr_b.has_value());
   const auto addr_a = a.start();
@@ -77,6 +80,12 @@ TEST_CASE("two transports authenticate and deliver messages in order", "[gossip]
   CHECK(std::get<Ack>(ra.messages[0].second.body).seq_no == 7);
   CHECK(ra.up == std::vector<std::string>{"b"});
   CHECK(rb.up == std::vector<std::string>{"a"});
+  // Per-peer traffic lands in the registry (every frame was written: b has seen them all).
+  const Labels peer_b{{"peer", *addr_b}};
+  CHECK(metrics.counter("frames_out_total", peer_b).value() == 100);
+  CHECK(metrics.counter("frames_in_total", peer_b).value() == 1);
+  CHECK(metrics.counter("bytes_out_total", peer_b).value() > 100 * 8);
+  CHECK(metrics.histogram("send_latency_ms", peer_b).count() == 100);
 }
 
 TEST_CASE("a 1.7 MB tensor crosses intact", "[gossip][transport]") {

@@ -1,0 +1,117 @@
+#include "gossip/metrics/registry.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cassert>
+#include <stdexcept>
+
+namespace tepdist::gossip {
+namespace {
+
+std::string escape(const std::string& v) {
+  std::string out;
+  for (char c : v) {
+    if (c == '\\' || c == '"') out += '\\';
+    if (c == '\n') {
+      out += "\\n";
+      continue;
+    }
+    out += c;
+  }
+  return out;
+}
+
+std::string label_text(const Labels& labels, const std::string& extra = "") {
+  std::string s;
+  for (const auto& [k, v] : labels) s += fmt::format("{}{}=\"{}\"", s.empty() ? "" : ",", k, escape(v));
+  if (!extra.empty()) s += (s.empty() ? "" : ",") + extra;
+  return s.empty() ? "" : "{" + s + "}";
+}
+
+Labels sorted(Labels l) {
+  std::sort(l.begin(), l.end());
+  return l;
+}
+
+}  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
+  assert(std::is_sorted(bounds_.begin(), bounds_.end()));
+  for (size_t i = 0; i <= bounds_.size(); ++i) buckets_[i] = 0;
+}
+
+void Histogram::observe(double v) {
+  const size_t i = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+  buckets_[i].fetch_add(1, std::memory_order_relaxed);
+  count_.fetch_add(1, std::memory_order_relaxed);
+  sum_.add(v);
+}
+
+std::vector<uint64_t> Histogram::cumulative() const {
+  std::vector<uint64_t> out(bounds_.size() + 1);
+  uint64_t running = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) out[i] = running += buckets_[i].load(std::memory_order_relaxed);
+  return out;
+}
+
+std::vector<double> MetricsRegistry::default_latency_bounds_ms() {
+  return {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000};
+}
+
+MetricsRegistry::Family& MetricsRegistry::family(const std::string& name, Kind kind, const std::string& help) {
+  auto [it, inserted] = families_.try_emplace(name);
+  if (inserted) {
+    it->second.kind = kind;
+    it->second.help = help;
+  } else if (it->second.kind != kind) {
+    throw std::logic_error("metric " + name + " registered with two kinds");  // our bug, not input
+  }
+  return it->second;
+}
+
+Counter& MetricsRegistry::counter(const std::string& name, const Labels& labels, const std::string& help) {
+  std::lock_guard lock(mutex_);
+  auto& slot = family(name, Kind::counter, help).counters[sorted(labels)];
+  if (!slot) slot = std::make_unique<Counter>();
+  return *slot;
+}
+
+Gauge& MetricsRegistry::gauge(const std::string& name, const Labels& labels, const std::string& help) {
+  std::lock_guard lock(mutex_);
+  auto& slot = family(name, Kind::gauge, help).gauges[sorted(labels)];
+  if (!slot) slot = std::make_unique<Gauge>();
+  return *slot;
+}
+
+Histogram& MetricsRegistry::histogram(const std::string& name, const Labels& labels, const std::string& help,
+                                      std::vector<double> bounds) {
+  std::lock_guard lock(mutex_);
+  auto& slot = family(name, Kind::histogram, help).histograms[sorted(labels)];
+  if (!slot) slot = std::make_unique<Histogram>(std::move(bounds));
+  return *slot;
+}
+
+std::string MetricsRegistry::render_prometheus() const {
+  std::lock_guard lock(mutex_);
+  std::string out;
+  for (const auto& [name, f] : families_) {
+    static constexpr const char* types[] = {"counter", "gauge", "histogram"};
+    if (!f.help.empty()) out += fmt::format("# HELP {} {}\n", name, f.help);
+    out += fmt::format("# TYPE {} {}\n", name, types[static_cast<int>(f.kind)]);
+    for (const auto& [labels, c] : f.counters) out += fmt::format("{}{} {}\n", name, label_text(labels), c->value());
+    for (const auto& [labels, g] : f.gauges) out += fmt::format("{}{} {}\n", name, label_text(labels), g->value());
+    for (const auto& [labels, h] : f.histograms) {
+      const auto cum = h->cumulative();
+      for (size_t i = 0; i < h->bounds().size(); ++i)
+        out += fmt::format("{}_bucket{} {}\n", name, label_text(labels, fmt::format("le=\"{}\"", h->bounds()[i])), cum[i]);
+      out += fmt::format("{}_bucket{} {}\n", name, label_text(labels, "le=\"+Inf\""), cum.back());
+      out += fmt::format("{}_sum{} {}\n", name, label_text(labels), h->sum());
+      out += fmt::format("{}_count{} {}\n", name, label_text(labels), h->count());
+    }
+  }
+  return out;
+}
+
+}  // namespace tepdist::gossip
