@@ -1,0 +1,15 @@
+#pragma once
+// The atoms of tepdist's local actor messages (CAF 0.17: at most 10 characters each).
+
+#include <caf/atom.hpp>
+
+namespace tepdist::actors {
+
+using commit_atom = caf::atom_constant<caf::atom("commit")>;
+using get_atom = caf::atom_constant<caf::atom("get")>;
+using push_atom = caf::atom_constant<caf::atom("push")>;
+using role_atom = caf::atom_constant<caf::atom("role")>;
+using wire_atom = caf::atom_constant<caf::atom("wire")>;
+using peer_atom = caf::atom_constant<caf::atom("peer")>;
+
+}  // namespace tepdist::actors
