@@ -5,6 +5,7 @@
 #include <CLI/Formatter.hpp>
 #include <fmt/core.h>
 
+#include "cli/node_command.hpp"
 #include "cli/train_command.hpp"
 
 int main(int argc, char** argv) {
@@ -23,11 +24,23 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   cmd->add_flag("--resume", train.resume, "Continue from OUT/checkpoint");
 
+  tepdist::cli::NodeArgs node;
+  auto* node_cmd = app.add_subcommand("node", "Run one node of a cluster until SIGTERM or SIGINT");
+  node_cmd->add_option("config", node.config, "Job file (TOML) with [cluster] and [network]")->check(CLI::ExistingFile);
+  node_cmd->add_option("--set", node.overrides, "Override a key: --set section.key=value (repeatable)");
+  node_cmd->add_option("--listen", node.listen, "HOST:PORT to accept peers on (port 0: any free port)")
+      ->capture_default_str();
+  node_cmd->add_option("--join", node.join, "HOST:PORT of a member to join through (repeatable)");
+  node_cmd->add_option("--name", node.name, "Node id (default: the bound host:port)");
+  node_cmd->add_option("--region", node.region, "Region for the link emulator (default: local)");
+  node_cmd->add_option("--ready-file", node.ready_file, "Write the bound HOST:PORT here once listening");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (cmd->parsed()) return tepdist::cli::run_train(train);
+  if (node_cmd->parsed()) return tepdist::cli::run_node_command(node);
   return 2;
 }

@@ -529,6 +529,7 @@ std::expected<std::string, std::string> Transport::start() {
   const std::string host = i.opt.listen_host == "localhost" ? "127.0.0.1" : i.opt.listen_host;
   const std::string address = host + ":" + std::to_string(port);
   i.opt.identity.listen_address = address;
+  if (i.opt.identity.node_id.empty()) i.opt.identity.node_id = address;  // the default id: host:port
   uv_update_time(&i.loop);
   i.epoch_offset_ms = unix_ms_now() - static_cast<double>(i.opt.epoch_unix_ms) - static_cast<double>(uv_now(&i.loop));
   i.started = true;

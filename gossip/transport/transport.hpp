@@ -34,7 +34,8 @@
 namespace tepdist::gossip {
 
 struct TransportOptions {
-  Identity identity;               ///< cluster id, node id, region, secret (listen_address is filled in)
+  Identity identity;               ///< cluster id, node id (empty: the bound host:port), region, secret;
+                                   ///< listen_address is filled in by start()
   std::string listen_host = "127.0.0.1";
   uint16_t listen_port = 0;        ///< 0: any free port; start() returns the one bound
   WireLimits limits;

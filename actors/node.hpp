@@ -1,0 +1,35 @@
+#pragma once
+// A node: one CAF actor system with the supervisor at its root, one transport, and the router
+// that joins them. run_node() builds them, runs until SIGTERM / SIGINT (or until the supervisor
+// gives up), and takes them down in order: transport first (no more frames in), then the actors.
+//
+// Membership here is a stand-in until the SWIM core arrives: a node started with --join sends
+// the seed a Join; the seed answers with a StateSync of every member it knows, and the joiner
+// introduces itself to each of them, so the nodes form a full mesh. Failures are not detected
+// yet (a peer that goes away is only seen as a closed connection). On meeting a member, a node
+// sends it its parameter shard (ParamPush): the replication path the async mode will use.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "elastic/config.hpp"
+
+namespace tepdist::actors {
+
+struct NodeOptions {
+  elastic::JobConfig config;
+  std::string secret;
+  std::string name;                 ///< node id; empty: the bound host:port
+  std::string region = "local";
+  std::string listen = "127.0.0.1:0";
+  std::vector<std::string> join;    ///< seed addresses
+  std::string ready_file;           ///< written with the bound address once listening
+  uint32_t shard_elements = 431080; ///< size of this node's demo parameter shard (a LeNet's worth)
+};
+
+/// Runs the node until it is told to stop; returns the process exit status (0 clean stop,
+/// 1 failure, 2 bad options).
+int run_node(const NodeOptions& options);
+
+}  // namespace tepdist::actors

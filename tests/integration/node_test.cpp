@@ -1,0 +1,107 @@
+// Real node processes on loopback: they connect, authenticate and exchange tensors, refuse
+// strangers, and are always reaped.
+
+#include <sys/stat.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include "tests/support/process.hpp"
+
+namespace fs = std::filesystem;
+using tepdist::test::Child;
+using tepdist::test::field;
+
+namespace {
+
+struct Cluster {
+  fs::path dir = fs::temp_directory_path() / ("tepdist-nodes-" + std::to_string(::getpid()) + "-" +
+                                              std::to_string(reinterpret_cast<uintptr_t>(this)));
+  Cluster() {
+    fs::create_directories(dir);
+    write_secret("secret", "correct horse battery staple");
+  }
+  ~Cluster() { fs::remove_all(dir); }
+
+  std::string write_secret(const std::string& name, const std::string& value) {
+    const auto p = dir / name;
+    std::ofstream(p) << value << "\n";
+    ::chmod(p.c_str(), 0600);
+    return p.string();
+  }
+
+  std::vector<std::string> node(const std::string& name, std::vector<std::string> extra = {},
+                                const std::string& secret = "secret") {
+    std::vector<std::string> argv{TEPDIST_BINARY, "node", "--name", name, "--set",
+                                  "cluster.secret_file=" + (dir / secret).string()};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    return argv;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("three nodes connect, authenticate and exchange tensors, then stop cleanly", "[integration][node]") {
+  Cluster c;
+  Child n1(c.node("n1"));
+  const auto ready = n1.wait_for("node_ready");
+  REQUIRE(ready);
+  const std::string seed = field(*ready, "address");
+  Child n2(c.node("n2", {"--join", seed}));
+  Child n3(c.node("n3", {"--join", seed}));
+  for (Child* n : {&n1, &n2, &n3}) {
+    // Every node receives the other two nodes' shards: 431,080 floats each, same checksum.
+    for (int i = 0; i < 2; ++i) {
+      const auto push = n->wait_for("param_push_received");
+      INFO(n->all());
+      REQUIRE(push);
+      CHECK(field(*push, "elements") == "431080");
+      CHECK(field(*push, "sum") == "206913");
+    }
+  }
+  CHECK_THAT(n3.all(), Catch::Contains("member_joined id=n2"));  // learned through the seed
+  for (Child* n : {&n1, &n2, &n3}) n->signal(SIGTERM);
+  for (Child* n : {&n1, &n2, &n3}) CHECK(n->wait() == 0);
+}
+
+TEST_CASE("a node with the wrong secret is refused and joins nobody", "[integration][node]") {
+  Cluster c;
+  c.write_secret("other", "a guess");
+  Child n1(c.node("n1"));
+  const auto ready = n1.wait_for("node_ready");
+  REQUIRE(ready);
+  Child intruder(c.node("intruder", {"--join", field(*ready, "address")}, "other"));
+  const auto refused = intruder.wait_for("peer_refused");
+  REQUIRE(refused);
+  CHECK_THAT(*refused, Catch::Contains("wrong secret"));
+  CHECK_THAT(n1.all(), !Catch::Contains("member_joined"));
+}
+
+TEST_CASE("a node from another cluster is refused, naming both cluster ids", "[integration][node]") {
+  Cluster c;
+  Child n1(c.node("n1"));
+  const auto ready = n1.wait_for("node_ready");
+  REQUIRE(ready);
+  Child stranger(c.node("stranger", {"--set", "cluster.cluster_id=elsewhere", "--join", field(*ready, "address")}));
+  const auto refused = n1.wait_for("peer_refused");
+  REQUIRE(refused);
+  CHECK_THAT(*refused, Catch::Contains("cluster id mismatch") && Catch::Contains("elsewhere"));
+}
+
+TEST_CASE("a node says why it cannot start: port taken, loose secret file", "[integration][node]") {
+  Cluster c;
+  Child n1(c.node("n1"));
+  const auto ready = n1.wait_for("node_ready");
+  REQUIRE(ready);
+  Child clash(c.node("n2", {"--listen", field(*ready, "address")}));
+  CHECK(clash.wait() == 1);
+  CHECK_THAT(clash.all(), Catch::Contains(field(*ready, "address")) && Catch::Contains("address already in use"));
+
+  const auto loose = c.dir / "loose";
+  std::ofstream(loose) << "x\n";
+  ::chmod(loose.c_str(), 0644);
+  Child careless(c.node("n3", {}, "loose"));
+  CHECK(careless.wait() == 2);
+  CHECK_THAT(careless.all(), Catch::Contains("0600") && Catch::Contains(loose.string()));
+}

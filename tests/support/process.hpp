@@ -1,0 +1,106 @@
+#pragma once
+// A child process for multi-process tests: started with its stdout and stderr on a pipe, read line
+// by line with a deadline (waiting on the pipe, never sleeping), and always killed and reaped.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace tepdist::test {
+
+class Child {
+ public:
+  explicit Child(std::vector<std::string> argv) {
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(fds[1], STDOUT_FILENO);
+      ::dup2(fds[1], STDERR_FILENO);
+      std::vector<char*> args;
+      for (auto& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      ::_exit(127);
+    }
+    ::close(fds[1]);
+    out_ = fds[0];
+  }
+  Child(const Child&) = delete;
+  Child& operator=(const Child&) = delete;
+  ~Child() {
+    if (pid_ > 0 && !reaped_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (out_ >= 0) ::close(out_);
+  }
+
+  pid_t pid() const { return pid_; }
+
+  /// The next line containing `needle`, waiting at most `limit`; everything read is kept in all().
+  std::optional<std::string> wait_for(const std::string& needle,
+                                      std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (true) {
+      for (size_t end; (end = buffer_.find('\n', scanned_)) != std::string::npos;) {
+        std::string line = buffer_.substr(scanned_, end - scanned_);
+        scanned_ = end + 1;
+        if (line.find(needle) != std::string::npos) return line;
+      }
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || !read_some(static_cast<int>(left.count()))) return std::nullopt;
+    }
+  }
+
+  /// Everything the child wrote so far (after draining what is ready now).
+  const std::string& all() {
+    while (read_some(0)) {
+    }
+    return buffer_;
+  }
+
+  void signal(int sig) { ::kill(pid_, sig); }
+
+  /// Waits for the exit; returns the exit status, or 128 + signal.
+  int wait() {
+    int status = 0;
+    ::waitpid(pid_, &status, 0);
+    reaped_ = true;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  bool read_some(int timeout_ms) {
+    pollfd p{out_, POLLIN, 0};
+    if (::poll(&p, 1, timeout_ms) <= 0) return false;
+    char chunk[4096];
+    const ssize_t n = ::read(out_, chunk, sizeof chunk);
+    if (n <= 0) return false;
+    buffer_.append(chunk, static_cast<size_t>(n));
+    return true;
+  }
+
+  pid_t pid_ = -1;
+  int out_ = -1;
+  bool reaped_ = false;
+  std::string buffer_;
+  size_t scanned_ = 0;
+};
+
+/// The value of key=... in a log line ("address=127.0.0.1:4000" -> "127.0.0.1:4000").
+inline std::string field(const std::string& line, const std::string& key) {
+  const auto at = line.find(key + "=");
+  if (at == std::string::npos) return "";
+  const auto start = at + key.size() + 1;
+  return line.substr(start, line.find(' ', start) - start);
+}
+
+}  // namespace tepdist::test
