@@ -3,18 +3,21 @@
 #   LeNet reaches >= 88% test accuracy after 3 epochs (median of seeds 0, 1, 2)
 #   and >= 90% after 10 epochs (seed 0).
 # Usage: bench/accuracy.sh [BUILD_DIR] [BACKEND] [SEEDS]   (defaults: build onednn "0 1 2")
-# The first seed trains for 10 epochs, the others for 3.
+# The first seed trains for 10 epochs, the others for 3. Extra overrides for every run go in
+# TEPDIST_SET, space-separated: TEPDIST_SET="optimizer.schedule=cosine" bench/accuracy.sh
 # Prints every run's figures and the medians; exits non-zero if a bar is missed.
 set -euo pipefail
 build=${1:-build}
 backend=${2:-onednn}
 read -r -a seeds <<< "${3:-0 1 2}"
+extra=()
+for kv in ${TEPDIST_SET:-}; do extra+=(--set "$kv"); done
 tepdist="$build/cli/tepdist"
 out=$(mktemp -d /tmp/tepdist-accuracy.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 
 run() {  # seed epochs
-  "$tepdist" train --threads 1 --epochs "$2" --set "job.seed=$1" --set "compute.backend=$backend" --out "$out/seed$1" > "$out/seed$1.log"
+  "$tepdist" train --threads 1 --epochs "$2" --set "job.seed=$1" --set "compute.backend=$backend" "${extra[@]}" --out "$out/seed$1" > "$out/seed$1.log"
 }
 run "${seeds[0]}" 10 &
 first=$!

@@ -1,0 +1,157 @@
+// Transport throughput between two processes on loopback, against a plain TCP socket pair moving
+// the same bytes in the same run. Prints both figures and their ratio (goal >= 0.8), then the rate
+// of small messages.
+//
+//   build/bench/tepdist_transport_bench [MESSAGES]        (default 200 tensors of 1.7 MB)
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "gossip/transport/transport.hpp"
+
+using namespace tepdist::gossip;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+constexpr size_t tensor_floats = 431080;  // a LeNet gradient: 1.72 MB
+constexpr size_t tensor_bytes = tensor_floats * sizeof(float);
+
+TransportOptions options(const std::string& id) {
+  TransportOptions o;
+  o.identity = {"bench", id, "local", "bench-secret", ""};
+  o.send_queue_bytes = 64u << 20;
+  return o;
+}
+
+/// Receives `expected` messages and returns (the process then exits, which the sender awaits);
+/// runs in the child process.
+int transport_receiver(int ready_fd, size_t expected) {
+  std::mutex m;
+  std::condition_variable cv;
+  size_t received = 0;
+  TransportEvents ev;
+  ev.on_message = [&](const std::string&, Message) {
+    std::lock_guard lock(m);
+    if (++received == expected) cv.notify_all();
+  };
+  Transport t(options("receiver"), ev);
+  const auto addr = t.start();
+  if (!addr) return 1;
+  const std::string line = *addr + "\n";
+  if (::write(ready_fd, line.data(), line.size()) < 0) return 1;
+  std::unique_lock lock(m);
+  cv.wait(lock, [&] { return received == expected; });
+  return 0;
+}
+
+std::string read_line(int fd) {
+  std::string s;
+  char c;
+  while (::read(fd, &c, 1) == 1 && c != '\n') s += c;
+  return s;
+}
+
+/// Sends `count` messages made by make() as fast as back-pressure allows; returns seconds until
+/// the receiver process has them all (it exits then).
+template <class Make>
+double transport_run(size_t count, Make make) {
+  int fds[2];
+  if (::pipe(fds) != 0) std::exit(1);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    ::close(fds[0]);
+    std::_Exit(transport_receiver(fds[1], count));
+  }
+  ::close(fds[1]);
+  const std::string address = read_line(fds[0]);
+  Transport t(options("sender"), {});
+  if (!t.start()) std::exit(1);
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < count; ++i) {
+    const Message m = make(i);
+    while (!t.send(address, m)) std::this_thread::yield();  // back-pressure: wait for room
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(fds[0]);
+  return seconds;
+}
+
+/// The same bytes over a plain TCP socket pair between two processes.
+double tcp_run(size_t count, size_t bytes_each) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ::bind(listener, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  socklen_t len = sizeof sa;
+  ::getsockname(listener, reinterpret_cast<sockaddr*>(&sa), &len);
+  ::listen(listener, 1);
+  const pid_t child = ::fork();
+  if (child == 0) {
+    const int c = ::accept(listener, nullptr, nullptr);
+    std::vector<char> buf(1 << 20);
+    size_t total = 0;
+    while (total < count * bytes_each) {
+      const ssize_t n = ::read(c, buf.data(), buf.size());
+      if (n <= 0) std::_Exit(1);
+      total += static_cast<size_t>(n);
+    }
+    std::_Exit(0);
+  }
+  const int s = ::socket(AF_INET, SOCK_STREAM, 0);
+  int one = 1;
+  ::setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  ::connect(s, reinterpret_cast<sockaddr*>(&sa), sizeof sa);
+  std::vector<char> payload(bytes_each, 1);
+  const auto t0 = Clock::now();
+  for (size_t i = 0; i < count; ++i) {
+    size_t sent = 0;
+    while (sent < payload.size()) {
+      const ssize_t n = ::write(s, payload.data() + sent, payload.size() - sent);
+      if (n <= 0) std::exit(1);
+      sent += static_cast<size_t>(n);
+    }
+  }
+  int status = 0;
+  ::waitpid(child, &status, 0);
+  const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+  ::close(s);
+  ::close(listener);
+  return seconds;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const size_t messages = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 200;
+  auto tensor = std::make_shared<const std::vector<float>>(tensor_floats, 0.5f);
+  const double tcp = tcp_run(messages, tensor_bytes);
+  const double ours = transport_run(messages, [&](size_t i) {
+    return Message{"sender", 1, "bench", TensorChunk{i, 0, 0, tensor_floats, *tensor, tensor}};
+  });
+  const double mb = static_cast<double>(messages * tensor_bytes) / 1e6;
+  std::printf("tensor messages: %zu x %.2f MB\n", messages, static_cast<double>(tensor_bytes) / 1e6);
+  std::printf("plain TCP socket pair: %.0f MB/s\n", mb / tcp);
+  std::printf("tepdist transport:     %.0f MB/s (framing, Cap'n Proto, authenticated connection)\n", mb / ours);
+  std::printf("ratio transport / TCP: %.2f (goal >= 0.8)\n", tcp / ours);
+  const size_t small = 100000;
+  const double pings = transport_run(small, [](size_t i) { return Message{"sender", 1, "bench", Ping{i, {}}}; });
+  std::printf("small messages (ping, %zu): %.0f per second\n", small, static_cast<double>(small) / pings);
+  return 0;
+}
