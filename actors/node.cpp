@@ -238,13 +238,13 @@ int run_node(const NodeOptions& o) {
     return {[](get_atom) {}};
   });
 
-  events().info("node_ready id={} address={} region={} incarnation={}", id, *bound, o.region, incarnation);
   if (!o.ready_file.empty() && !write_ready_file(o.ready_file, *bound)) {
     fmt::print(stderr, "tepdist node: cannot write the ready file {}\n", o.ready_file);
     transport.stop();
     for (const auto& a : {router_actor, caf::actor(sup), watcher}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     return 1;
   }
+  events().info("node_ready id={} address={} region={} incarnation={}", id, *bound, o.region, incarnation);
 
   int sig = 0;
   sigwait(&signals, &sig);

@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <condition_variable>
+#include <cstring>
 #include <mutex>
 
 #include "gossip/transport/transport.hpp"
@@ -181,4 +182,51 @@ TEST_CASE("emulated latency holds frames at least that long and keeps their orde
   const auto elapsed = std::chrono::steady_clock::now() - t0;
   CHECK(elapsed >= 70ms);
   for (uint64_t i = 0; i <= 20; ++i) CHECK(std::get<Ping>(rb.messages[i].second.body).seq_no == i);
+}
+
+TEST_CASE("an authenticated peer that sends a hostile frame loses its connection, and only it",
+          "[gossip][transport]") {
+  Recorder rb;
+  Transport b(options("b"), rb.events()), a(options("a"), {});
+  const auto addr_b = b.start();
+  REQUIRE(a.start().has_value());
+  const int port = std::stoi(addr_b->substr(addr_b->rfind(':') + 1));
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  auto write_all = [&](const std::vector<uint8_t>& bytes) {
+    REQUIRE(::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+  };
+  auto read_frame = [&] {
+    uint8_t header[4];
+    REQUIRE(::recv(fd, header, 4, MSG_WAITALL) == 4);
+    uint32_t n;
+    std::memcpy(&n, header, 4);
+    std::vector<uint64_t> body(n / 8);
+    REQUIRE(::recv(fd, body.data(), n, MSG_WAITALL) == static_cast<ssize_t>(n));
+    return body;
+  };
+  // A real handshake from the raw socket: this peer holds the secret.
+  Handshake hs(Handshake::Role::initiator, {"c1", "raw", "local", "s3cret", "127.0.0.1:9"}, fresh_nonce());
+  write_all(hs.hello().flatten());
+  auto step = hs.on_frame(read_frame());
+  REQUIRE(step.done);
+  write_all(step.send->flatten());
+  // Then a frame of a kind from the future: the codec refuses it and b closes this connection.
+  auto frame = encode({"raw", 1, "c1", Ping{1, {}}}).flatten();
+  const uint16_t future = 99;
+  std::memcpy(frame.data() + 4 + 8 + 8 + 8, &future, 2);  // the Envelope's union discriminant
+  write_all(frame);
+  char c;
+  CHECK(::read(fd, &c, 1) == 0);  // closed
+  ::close(fd);
+  REQUIRE(rb.wait([&] { return !rb.down.empty(); }));
+  CHECK(rb.down[0] == "raw");
+  CHECK(rb.messages.empty());
+  // Everyone else is still served.
+  REQUIRE(a.send(*addr_b, ping(3)));
+  REQUIRE(rb.wait([&] { return rb.messages.size() == 1; }));
 }

@@ -44,10 +44,14 @@ struct Cluster {
 
 TEST_CASE("three nodes connect, authenticate and exchange tensors, then stop cleanly", "[integration][node]") {
   Cluster c;
-  Child n1(c.node("n1"));
+  const auto ready_file = c.dir / "n1.ready";
+  Child n1(c.node("n1", {"--ready-file", ready_file.string()}));
   const auto ready = n1.wait_for("node_ready");
   REQUIRE(ready);
   const std::string seed = field(*ready, "address");
+  std::string from_file;
+  std::ifstream(ready_file) >> from_file;  // written before node_ready is printed
+  CHECK(from_file == seed);
   Child n2(c.node("n2", {"--join", seed}));
   Child n3(c.node("n3", {"--join", seed}));
   for (Child* n : {&n1, &n2, &n3}) {
