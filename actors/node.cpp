@@ -112,6 +112,11 @@ caf::behavior router(Router* self, gossip::Transport* transport, caf::actor supe
                   send(self, body.member.address, gossip::StateSync{view, true, self->state.epoch_unix_ms}, cluster_id);
                   if (fresh) send_shard(self, body.member, cluster_id);
                 } else if constexpr (std::is_same_v<T, gossip::StateSync>) {
+                  // The cluster epoch (emulated partitions count from it) is the seed's.
+                  if (body.epoch_unix_ms && body.epoch_unix_ms != self->state.epoch_unix_ms) {
+                    self->state.epoch_unix_ms = body.epoch_unix_ms;
+                    self->state.transport->set_epoch_unix_ms(body.epoch_unix_ms);
+                  }
                   for (const auto& member : body.members)
                     if (meet(self, member)) {
                       send(self, member.address, gossip::Join{self->state.self}, cluster_id);

@@ -7,7 +7,9 @@
 #include <chrono>
 #include <cstring>
 #include <deque>
+#include <iterator>
 #include <mutex>
+#include <optional>
 #include <random>
 #include <thread>
 #include <unordered_map>
@@ -96,6 +98,7 @@ struct Transport::Impl {
     double release_ms;  // epoch-relative; 0 for immediately
     size_t counted;     // bytes this frame holds in queued_bytes (0 for handshake frames)
     uint64_t sent_ns;   // uv_hrtime() when send() took it
+    bool datagram;      // a membership probe: may be lost under emulation
   };
 
   /// A peer's metric handles, looked up once.
@@ -138,7 +141,8 @@ struct Transport::Impl {
   uv_tcp_t listener{};
   std::thread thread;
   bool started = false, stopped = false;
-  double epoch_offset_ms = 0;  // loop time + this = ms since the cluster epoch
+  double unix_offset_ms = 0;             // loop time + this = unix time in ms
+  std::atomic<uint64_t> epoch_unix_ms{0};  // the cluster epoch; set_epoch_unix_ms may move it
 
   struct Pending {
     std::string address;
@@ -158,7 +162,10 @@ struct Transport::Impl {
   Impl(TransportOptions o, TransportEvents e)
       : opt(std::move(o)), events(std::move(e)), emulator(opt.network, opt.identity.region), random(opt.seed) {}
 
-  double now_ms() { return static_cast<double>(uv_now(&loop)) + epoch_offset_ms; }
+  /// Milliseconds since the cluster epoch, on the loop's clock.
+  double now_ms() {
+    return static_cast<double>(uv_now(&loop)) + unix_offset_ms - static_cast<double>(epoch_unix_ms.load());
+  }
 
   // ---- connections ----
 
@@ -286,6 +293,7 @@ struct Transport::Impl {
     }
     log().debug("peer_up peer={} address={} region={}", p->id, p->address, p->region);
     if (events.on_peer_up) events.on_peer_up(p->id, p->address);
+    schedule(*p);
     pump(*p);
   }
 
@@ -385,18 +393,18 @@ struct Transport::Impl {
                             static_cast<unsigned>(w->bufs.size()), [](uv_write_t* r, int) {
                               auto* w = static_cast<WriteReq*>(r->data);
                               if (w->latency) w->latency->observe(static_cast<double>(uv_hrtime() - w->sent_ns) / 1e6);
-                              w->impl->release(w->address, w->counted);
+                              w->impl->give_back(w->address, w->counted);
                               delete w;
                             });
     if (rc != 0) {
-      release(address, counted);
+      give_back(address, counted);
       delete w;
       fail(c, std::string("write: ") + uv_strerror(rc));
     }
   }
 
   /// Gives back a frame's share of its peer's send queue (it was written or dropped).
-  void release(const std::string& address, size_t counted) {
+  void give_back(const std::string& address, size_t counted) {
     if (!counted) return;
     std::lock_guard lock(mutex);
     auto& q = queued_bytes[address];
@@ -405,7 +413,7 @@ struct Transport::Impl {
   }
 
   void drop_queue(Peer& p) {
-    for (auto& o : p.queue) release(p.address, o.counted);
+    for (auto& o : p.queue) give_back(p.address, o.counted);
     p.queue.clear();
   }
 
@@ -422,13 +430,13 @@ struct Transport::Impl {
       return;
     }
     const double now = now_ms();
-    while (!p.queue.empty() && p.queue.front().release_ms <= now) {
+    while (!p.queue.empty() && p.queue.front().release_ms != unscheduled && p.queue.front().release_ms <= now) {
       Outgoing o = std::move(p.queue.front());
       p.queue.pop_front();
       write(p.conn, std::move(o.frame), p.address, o.counted, o.sent_ns);
       if (!p.conn) return;  // the write failed and closed it
     }
-    if (!p.queue.empty()) arm(p, p.queue.front().release_ms - now);
+    if (!p.queue.empty() && p.queue.front().release_ms != unscheduled) arm(p, p.queue.front().release_ms - now);
   }
 
   void arm(Peer& p, double delay_ms) {
@@ -440,6 +448,34 @@ struct Transport::Impl {
   void enqueue(const std::string& address, OutFrame frame, bool datagram, uint64_t sent_ns) {
     Peer& p = peer(address);
     const size_t bytes = frame.bytes();
+    p.queue.push_back({std::move(frame), unscheduled, bytes, sent_ns, datagram});
+    // The emulator needs the peer's region, which the handshake tells; until then frames wait.
+    if (!emulator.active() || p.conn) schedule(p);
+    pump(p);
+  }
+
+  static constexpr double unscheduled = -1.0;
+
+  /// Gives every queued frame without one its release time (the emulator's, or now), in order.
+  void schedule(Peer& p) {
+    for (auto it = p.queue.begin(); it != p.queue.end();) {
+      if (it->release_ms != unscheduled) {
+        ++it;
+        continue;
+      }
+      auto release = release_time(p, it->frame.bytes(), it->datagram);
+      if (!release) {  // a datagram the emulated link lost
+        give_back(p.address, it->counted);
+        it = p.queue.erase(it);
+        continue;
+      }
+      it->release_ms = it == p.queue.begin() ? *release : std::max(*release, std::prev(it)->release_ms);
+      ++it;
+    }
+  }
+
+  std::optional<double> release_time(Peer& p, size_t bytes, bool datagram) {
+    const std::string& address = p.address;
     double release_at = 0;
     if (emulator.active()) {
       std::uniform_real_distribution<double> unit(0.0, 1.0);
@@ -449,8 +485,7 @@ struct Transport::Impl {
         if (!r) {
           stats.dropped_datagrams++;
           if (opt.metrics) opt.metrics->counter("datagrams_dropped_total", {}, "membership datagrams lost by the link emulator").add();
-          release(address, bytes);
-          return;
+          return std::nullopt;
         }
         release_at = *r;
       } else {
@@ -458,10 +493,9 @@ struct Transport::Impl {
       }
     }
     // A datagram released earlier than frames queued before it would overtake them; on one TCP
-    // connection it cannot, so it takes its turn (the model's "not held back" is an upper bound).
-    if (!p.queue.empty()) release_at = std::max(release_at, p.queue.back().release_ms);
-    p.queue.push_back({std::move(frame), release_at, bytes, sent_ns});
-    pump(p);
+    // connection it cannot, so schedule() gives it its turn (the model's "not held back" is an
+    // upper bound).
+    return release_at;
   }
 
   void drain_inbox() {
@@ -531,7 +565,8 @@ std::expected<std::string, std::string> Transport::start() {
   i.opt.identity.listen_address = address;
   if (i.opt.identity.node_id.empty()) i.opt.identity.node_id = address;  // the default id: host:port
   uv_update_time(&i.loop);
-  i.epoch_offset_ms = unix_ms_now() - static_cast<double>(i.opt.epoch_unix_ms) - static_cast<double>(uv_now(&i.loop));
+  i.unix_offset_ms = unix_ms_now() - static_cast<double>(uv_now(&i.loop));
+  i.epoch_unix_ms = i.opt.epoch_unix_ms;
   i.started = true;
   i.thread = std::thread([&i] { uv_run(&i.loop, UV_RUN_DEFAULT); });
   return address;
@@ -569,5 +604,7 @@ void Transport::stop() {
 }
 
 const TransportStats& Transport::stats() const { return impl_->stats; }
+
+void Transport::set_epoch_unix_ms(uint64_t epoch) { impl_->epoch_unix_ms = epoch; }
 
 }  // namespace tepdist::gossip

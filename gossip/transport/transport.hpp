@@ -82,6 +82,8 @@ class Transport {
   bool send(const std::string& address, const Message& message);
   /// Closes every connection and joins the loop thread. Idempotent; the destructor calls it.
   void stop();
+  /// Adopts the cluster epoch learned on joining (partitions are scheduled from it). Thread-safe.
+  void set_epoch_unix_ms(uint64_t epoch);
 
   const TransportStats& stats() const;
 
