@@ -23,6 +23,7 @@
 #include <numeric>
 
 #include "actors/atoms.hpp"
+#include "actors/roles/cluster_roles.hpp"
 #include "actors/roles/parameter_shard.hpp"
 #include "actors/supervisor.hpp"
 #include "gossip/transport/transport.hpp"
@@ -89,17 +90,40 @@ bool meet(Router* self, const gossip::Member& m) {
   return true;
 }
 
-caf::behavior router(Router* self, gossip::Transport* transport, caf::actor supervisor, std::string cluster_id) {
+/// Tells the coordinator and worker roles the live ids, then logs the view they act on.
+void announce_view(Router* self) {
+  std::vector<std::string> ids{self->state.self.id};
+  for (const auto& [id, m] : self->state.members) ids.push_back(id);
+  const auto n = ids.size();
+  for (const char* role : {"coordinator", "worker"})
+    self->request(self->state.supervisor, std::chrono::seconds(5), get_atom::value, role_atom::value, std::string(role))
+        .then([self, ids, role, n](const caf::actor& a) {
+          caf::anon_send(a, member_atom::value, ids);
+          if (std::string_view(role) == "worker")
+            self->request(a, std::chrono::seconds(5), partition_atom::value).then([n](int64_t begin, int64_t end) {
+              events().info("view members={} partition=[{},{})", n, begin, end);
+            });
+          else
+            self->request(a, std::chrono::seconds(5), get_atom::value).then([n](const std::string& coordinator) {
+              events().info("view members={} coordinator={}", n, coordinator);
+            });
+        });
+}
+
+caf::behavior router(Router* self, gossip::Transport* transport, std::string cluster_id) {
   self->state.transport = transport;
-  self->state.supervisor = std::move(supervisor);
   // Frames may arrive before init tells the router who it is: keep them until then.
   self->set_default_handler(caf::skip);
   return {[self, cluster_id](init_atom, const std::string& id, const std::string& address, const std::string& region,
-                             uint64_t incarnation, uint64_t epoch_unix_ms, const std::vector<std::string>& seeds) {
-    self->state.self = {id, address, incarnation, gossip::Member::State::alive, region, {"parameter-shard"}};
+                             uint64_t incarnation, uint64_t epoch_unix_ms, const std::vector<std::string>& seeds,
+                             const caf::actor& supervisor) {
+    self->state.supervisor = supervisor;
+    self->state.self = {id,     address, incarnation, gossip::Member::State::alive,
+                        region, {"coordinator", "parameter-shard", "worker", "monitor"}};
     self->state.epoch_unix_ms = epoch_unix_ms;
     self->set_default_handler(caf::print_and_drop);
     for (const auto& seed : seeds) send(self, seed, gossip::Join{self->state.self}, cluster_id);
+    announce_view(self);
     self->become(caf::behavior{
         [self, cluster_id](wire_atom, const std::string& peer, const gossip::Message& m) {
           std::visit(
@@ -107,6 +131,7 @@ caf::behavior router(Router* self, gossip::Transport* transport, caf::actor supe
                 using T = std::decay_t<decltype(body)>;
                 if constexpr (std::is_same_v<T, gossip::Join>) {
                   const bool fresh = meet(self, body.member);
+                  if (fresh) announce_view(self);
                   std::vector<gossip::Member> view{self->state.self};
                   for (const auto& [id, member] : self->state.members) view.push_back(member);
                   send(self, body.member.address, gossip::StateSync{view, true, self->state.epoch_unix_ms}, cluster_id);
@@ -117,17 +142,23 @@ caf::behavior router(Router* self, gossip::Transport* transport, caf::actor supe
                     self->state.epoch_unix_ms = body.epoch_unix_ms;
                     self->state.transport->set_epoch_unix_ms(body.epoch_unix_ms);
                   }
+                  bool changed = false;
                   for (const auto& member : body.members)
                     if (meet(self, member)) {
+                      changed = true;
                       send(self, member.address, gossip::Join{self->state.self}, cluster_id);
                       send_shard(self, member, cluster_id);
                     }
+                  if (changed) announce_view(self);
                 } else if constexpr (std::is_same_v<T, gossip::ParamPush>) {
                   const double sum = std::accumulate(body.chunk.data.begin(), body.chunk.data.end(), 0.0);
                   events().info("param_push_received from={} shard={} version={} elements={} sum={:.6g}", peer,
                                 body.shard, body.version, body.chunk.data.size(), sum);
                 } else if constexpr (std::is_same_v<T, gossip::Leave>) {
-                  if (self->state.members.erase(body.member.id)) events().info("member_left id={}", body.member.id);
+                  if (self->state.members.erase(body.member.id)) {
+                    events().info("member_left id={}", body.member.id);
+                    announce_view(self);
+                  }
                 } else {
                   events().debug("message_ignored from={} kind={}", peer, gossip::kind_name(m.body));
                 }
@@ -169,14 +200,9 @@ int run_node(const NodeOptions& o) {
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
 
   const uint64_t incarnation = unix_ms();  // above any incarnation an earlier run of this id used
+  gossip::MetricsRegistry metrics;  // before the actors: the monitor role reads it until they are gone
   caf::actor_system_config cfg;
   caf::actor_system sys{cfg};
-
-  // The demo shard: deterministic values, so a receiver's checksum can be compared.
-  ShardSnapshot shard{0, 0, std::vector<float>(o.shard_elements)};
-  for (size_t i = 0; i < shard.values.size(); ++i) shard.values[i] = static_cast<float>(i % 97) * 0.01f;
-  auto sup = sys.spawn(supervisor, std::vector<RoleSpec>{parameter_shard_role("parameter-shard", shard)},
-                       SupervisorOptions{});
 
   gossip::TransportOptions topts;
   const auto colon = o.listen.rfind(':');
@@ -193,7 +219,6 @@ int run_node(const NodeOptions& o) {
   topts.network = o.config.network.model;
   topts.epoch_unix_ms = incarnation;  // until membership carries the cluster epoch
   topts.seed = incarnation;
-  gossip::MetricsRegistry metrics;
   topts.metrics = &metrics;
 
   caf::actor router_actor;
@@ -216,17 +241,27 @@ int run_node(const NodeOptions& o) {
   gossip::Transport transport(topts, tevents);
   {
     std::lock_guard lock(router_mutex);
-    router_actor = sys.spawn(router, &transport, caf::actor(sup), o.config.cluster.cluster_id);
+    router_actor = sys.spawn(router, &transport, o.config.cluster.cluster_id);
   }
   auto bound = transport.start();
   if (!bound) {
     fmt::print(stderr, "tepdist node: {}\n", bound.error());
     caf::anon_send_exit(router_actor, caf::exit_reason::user_shutdown);
-    caf::anon_send_exit(sup, caf::exit_reason::user_shutdown);
     return 1;
   }
   const std::string id = o.name.empty() ? *bound : o.name;  // the transport made the same choice
-  caf::anon_send(router_actor, init_atom::value, id, *bound, o.region, incarnation, incarnation, o.join);
+
+  // The roles, under the supervisor. The shard holds deterministic values so a receiver's
+  // checksum can be compared.
+  ShardSnapshot shard{0, 0, std::vector<float>(o.shard_elements)};
+  for (size_t i = 0; i < shard.values.size(); ++i) shard.values[i] = static_cast<float>(i % 97) * 0.01f;
+  constexpr int64_t training_samples = 60000;  // Fashion-MNIST's; the job will say, once jobs run
+  auto sup = sys.spawn(supervisor,
+                       std::vector<RoleSpec>{coordinator_role(id), parameter_shard_role("parameter-shard", shard),
+                                             worker_role(id, training_samples), monitor_role(&metrics)},
+                       SupervisorOptions{});
+  caf::anon_send(router_actor, init_atom::value, id, *bound, o.region, incarnation, incarnation, o.join,
+                 caf::actor(sup));
 
   // The supervisor's end wakes the main thread through SIGUSR1.
   std::mutex failure_mutex;
@@ -263,6 +298,7 @@ int run_node(const NodeOptions& o) {
   }
   transport.stop();  // no more frames in: nothing new reaches the actors
   for (const auto& a : {router_actor, caf::actor(sup), watcher}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  sys.await_all_actors_done();  // while the transport and the registry they point to still exist
   return status;
 }
 

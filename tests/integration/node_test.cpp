@@ -65,6 +65,18 @@ TEST_CASE("three nodes connect, authenticate and exchange tensors, then stop cle
     }
   }
   CHECK_THAT(n3.all(), Catch::Contains("member_joined id=n2"));  // learned through the seed
+  // Once each sees all three, they agree on the coordinator (the lowest id) and split the
+  // 60,000 training samples into disjoint, covering partitions.
+  std::vector<std::string> partitions;
+  for (Child* n : {&n1, &n2, &n3}) {
+    const auto coordinator = n->seen("view members=3 coordinator=");
+    REQUIRE(coordinator);
+    CHECK(field(*coordinator, "coordinator") == "n1");
+    const auto partition = n->seen("view members=3 partition=");
+    REQUIRE(partition);
+    partitions.push_back(field(*partition, "partition"));
+  }
+  CHECK(partitions == std::vector<std::string>{"[0,20000)", "[20000,40000)", "[40000,60000)"});
   for (Child* n : {&n1, &n2, &n3}) n->signal(SIGTERM);
   for (Child* n : {&n1, &n2, &n3}) CHECK(n->wait() == 0);
 }

@@ -46,13 +46,26 @@ class Child {
   pid_t pid() const { return pid_; }
 
   /// The next line containing `needle`, waiting at most `limit`; everything read is kept in all().
+  /// Lines are consumed: a second call finds the next such line.
   std::optional<std::string> wait_for(const std::string& needle,
                                       std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+    return scan(needle, limit, scanned_);
+  }
+
+  /// The first line containing `needle` the child ever wrote, waiting for it if need be; consumes
+  /// nothing.
+  std::optional<std::string> seen(const std::string& needle, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+    size_t from = 0;
+    return scan(needle, limit, from);
+  }
+
+ private:
+  std::optional<std::string> scan(const std::string& needle, std::chrono::milliseconds limit, size_t& from) {
     const auto deadline = std::chrono::steady_clock::now() + limit;
     while (true) {
-      for (size_t end; (end = buffer_.find('\n', scanned_)) != std::string::npos;) {
-        std::string line = buffer_.substr(scanned_, end - scanned_);
-        scanned_ = end + 1;
+      for (size_t end; (end = buffer_.find('\n', from)) != std::string::npos;) {
+        std::string line = buffer_.substr(from, end - from);
+        from = end + 1;
         if (line.find(needle) != std::string::npos) return line;
       }
       const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
@@ -60,6 +73,7 @@ class Child {
     }
   }
 
+ public:
   /// Everything the child wrote so far (after draining what is ready now).
   const std::string& all() {
     while (read_some(0)) {
