@@ -137,8 +137,9 @@ caf::behavior router(Router* self, gossip::Transport* transport, std::string clu
                   send(self, body.member.address, gossip::StateSync{view, true, self->state.epoch_unix_ms}, cluster_id);
                   if (fresh) send_shard(self, body.member, cluster_id);
                 } else if constexpr (std::is_same_v<T, gossip::StateSync>) {
-                  // The cluster epoch (emulated partitions count from it) is the seed's.
-                  if (body.epoch_unix_ms && body.epoch_unix_ms != self->state.epoch_unix_ms) {
+                  // The cluster epoch (emulated partitions count from it) is the earliest any member
+                  // started with: every node converges on the same one, whoever joins whom.
+                  if (body.epoch_unix_ms && body.epoch_unix_ms < self->state.epoch_unix_ms) {
                     self->state.epoch_unix_ms = body.epoch_unix_ms;
                     self->state.transport->set_epoch_unix_ms(body.epoch_unix_ms);
                   }
@@ -185,6 +186,27 @@ bool write_ready_file(const std::string& path, const std::string& address) {
   return !ec;
 }
 
+/// Takes the node down in order on every way out of run_node: the transport first (no frame
+/// reaches an actor after), then every actor, waiting for them while the objects they point to
+/// (the transport, the registry, run_node's locals) still exist.
+class Teardown {
+ public:
+  Teardown(caf::actor_system& sys, gossip::Transport& transport) : sys_(sys), transport_(transport) {}
+  Teardown(const Teardown&) = delete;
+  Teardown& operator=(const Teardown&) = delete;
+  void add(caf::actor a) { actors_.push_back(std::move(a)); }
+  ~Teardown() {
+    transport_.stop();
+    for (const auto& a : actors_) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    sys_.await_all_actors_done();
+  }
+
+ private:
+  caf::actor_system& sys_;
+  gossip::Transport& transport_;
+  std::vector<caf::actor> actors_;
+};
+
 uint64_t unix_ms() {
   return static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
@@ -221,6 +243,8 @@ int run_node(const NodeOptions& o) {
   topts.seed = incarnation;
   topts.metrics = &metrics;
 
+  std::mutex failure_mutex;  // the supervisor's end, told by the watcher below
+  std::string failure;
   caf::actor router_actor;
   std::mutex router_mutex;  // the transport thread reads router_actor; it is set once, below
   auto to_router = [&](auto... xs) {
@@ -239,14 +263,15 @@ int run_node(const NodeOptions& o) {
         events().warn("peer_refused peer={} reason=\"{}\"", peer, reason);
       }};
   gossip::Transport transport(topts, tevents);
+  Teardown teardown(sys, transport);
   {
     std::lock_guard lock(router_mutex);
     router_actor = sys.spawn(router, &transport, o.config.cluster.cluster_id);
   }
+  teardown.add(router_actor);
   auto bound = transport.start();
   if (!bound) {
     fmt::print(stderr, "tepdist node: {}\n", bound.error());
-    caf::anon_send_exit(router_actor, caf::exit_reason::user_shutdown);
     return 1;
   }
   const std::string id = o.name.empty() ? *bound : o.name;  // the transport made the same choice
@@ -260,12 +285,11 @@ int run_node(const NodeOptions& o) {
                        std::vector<RoleSpec>{coordinator_role(id), parameter_shard_role("parameter-shard", shard),
                                              worker_role(id, training_samples), monitor_role(&metrics)},
                        SupervisorOptions{});
+  teardown.add(caf::actor(sup));
   caf::anon_send(router_actor, init_atom::value, id, *bound, o.region, incarnation, incarnation, o.join,
                  caf::actor(sup));
 
   // The supervisor's end wakes the main thread through SIGUSR1.
-  std::mutex failure_mutex;
-  std::string failure;
   auto watcher = sys.spawn([&, sup](caf::event_based_actor* self) -> caf::behavior {
     self->monitor(sup);
     self->set_down_handler([&](const caf::down_msg& d) {
@@ -277,11 +301,10 @@ int run_node(const NodeOptions& o) {
     });
     return {[](get_atom) {}};
   });
+  teardown.add(watcher);
 
   if (!o.ready_file.empty() && !write_ready_file(o.ready_file, *bound)) {
     fmt::print(stderr, "tepdist node: cannot write the ready file {}\n", o.ready_file);
-    transport.stop();
-    for (const auto& a : {router_actor, caf::actor(sup), watcher}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
     return 1;
   }
   events().info("node_ready id={} address={} region={} incarnation={}", id, *bound, o.region, incarnation);
@@ -296,10 +319,7 @@ int run_node(const NodeOptions& o) {
   } else {
     events().info("node_stopping id={} signal={}", id, sig == SIGTERM ? "SIGTERM" : "SIGINT");
   }
-  transport.stop();  // no more frames in: nothing new reaches the actors
-  for (const auto& a : {router_actor, caf::actor(sup), watcher}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  sys.await_all_actors_done();  // while the transport and the registry they point to still exist
-  return status;
+  return status;  // teardown: transport, then actors
 }
 
 }  // namespace tepdist::actors

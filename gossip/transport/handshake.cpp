@@ -115,6 +115,10 @@ Handshake::Step Handshake::on_frame(std::vector<uint64_t> body) {
                                     self_.cluster_id));
         if (!copy_nonce(h.getNonce(), peer_nonce_)) return refuse("malformed nonce");
         peer_id_ = h.getNodeId();
+        // A peer claiming this node's id, or echoing its nonce, could relay this node's own proofs
+        // back to it (a reflection attack): the transcript would be the same on both sides.
+        if (peer_id_ == self_.node_id) return refuse("the peer claims this node's own id");
+        if (peer_nonce_ == nonce_) return refuse("the peer echoed this node's nonce");
         peer_region_ = h.getRegion();
         peer_listen_address_ = h.getListenAddress();
         state_ = State::await_proof;
@@ -132,7 +136,9 @@ Handshake::Step Handshake::on_frame(std::vector<uint64_t> body) {
       case State::await_challenge: {
         const auto c = reader.getRoot<wire::Challenge>();
         if (!copy_nonce(c.getNonce(), peer_nonce_)) return refuse("malformed nonce");
+        if (peer_nonce_ == nonce_) return refuse("the peer echoed this node's nonce");
         peer_id_ = c.getNodeId();
+        if (peer_id_ == self_.node_id) return refuse("the peer claims this node's own id");
         peer_region_ = c.getRegion();
         const auto expected = proof(self_.node_id, peer_id_, nonce_, peer_nonce_, "responder");
         const auto got = c.getProof();

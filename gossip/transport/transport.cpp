@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cassert>
 #include <chrono>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <deque>
 #include <iterator>
@@ -22,6 +24,11 @@ namespace tepdist::gossip {
 namespace {
 
 constexpr size_t scratch_bytes = 64 * 1024;
+// Before a peer has proven it holds the secret it may send only handshake frames, which are a few
+// hundred bytes: a stranger cannot make the node allocate more than this per connection...
+constexpr uint32_t max_handshake_frame_bytes = 4096;
+// ...nor hold more than this many connections in the handshake at once.
+constexpr size_t max_pending_handshakes = 64;
 
 double unix_ms_now() {
   return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -230,7 +237,9 @@ struct Transport::Impl {
         c->header_have += take, p += take, n -= take;
         if (c->header_have < frame_header_bytes) return;
         c->header_have = 0;
-        auto length = frame_length(c->header, opt.limits);
+        WireLimits limits = opt.limits;
+        if (!c->authenticated) limits.max_frame_bytes = std::min(limits.max_frame_bytes, max_handshake_frame_bytes);
+        auto length = frame_length(c->header, limits);
         if (!length) return fail(c, length.error().message);
         c->body.assign(*length / sizeof(uint64_t), 0);
         c->body_bytes = *length;
@@ -266,6 +275,7 @@ struct Transport::Impl {
   void handshake_step(Conn* c, std::vector<uint64_t> body) {
     auto step = c->handshake.on_frame(std::move(body));
     if (step.send) write(c, std::move(*step.send), "", 0);
+    if (c->closing) return;  // the write failed and closed it
     if (step.refused) {
       stats.refused_connections++;
       log().warn("peer_refused peer={} reason=\"{}\"", c->label, *step.refused);
@@ -303,18 +313,24 @@ struct Transport::Impl {
     c->closing = true;
     if (warn) log().warn("connection_closed peer={} reason=\"{}\"", c->label, reason);
     Peer* p = c->peer;
-    if (p && p->conn == c) p->conn = nullptr;
+    conns.erase(c);
     if (p && p->connecting == c) p->connecting = nullptr;
-    if (c->authenticated && p && events.on_peer_down) events.on_peer_down(p->id, reason);
+    if (p && p->conn == c) {
+      // Two nodes dialling each other at once end up with two connections: fall back on the other.
+      p->conn = nullptr;
+      for (Conn* other : conns)
+        if (other->peer == p && other->authenticated && !other->closing) p->conn = other;
+      if (!p->conn && events.on_peer_down) events.on_peer_down(p->id, reason);
+    }
     auto on_closed = [](uv_handle_t* h) {
       auto* c = static_cast<Conn*>(h->data);
       if (--c->open_handles == 0) delete c;
     };
-    conns.erase(c);
     uv_close(reinterpret_cast<uv_handle_t*>(&c->handshake_timer), on_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), on_closed);
     if (p && !p->queue.empty() && !stopping_loop()) {
-      p->backoff_ms = p->backoff_ms ? std::min(p->backoff_ms * 2, opt.reconnect_max_ms) : opt.reconnect_initial_ms;
+      p->backoff_ms = p->backoff_ms ? std::min(p->backoff_ms * 2, opt.reconnect_max_ms)
+                                    : std::max<uint64_t>(1, opt.reconnect_initial_ms);
       p->next_connect_ms = static_cast<double>(uv_now(&loop) + p->backoff_ms);
       pump(*p);
     }
@@ -338,13 +354,13 @@ struct Transport::Impl {
     p.connecting = c;
     auto* req = new uv_connect_t;
     req->data = c;
+    start_handshake_clock(c);  // bounds the connect too: an address that never answers gives up
     const int rc = uv_tcp_connect(req, &c->tcp, reinterpret_cast<const sockaddr*>(&*addr), [](uv_connect_t* r, int status) {
       auto* c = static_cast<Conn*>(r->data);
       delete r;
       if (c->closing) return;
       if (status < 0) return c->impl->fail(c, std::string("connect: ") + uv_strerror(status), false);
       c->impl->start_reading(c);
-      c->impl->start_handshake_clock(c);
       c->impl->write(c, c->handshake.hello(), "", 0);
     });
     if (rc != 0) {
@@ -355,6 +371,13 @@ struct Transport::Impl {
 
   void accept() {
     Conn* c = new_conn(false);
+    size_t pending = 0;
+    for (Conn* other : conns) pending += !other->authenticated && !other->outbound;
+    if (pending > max_pending_handshakes) {
+      uv_accept(reinterpret_cast<uv_stream_t*>(&listener), reinterpret_cast<uv_stream_t*>(&c->tcp));
+      c->label = peer_name(&c->tcp);
+      return fail(c, "too many connections in the handshake");
+    }
     if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener), reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0)
       return fail(c, "accept failed");
     c->label = peer_name(&c->tcp);
@@ -430,13 +453,14 @@ struct Transport::Impl {
       return;
     }
     const double now = now_ms();
-    while (!p.queue.empty() && p.queue.front().release_ms != unscheduled && p.queue.front().release_ms <= now) {
+    // (NaN, unscheduled, compares false: the frame waits.)
+    while (!p.queue.empty() && p.queue.front().release_ms <= now) {
       Outgoing o = std::move(p.queue.front());
       p.queue.pop_front();
       write(p.conn, std::move(o.frame), p.address, o.counted, o.sent_ns);
       if (!p.conn) return;  // the write failed and closed it
     }
-    if (!p.queue.empty() && p.queue.front().release_ms != unscheduled) arm(p, p.queue.front().release_ms - now);
+    if (!p.queue.empty() && !std::isnan(p.queue.front().release_ms)) arm(p, p.queue.front().release_ms - now);
   }
 
   void arm(Peer& p, double delay_ms) {
@@ -454,12 +478,14 @@ struct Transport::Impl {
     pump(p);
   }
 
-  static constexpr double unscheduled = -1.0;
+  // Release times: unscheduled (waiting for the peer's region) and immediately (no emulation).
+  static constexpr double unscheduled = std::numeric_limits<double>::quiet_NaN();
+  static constexpr double immediately = -std::numeric_limits<double>::infinity();
 
   /// Gives every queued frame without one its release time (the emulator's, or now), in order.
   void schedule(Peer& p) {
     for (auto it = p.queue.begin(); it != p.queue.end();) {
-      if (it->release_ms != unscheduled) {
+      if (!std::isnan(it->release_ms)) {
         ++it;
         continue;
       }
@@ -476,7 +502,7 @@ struct Transport::Impl {
 
   std::optional<double> release_time(Peer& p, size_t bytes, bool datagram) {
     const std::string& address = p.address;
-    double release_at = 0;
+    double release_at = immediately;
     if (emulator.active()) {
       std::uniform_real_distribution<double> unit(0.0, 1.0);
       const double jitter = unit(random) * 2.0 - 1.0;
@@ -585,8 +611,10 @@ bool Transport::send(const std::string& address, const Message& message) {
     if (i.opt.metrics)
       i.opt.metrics->gauge("send_queue_bytes", {{"peer", address}}, "bytes waiting to be written").set(static_cast<double>(queued));
     i.inbox.push_back({address, std::move(frame), is_datagram(message.body), uv_hrtime()});
+    // Under the lock: once stop() has set stopping, no sender can touch the async handle, which the
+    // loop closes on its way out.
+    uv_async_send(&i.wake);
   }
-  uv_async_send(&i.wake);
   return true;
 }
 
@@ -596,8 +624,8 @@ void Transport::stop() {
   {
     std::lock_guard lock(i.mutex);
     i.stopping = true;
+    uv_async_send(&i.wake);
   }
-  uv_async_send(&i.wake);
   i.thread.join();
   uv_loop_close(&i.loop);
   i.stopped = true;

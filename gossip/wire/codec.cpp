@@ -37,7 +37,10 @@ struct Encoder {
     b.setOffset(c.offset);
     b.setTotal(c.total);
     const auto bytes = kj::arrayPtr(reinterpret_cast<const kj::byte*>(c.data.data()), c.data.size_bytes());
-    if (reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 && !c.data.empty()) {
+    // Cap'n Proto sends external data in whole words: only a buffer that starts and ends on a word
+    // boundary can be referenced without sending bytes past its end.
+    if (reinterpret_cast<uintptr_t>(bytes.begin()) % sizeof(capnp::word) == 0 && bytes.size() % sizeof(capnp::word) == 0 &&
+        !c.data.empty()) {
       b.adoptData(mb.getOrphanage().referenceExternalData(bytes));
       if (c.owner) keep_alive.push_back(c.owner);
     } else {

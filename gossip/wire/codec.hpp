@@ -64,8 +64,8 @@ class OutFrame {
   size_t bytes_ = 0;
 };
 
-/// Builds the frame for a message; tensor chunks are referenced, not copied, when their data is
-/// 8-byte aligned (Cap'n Proto's requirement for external data), copied otherwise.
+/// Builds the frame for a message; tensor chunks are referenced, not copied, when their data starts
+/// and ends on an 8-byte boundary (Cap'n Proto sends external data in whole words), copied otherwise.
 OutFrame encode(const Message& message);
 
 /// Reads the length prefix of a frame: the body size in bytes (a whole number of 8-byte words),

@@ -97,3 +97,9 @@ TEST_CASE("malformed handshake frames are refused, not crashed on", "[gossip][au
   Handshake r2(Handshake::Role::responder, id("b"), fresh_nonce());
   CHECK(r2.on_frame({}).refused);
 }
+
+TEST_CASE("a peer claiming the node's own id is refused (no reflected proofs)", "[gossip][auth]") {
+  const auto o = run(id("b"), id("b"));
+  REQUIRE(o.responder_end.refused);
+  CHECK_THAT(*o.responder_end.refused, Catch::Contains("own id"));
+}

@@ -137,6 +137,7 @@ TEST_CASE("hostile bytes close that connection only; the node keeps serving othe
     return n;
   };
   CHECK(raw(std::string("\xff\xff\xff\x7f", 4)) == 0);                            // a 2 GiB length prefix
+  CHECK(raw(std::string("\x00\x00\x01\x00", 4)) == 0);  // 64 KiB: fine later, too big for a handshake
   CHECK(raw(std::string("\x10\x00\x00\x00", 4) + std::string(16, '\xab')) == 0);  // garbage in place of a Hello
   REQUIRE(rb.wait([&] { return !rb.refused.empty(); }));
   REQUIRE(a.send(*addr_b, ping(5)));
