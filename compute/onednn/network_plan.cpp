@@ -146,42 +146,12 @@ class ReluFromOutput {
   dnnl::primitive bwd_;
 };
 
-class ConvStage final : public Stage {
+/// A layer with weights and a bias (convolution, inner product): forward with an optional fused
+/// ReLU, weight and bias gradients, and the input gradient unless it is the first layer. The two
+/// kinds differ only in how their primitives are described; the derived constructors do that and
+/// hand the descriptors to wire().
+class WeightedStage : public Stage {
  public:
-  ConvStage(Context& ctx, const PlannedLayer& l, bool relu, Activation& in, bool input_grad)
-      : w_off_(l.weight_offset), b_off_(l.bias_offset), input_grad_(input_grad) {
-    const Conv2dGeometry& g = l.conv;
-    const dims src{g.n, g.c, g.h, g.w}, wei{g.k, g.c, g.r, g.s}, bias{g.k}, dst{g.n, g.k, g.oh(), g.ow()},
-        stride{g.stride, g.stride}, pad{g.pad, g.pad};
-    const md bias_md = plain(bias, tag::x), wei_plain = plain(wei, tag::oihw);
-    const dnnl::convolution_forward::primitive_desc fwd_pd(
-        {prop_kind::forward_training, algorithm::convolution_direct, any(src), any(wei), bias_md, any(dst), stride,
-         pad, pad},
-        relu_post_op(relu), ctx.engine);
-    fwd_ = dnnl::convolution_forward(fwd_pd);
-    src_.emplace(ctx, in, fwd_pd.src_desc());
-    allocate_output(ctx, fwd_pd.dst_desc());
-    w_.emplace(ctx, wei_plain, fwd_pd.weights_desc());
-    bias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
-    dbias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
-
-    const dnnl::convolution_backward_weights::primitive_desc bww_pd(
-        {algorithm::convolution_direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad}, ctx.engine, fwd_pd);
-    bww_ = dnnl::convolution_backward_weights(bww_pd);
-    bww_src_.emplace(ctx, src_->value(), bww_pd.src_desc());
-    bww_dy_.emplace(ctx, out.grad, bww_pd.diff_dst_desc());
-    dw_.emplace(ctx, wei_plain, bww_pd.diff_weights_desc());
-    if (input_grad_) {
-      const dnnl::convolution_backward_data::primitive_desc bwd_pd(
-          {algorithm::convolution_direct, any(src), any(wei), any(dst), stride, pad, pad}, ctx.engine, fwd_pd);
-      bwd_ = dnnl::convolution_backward_data(bwd_pd);
-      w_bwd_.emplace(ctx, wei_plain, bwd_pd.weights_desc());
-      bwd_dy_.emplace(ctx, out.grad, bwd_pd.diff_dst_desc());
-      bwd_dx_.emplace(ctx, src_->grad(), bwd_pd.diff_src_desc());
-    }
-    if (relu) relu_.emplace(ctx, fwd_pd.dst_desc());
-  }
-
   void forward(dnnl::stream& s, const float* params) override {
     src_->prepare(s);
     bias_.set_data_handle(const_cast<float*>(params + b_off_));
@@ -207,15 +177,66 @@ class ConvStage final : public Stage {
     src_->deliver_grad(s);
   }
 
- private:
+ protected:
+  WeightedStage(const PlannedLayer& l, bool input_grad)
+      : w_off_(l.weight_offset), b_off_(l.bias_offset), input_grad_(input_grad) {}
+
+  /// Creates the primitives and the memories and bridges between them and the plain buffers.
+  /// bwd_pd is used only when the stage computes its input gradient.
+  template <class Fwd, class Bww, class Bwd>
+  void wire(Context& ctx, Activation& in, const md& wei_plain, const md& bias_md, bool relu, const Fwd& fwd_pd,
+            const Bww& bww_pd, const std::optional<Bwd>& bwd_pd) {
+    fwd_ = dnnl::primitive(fwd_pd);
+    src_.emplace(ctx, in, fwd_pd.src_desc());
+    allocate_output(ctx, fwd_pd.dst_desc());
+    w_.emplace(ctx, wei_plain, fwd_pd.weights_desc());
+    bias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
+    dbias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
+    bww_ = dnnl::primitive(bww_pd);
+    bww_src_.emplace(ctx, src_->value(), bww_pd.src_desc());
+    bww_dy_.emplace(ctx, out.grad, bww_pd.diff_dst_desc());
+    dw_.emplace(ctx, wei_plain, bww_pd.diff_weights_desc());
+    if (input_grad_) {
+      bwd_ = dnnl::primitive(*bwd_pd);
+      w_bwd_.emplace(ctx, wei_plain, bwd_pd->weights_desc());
+      bwd_dy_.emplace(ctx, out.grad, bwd_pd->diff_dst_desc());
+      bwd_dx_.emplace(ctx, src_->grad(), bwd_pd->diff_src_desc());
+    }
+    if (relu) relu_.emplace(ctx, fwd_pd.dst_desc());
+  }
+
   int64_t w_off_, b_off_;
   bool input_grad_;
+
+ private:
   dnnl::primitive fwd_, bww_, bwd_;
   std::optional<Adapter> src_;
   std::optional<Bridge> bww_src_, bww_dy_, bwd_dy_, bwd_dx_;
   std::optional<Weights> w_, w_bwd_, dw_;
   dnnl::memory bias_, dbias_;
   std::optional<ReluFromOutput> relu_;
+};
+
+class ConvStage final : public WeightedStage {
+ public:
+  ConvStage(Context& ctx, const PlannedLayer& l, bool relu, Activation& in, bool input_grad)
+      : WeightedStage(l, input_grad) {
+    const Conv2dGeometry& g = l.conv;
+    const dims src{g.n, g.c, g.h, g.w}, wei{g.k, g.c, g.r, g.s}, bias{g.k}, dst{g.n, g.k, g.oh(), g.ow()},
+        stride{g.stride, g.stride}, pad{g.pad, g.pad};
+    const md bias_md = plain(bias, tag::x);
+    const auto direct = algorithm::convolution_direct;
+    const dnnl::convolution_forward::primitive_desc fwd_pd(
+        {prop_kind::forward_training, direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad},
+        relu_post_op(relu), ctx.engine);
+    const dnnl::convolution_backward_weights::primitive_desc bww_pd(
+        {direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad}, ctx.engine, fwd_pd);
+    std::optional<dnnl::convolution_backward_data::primitive_desc> bwd_pd;
+    if (input_grad)
+      bwd_pd.emplace(dnnl::convolution_backward_data::desc{direct, any(src), any(wei), any(dst), stride, pad, pad},
+                     ctx.engine, fwd_pd);
+    wire(ctx, in, plain(wei, tag::oihw), bias_md, relu, fwd_pd, bww_pd, bwd_pd);
+  }
 };
 
 class PoolStage final : public Stage {
@@ -279,11 +300,11 @@ class ReluStage final : public Stage {
   std::optional<ReluFromOutput> relu_;
 };
 
-class LinearStage final : public Stage {
+class LinearStage final : public WeightedStage {
  public:
   /// in may be 4-D (a flatten precedes): the inner product then reads it as [n, c*h*w].
   LinearStage(Context& ctx, const PlannedLayer& l, bool relu, Activation& in, bool input_grad)
-      : w_off_(l.weight_offset), b_off_(l.bias_offset), input_grad_(input_grad) {
+      : WeightedStage(l, input_grad) {
     const LinearGeometry& g = l.linear;
     const dims src = in.value.get_desc().dims();
     dims wei{g.out};
@@ -292,60 +313,13 @@ class LinearStage final : public Stage {
     const md bias_md = plain({g.out}, tag::x), dst_md = plain({g.n, g.out}, tag::nc);
     const dnnl::inner_product_forward::primitive_desc fwd_pd(
         {prop_kind::forward_training, any(src), any(wei), bias_md, dst_md}, relu_post_op(relu), ctx.engine);
-    fwd_ = dnnl::inner_product_forward(fwd_pd);
-    src_.emplace(ctx, in, fwd_pd.src_desc());
-    allocate_output(ctx, fwd_pd.dst_desc());
-    w_.emplace(ctx, wei_plain, fwd_pd.weights_desc());
-    bias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
-    dbias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
     const dnnl::inner_product_backward_weights::primitive_desc bww_pd({any(src), any(wei), bias_md, dst_md},
                                                                       ctx.engine, fwd_pd);
-    bww_ = dnnl::inner_product_backward_weights(bww_pd);
-    bww_src_.emplace(ctx, src_->value(), bww_pd.src_desc());
-    dw_.emplace(ctx, wei_plain, bww_pd.diff_weights_desc());
-    if (input_grad_) {
-      const dnnl::inner_product_backward_data::primitive_desc bwd_pd({any(src), any(wei), dst_md}, ctx.engine, fwd_pd);
-      bwd_ = dnnl::inner_product_backward_data(bwd_pd);
-      w_bwd_.emplace(ctx, wei_plain, bwd_pd.weights_desc());
-      bwd_dx_.emplace(ctx, src_->grad(), bwd_pd.diff_src_desc());
-    }
-    if (relu) relu_.emplace(ctx, fwd_pd.dst_desc());
+    std::optional<dnnl::inner_product_backward_data::primitive_desc> bwd_pd;
+    if (input_grad)
+      bwd_pd.emplace(dnnl::inner_product_backward_data::desc{any(src), any(wei), dst_md}, ctx.engine, fwd_pd);
+    wire(ctx, in, wei_plain, bias_md, relu, fwd_pd, bww_pd, bwd_pd);
   }
-
-  void forward(dnnl::stream& s, const float* params) override {
-    src_->prepare(s);
-    bias_.set_data_handle(const_cast<float*>(params + b_off_));
-    fwd_.execute(s, {{DNNL_ARG_SRC, src_->value()},
-                     {DNNL_ARG_WEIGHTS, w_->in(s, params + w_off_)},
-                     {DNNL_ARG_BIAS, bias_},
-                     {DNNL_ARG_DST, out.value}});
-  }
-
-  void backward(dnnl::stream& s, const float* params, float* grads) override {
-    if (relu_) relu_->run(s, out);
-    dbias_.set_data_handle(grads + b_off_);
-    bww_.execute(s, {{DNNL_ARG_SRC, bww_src_->in(s)},
-                     {DNNL_ARG_DIFF_DST, out.grad},
-                     {DNNL_ARG_DIFF_WEIGHTS, dw_->out(grads + w_off_)},
-                     {DNNL_ARG_DIFF_BIAS, dbias_}});
-    dw_->finish(s);
-    if (!input_grad_) return;
-    bwd_.execute(s, {{DNNL_ARG_DIFF_DST, out.grad},
-                     {DNNL_ARG_WEIGHTS, w_bwd_->in(s, params + w_off_)},
-                     {DNNL_ARG_DIFF_SRC, bwd_dx_->out()}});
-    bwd_dx_->deliver(s);
-    src_->deliver_grad(s);
-  }
-
- private:
-  int64_t w_off_, b_off_;
-  bool input_grad_;
-  dnnl::primitive fwd_, bww_, bwd_;
-  std::optional<Adapter> src_;
-  std::optional<Bridge> bww_src_, bwd_dx_;
-  std::optional<Weights> w_, w_bwd_, dw_;
-  dnnl::memory bias_, dbias_;
-  std::optional<ReluFromOutput> relu_;
 };
 
 class Plan final : public NetworkPlan {

@@ -11,16 +11,12 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tests/support/temp_dir.hpp"
+
 namespace fs = std::filesystem;
+using tepdist::test::TempDir;
 
 namespace {
-
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("tepdist-cli-" + std::to_string(::getpid()) + "-" +
-                                               std::to_string(reinterpret_cast<uintptr_t>(this)));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::string slurp(const fs::path& p) {
   std::ifstream in(p, std::ios::binary);
@@ -35,7 +31,7 @@ struct Run {
 };
 
 /// Runs tepdist with args (already shell-quoted where needed) and waits for it.
-Run tepdist(const std::string& args, const fs::path& scratch) {
+Run run_tepdist(const std::string& args, const fs::path& scratch) {
   const std::string cmd = std::string(TEPDIST_BINARY) + " " + args + " > " + (scratch / "stdout").string() + " 2> " +
                           (scratch / "stderr").string();
   const int raw = std::system(cmd.c_str());
@@ -49,7 +45,7 @@ const std::string synthetic = " --set data.dataset=synthetic --set data.train_sa
 TEST_CASE("train writes result.json, the model and a checkpoint", "[cli][train]") {
   TempDir dir;
   const auto out = dir.path / "out";
-  const Run r = tepdist("train" + synthetic + "--epochs 2 --set model.preset=mlp --out " + out.string(), dir.path);
+  const Run r = run_tepdist("train" + synthetic + "--epochs 2 --set model.preset=mlp --out " + out.string(), dir.path);
   INFO(r.out << r.err);
   REQUIRE(r.status == 0);
   const auto result = nlohmann::json::parse(slurp(out / "result.json"));
@@ -73,19 +69,19 @@ TEST_CASE("a bad config is refused before training, naming file, line and key", 
   TempDir dir;
   const auto job = dir.path / "job.toml";
   std::ofstream(job) << "[job]\nepochs = 1\n[optimizer]\nlearning_rate = 0.1\n";
-  const Run r = tepdist("train " + job.string() + " --out " + (dir.path / "out").string(), dir.path);
+  const Run r = run_tepdist("train " + job.string() + " --out " + (dir.path / "out").string(), dir.path);
   CHECK(r.status == 2);
   CHECK_THAT(r.err, Catch::Contains(job.string() + ":4") && Catch::Contains("optimizer.learning_rate"));
   CHECK_FALSE(fs::exists(dir.path / "out" / "result.json"));
 
-  const Run bad_set = tepdist("train --set data.batch_size=0 --out " + (dir.path / "out").string(), dir.path);
+  const Run bad_set = run_tepdist("train --set data.batch_size=0 --out " + (dir.path / "out").string(), dir.path);
   CHECK(bad_set.status == 2);
   CHECK_THAT(bad_set.err, Catch::Contains("data.batch_size"));
 }
 
 TEST_CASE("missing data names the file and the package that provides it", "[cli][train]") {
   TempDir dir;
-  const Run r = tepdist("train --set data.dir=" + (dir.path / "nowhere").string() + " --out " +
+  const Run r = run_tepdist("train --set data.dir=" + (dir.path / "nowhere").string() + " --out " +
                             (dir.path / "out").string(),
                         dir.path);
   CHECK(r.status == 1);
@@ -95,9 +91,9 @@ TEST_CASE("missing data names the file and the package that provides it", "[cli]
 TEST_CASE("a resumed run ends exactly where an uninterrupted one does", "[cli][train]") {
   TempDir dir;
   const std::string common = "train" + synthetic + "--threads 1 --set model.preset=mlp ";
-  REQUIRE(tepdist(common + "--epochs 2 --out " + (dir.path / "straight").string(), dir.path).status == 0);
-  REQUIRE(tepdist(common + "--epochs 1 --out " + (dir.path / "resumed").string(), dir.path).status == 0);
-  const Run resumed = tepdist(common + "--epochs 2 --resume --out " + (dir.path / "resumed").string(), dir.path);
+  REQUIRE(run_tepdist(common + "--epochs 2 --out " + (dir.path / "straight").string(), dir.path).status == 0);
+  REQUIRE(run_tepdist(common + "--epochs 1 --out " + (dir.path / "resumed").string(), dir.path).status == 0);
+  const Run resumed = run_tepdist(common + "--epochs 2 --resume --out " + (dir.path / "resumed").string(), dir.path);
   INFO(resumed.out << resumed.err);
   REQUIRE(resumed.status == 0);
   CHECK_THAT(resumed.out, Catch::Contains("resumed from"));
@@ -107,7 +103,7 @@ TEST_CASE("a resumed run ends exactly where an uninterrupted one does", "[cli][t
 
 TEST_CASE("resuming without a checkpoint says so", "[cli][train]") {
   TempDir dir;
-  const Run r = tepdist("train" + synthetic + "--resume --out " + (dir.path / "out").string(), dir.path);
+  const Run r = run_tepdist("train" + synthetic + "--resume --out " + (dir.path / "out").string(), dir.path);
   CHECK(r.status == 1);
   CHECK_THAT(r.err, Catch::Contains("--resume") && Catch::Contains("checkpoint"));
 }
@@ -152,7 +148,7 @@ TEST_CASE("Ctrl-C stops at a step boundary with a checkpoint to resume from", "[
 TEST_CASE("LeNet learns Fashion-MNIST: 8,000 samples take it from chance past 65%", "[cli][train][fashion]") {
   TempDir dir;
   const auto out = dir.path / "out";
-  const Run r = tepdist("train --epochs 1 --set data.train_samples=8000 --set data.test_samples=2000 --set optimizer.lr=0.05 --out " +
+  const Run r = run_tepdist("train --epochs 1 --set data.train_samples=8000 --set data.test_samples=2000 --set optimizer.lr=0.05 --out " +
                             out.string(),
                         dir.path);
   INFO(r.out << r.err);
@@ -162,3 +158,4 @@ TEST_CASE("LeNet learns Fashion-MNIST: 8,000 samples take it from chance past 65
   CHECK(result["test_accuracy"].get<double>() >= 0.65);
   CHECK(result["peak_rss_mb"].get<double>() < 300.0);
 }
+

@@ -6,20 +6,14 @@
 #include <fstream>
 #include <set>
 
+#include "tests/support/temp_dir.hpp"
 #include "compute/data/dataset.hpp"
 
 using namespace tepdist::compute;
 namespace fs = std::filesystem;
+using tepdist::test::TempDir;
 
 namespace {
-
-/// A fresh directory under the system temp dir, removed at the end of the test.
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("tepdist-test-" + std::to_string(::getpid()) + "-" +
-                                               std::to_string(reinterpret_cast<uintptr_t>(this)));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::string idx_bytes(const std::vector<uint32_t>& dims, const std::vector<uint8_t>& data) {
   std::string s{'\0', '\0', '\x08', static_cast<char>(dims.size())};

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "tests/support/temp_dir.hpp"
 #include "compute/io/checkpoint.hpp"
 #include "compute/io/files.hpp"
 #include "compute/presets.hpp"
@@ -14,15 +15,9 @@
 
 using namespace tepdist::compute;
 namespace fs = std::filesystem;
+using tepdist::test::TempDir;
 
 namespace {
-
-struct TempDir {
-  fs::path path = fs::temp_directory_path() / ("tepdist-files-" + std::to_string(::getpid()) + "-" +
-                                               std::to_string(reinterpret_cast<uintptr_t>(this)));
-  TempDir() { fs::create_directories(path); }
-  ~TempDir() { fs::remove_all(path); }
-};
 
 std::unique_ptr<Model> built_mlp(uint64_t seed) {
   auto m = make_mlp(16, 10);

@@ -57,6 +57,18 @@ TransportOptions options(const std::string& id, const std::string& secret = "s3c
 
 Message ping(uint64_t seq) { return {"a", 1, "c1", Ping{seq, {}}}; }
 
+/// A raw TCP socket connected to the transport listening at address (host:port on loopback).
+int connect_raw(const std::string& address) {
+  const int port = std::stoi(address.substr(address.rfind(':') + 1));
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in sa{};
+  sa.sin_family = AF_INET;
+  sa.sin_port = htons(static_cast<uint16_t>(port));
+  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  return fd;
+}
+
 }  // namespace
 
 TEST_CASE("two transports authenticate and deliver messages in order", "[gossip][transport]") {
@@ -122,14 +134,8 @@ TEST_CASE("hostile bytes close that connection only; the node keeps serving othe
   Transport b(options("b"), rb.events()), a(options("a"), {});
   const auto addr_b = b.start();
   REQUIRE(a.start().has_value());
-  const int port = std::stoi(addr_b->substr(addr_b->rfind(':') + 1));
   auto raw = [&](const std::string& bytes) {
-    const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in sa{};
-    sa.sin_family = AF_INET;
-    sa.sin_port = htons(static_cast<uint16_t>(port));
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+    const int fd = connect_raw(*addr_b);
     REQUIRE(::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
     char c;
     const ssize_t n = ::read(fd, &c, 1);  // returns 0 once the node closes the connection on us
@@ -194,13 +200,7 @@ TEST_CASE("an authenticated peer that sends a hostile frame loses its connection
   Transport b(options("b"), rb.events()), a(options("a"), {});
   const auto addr_b = b.start();
   REQUIRE(a.start().has_value());
-  const int port = std::stoi(addr_b->substr(addr_b->rfind(':') + 1));
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in sa{};
-  sa.sin_family = AF_INET;
-  sa.sin_port = htons(static_cast<uint16_t>(port));
-  sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
+  const int fd = connect_raw(*addr_b);
   auto write_all = [&](const std::vector<uint8_t>& bytes) {
     REQUIRE(::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
   };
