@@ -1,0 +1,53 @@
+#pragma once
+// SWIM knobs, in one place, with their units and what raising them trades. Defaults follow
+// memberlist's, which follow the SWIM and Lifeguard papers; profiles suit a LAN or a WAN.
+
+#include <cstdint>
+#include <string>
+
+namespace tepdist::gossip::swim {
+
+struct Config {
+  /// Time between probes of one member; ms. Lower detects failures sooner at more traffic: each
+  /// node sends one ping (and gets one ack) per interval.
+  double probe_interval_ms = 1000;
+  /// How long to wait for a direct ack before asking others to probe; ms. Must exceed the
+  /// network's round trip with margin, or healthy nodes get indirect probes they do not need.
+  double probe_timeout_ms = 500;
+  /// Members asked to probe on our behalf when the direct probe fails (k). More lowers false
+  /// positives from one bad link, at k ping-reqs per failed probe.
+  int indirect_checks = 3;
+  /// Suspicion lasts at least suspicion_mult * log10(N + 1) probe intervals before death is
+  /// declared. Higher: fewer false deaths, slower detection.
+  double suspicion_mult = 4;
+  /// The longest suspicion is this times the shortest; independent confirmations shrink it from
+  /// the longest towards the shortest (Lifeguard).
+  double suspicion_max_timeout_mult = 6;
+  /// Each update is piggybacked about retransmit_mult * log10(N + 1) times. Higher: more reliable
+  /// dissemination, more bytes per message.
+  double retransmit_mult = 4;
+  /// Piggybacked updates per message are bounded by this many bytes (estimated).
+  size_t gossip_budget_bytes = 1200;
+  /// Push-pull anti-entropy with one random member every this many ms, scaled by log2(N / 32)
+  /// beyond 32 members so the cost stays about constant per node, not N^2 in all.
+  double push_pull_interval_ms = 30000;
+  /// Dead and left members are remembered this long, so older gossip cannot bring them back; ms.
+  double dead_retention_ms = 30000;
+  /// Local health awareness: a node that misses acks or is suspected itself multiplies its own
+  /// timeouts by up to this (Lifeguard), instead of accusing others while it is the slow one.
+  int awareness_max_multiplier = 8;
+
+  /// A LAN: round trips well under a millisecond.
+  static Config lan() { return {}; }
+  /// A WAN: round trips up to a few hundred milliseconds, lossier links.
+  static Config wan() {
+    Config c;
+    c.probe_interval_ms = 5000;
+    c.probe_timeout_ms = 3000;
+    c.suspicion_mult = 6;
+    c.push_pull_interval_ms = 60000;
+    return c;
+  }
+};
+
+}  // namespace tepdist::gossip::swim

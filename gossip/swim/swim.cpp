@@ -1,0 +1,295 @@
+#include "gossip/swim/swim.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+namespace tepdist::gossip::swim {
+namespace {
+
+using State = Member::State;
+
+bool live(State s) { return s == State::alive || s == State::suspect; }
+
+}  // namespace
+
+const char* event_name(Event::Kind k) {
+  switch (k) {
+    case Event::Kind::joined: return "joined";
+    case Event::Kind::suspected: return "suspected";
+    case Event::Kind::alive_again: return "alive_again";
+    case Event::Kind::dead: return "dead";
+    case Event::Kind::left: return "left";
+    case Event::Kind::updated: return "updated";
+  }
+  return "?";
+}
+
+Swim::Swim(Member self, Config config, std::function<uint64_t(uint64_t)> below)
+    : self_(std::move(self)), config_(config), below_(std::move(below)), awareness_(config.awareness_max_multiplier) {
+  self_.state = State::alive;
+}
+
+// ---- membership bookkeeping ----------------------------------------------------------------
+
+size_t Swim::live_count() const {
+  size_t n = left_ ? 0 : 1;
+  for (const auto& [id, k] : members_) n += live(k.member.state);
+  return n;
+}
+
+std::vector<Member> Swim::members() const {
+  std::vector<Member> out{self_};
+  for (const auto& [id, k] : members_) out.push_back(k.member);
+  return out;
+}
+
+std::vector<Member> Swim::full_state() const { return members(); }
+
+int Swim::retransmit_limit() const {
+  return static_cast<int>(config_.retransmit_mult * std::ceil(std::log10(static_cast<double>(live_count()) + 1.0)));
+}
+
+double Swim::suspicion_min_ms() const {
+  const double n = static_cast<double>(std::max<size_t>(1, live_count()));
+  return config_.suspicion_mult * std::max(1.0, std::log10(n)) * config_.probe_interval_ms;
+}
+
+std::vector<Member> Swim::piggyback() { return broadcasts_.pick(config_.gossip_budget_bytes, retransmit_limit()); }
+
+void Swim::send(Output& out, const std::string& address, Body body) { out.sends.push_back({address, std::move(body)}); }
+
+void Swim::refute(const Member& claim, Output& out) {
+  // Someone thinks this node is suspect or dead (or knows a newer incarnation of it): outbid them.
+  self_.incarnation = std::max(self_.incarnation, claim.incarnation) + 1;
+  broadcasts_.enqueue(self_);
+  awareness_.apply(1);  // being suspected hints that this node is the slow one
+  (void)out;
+}
+
+void Swim::suspect(double now_ms, Known& k, const std::string& accuser, Output& out) {
+  k.member.state = State::suspect;
+  k.changed_ms = now_ms;
+  const double min = suspicion_min_ms();
+  const int expected = std::max(0, std::min(static_cast<int>(config_.suspicion_mult) - 2,
+                                            static_cast<int>(live_count()) - 2));
+  suspicions_.insert_or_assign(
+      k.member.id, Suspicion(now_ms, min, expected == 0 ? min : min * config_.suspicion_max_timeout_mult,
+                             std::max(1, expected), accuser));
+  broadcasts_.enqueue(k.member);
+  out.events.push_back({Event::Kind::suspected, k.member});
+}
+
+void Swim::declare(double now_ms, Known& k, State state, Output& out) {
+  k.member.state = state;
+  k.changed_ms = now_ms;
+  suspicions_.erase(k.member.id);
+  broadcasts_.enqueue(k.member);
+  out.events.push_back({state == State::dead ? Event::Kind::dead : Event::Kind::left, k.member});
+}
+
+void Swim::merge(double now_ms, const Member& u, const std::string& from, Output& out) {
+  if (u.id == self_.id) {
+    if (left_) return;
+    const bool accused = (u.state == State::suspect || u.state == State::dead) && u.incarnation >= self_.incarnation;
+    const bool outdated = u.state == State::alive && u.incarnation > self_.incarnation;
+    if (accused || outdated) refute(u, out);
+    return;
+  }
+  auto it = members_.find(u.id);
+  if (it == members_.end()) {
+    // Only news that a member is there introduces it; rumours about strangers are dropped.
+    if (u.state != State::alive) return;
+    Known& k = members_[u.id] = {u, now_ms};
+    broadcasts_.enqueue(k.member);
+    out.events.push_back({Event::Kind::joined, k.member});
+    return;
+  }
+  Known& k = it->second;
+  const uint64_t inc = k.member.incarnation;
+  switch (u.state) {
+    case State::alive: {
+      // A dead or departed member comes back only with a newer incarnation (a restart); a live one
+      // takes any newer incarnation (a refutation, or new details).
+      if (u.incarnation <= inc) return;
+      const State was = k.member.state;
+      k.member = u;
+      k.changed_ms = now_ms;
+      suspicions_.erase(u.id);
+      broadcasts_.enqueue(k.member);
+      out.events.push_back({was == State::alive     ? Event::Kind::updated
+                            : was == State::suspect ? Event::Kind::alive_again
+                                                    : Event::Kind::joined,
+                            k.member});
+      return;
+    }
+    case State::suspect:
+      if (u.incarnation < inc || !live(k.member.state)) return;
+      if (k.member.state == State::suspect) {
+        auto s = suspicions_.find(u.id);
+        if (s != suspicions_.end() && s->second.confirm(from)) broadcasts_.enqueue(k.member);
+        return;
+      }
+      k.member.incarnation = u.incarnation;
+      suspect(now_ms, k, from, out);
+      return;
+    case State::dead:
+    case State::left:
+      if (u.incarnation < inc || !live(k.member.state)) return;
+      k.member.incarnation = u.incarnation;
+      declare(now_ms, k, u.state, out);
+      return;
+  }
+}
+
+// ---- inputs --------------------------------------------------------------------------------
+
+void Swim::join(double now_ms, const std::vector<std::string>& seeds, Output& out) {
+  next_probe_ms_ = now_ms + config_.probe_interval_ms;
+  next_push_pull_ms_ = now_ms + config_.push_pull_interval_ms;
+  for (const auto& address : seeds) send(out, address, StateSync{{self_}, false, 0});
+}
+
+void Swim::leave(double now_ms, Output& out) {
+  (void)now_ms;
+  self_.incarnation += 1;
+  self_.state = State::left;
+  broadcasts_.enqueue(self_);
+  for (const Known* k : random_live(static_cast<size_t>(config_.indirect_checks), ""))
+    send(out, k->member.address, Leave{self_});
+  left_ = true;
+}
+
+void Swim::on_message(double now_ms, const std::string& from, const Body& body, Output& out) {
+  auto address_of = [&](const std::string& id) -> std::optional<std::string> {
+    auto it = members_.find(id);
+    if (it == members_.end()) return std::nullopt;
+    return it->second.member.address;
+  };
+  std::visit(
+      [&](const auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, Ping>) {
+          for (const auto& u : m.updates) merge(now_ms, u, from, out);
+          if (auto a = address_of(from); a && !left_) send(out, *a, Ack{m.seq_no, piggyback()});
+        } else if constexpr (std::is_same_v<T, Ack>) {
+          for (const auto& u : m.updates) merge(now_ms, u, from, out);
+          if (probe_ && m.seq_no == probe_->seq) {
+            probe_.reset();
+            awareness_.apply(-1);
+          } else if (auto r = relays_.find(m.seq_no); r != relays_.end()) {
+            send(out, r->second.requester_address, Ack{r->second.requester_seq, piggyback()});
+            relays_.erase(r);
+          }
+        } else if constexpr (std::is_same_v<T, PingReq>) {
+          for (const auto& u : m.updates) merge(now_ms, u, from, out);
+          auto requester = address_of(from);
+          if (!requester || left_) return;
+          const uint64_t seq = ++seq_;
+          relays_[seq] = {*requester, m.seq_no, now_ms + awareness_.scale(config_.probe_interval_ms)};
+          send(out, m.target.address, Ping{seq, piggyback()});
+        } else if constexpr (std::is_same_v<T, Join>) {
+          merge(now_ms, m.member, from, out);
+          send(out, m.member.address, StateSync{full_state(), true, 0});
+        } else if constexpr (std::is_same_v<T, StateSync>) {
+          for (const auto& u : m.members) merge(now_ms, u, from, out);
+          if (!m.reply)
+            if (auto a = address_of(from)) send(out, *a, StateSync{full_state(), true, 0});
+        } else if constexpr (std::is_same_v<T, Leave>) {
+          merge(now_ms, m.member, from, out);
+        }
+        // Tensors, parameters, control and metrics are not membership's business.
+      },
+      body);
+}
+
+// ---- timers --------------------------------------------------------------------------------
+
+std::vector<const Swim::Known*> Swim::random_live(size_t count, const std::string& except) {
+  std::vector<const Known*> pool;
+  for (const auto& [id, k] : members_)
+    if (k.member.state == State::alive && id != except) pool.push_back(&k);
+  for (size_t i = 0; i < pool.size() && i < count; ++i)  // partial Fisher-Yates
+    std::swap(pool[i], pool[i + below_(pool.size() - i)]);
+  pool.resize(std::min(pool.size(), count));
+  return pool;
+}
+
+std::optional<std::string> Swim::next_probe_target() {
+  for (int pass = 0; pass < 2; ++pass) {
+    while (probe_index_ < probe_order_.size()) {
+      const std::string& id = probe_order_[probe_index_++];
+      auto it = members_.find(id);
+      if (it != members_.end() && live(it->second.member.state)) return id;
+    }
+    // A new round: every live member once, in a fresh random order.
+    probe_order_.clear();
+    for (const auto& [id, k] : members_)
+      if (live(k.member.state)) probe_order_.push_back(id);
+    for (size_t i = probe_order_.size(); i > 1; --i) std::swap(probe_order_[i - 1], probe_order_[below_(i)]);
+    probe_index_ = 0;
+  }
+  return std::nullopt;
+}
+
+void Swim::tick(double now_ms, Output& out) {
+  if (left_) return;
+  // Suspicions that ran out: this node's verdict is death.
+  for (auto it = suspicions_.begin(); it != suspicions_.end();) {
+    if (it->second.deadline_ms() > now_ms) {
+      ++it;
+      continue;
+    }
+    auto k = members_.find(it->first);
+    it = suspicions_.erase(it);
+    if (k != members_.end() && k->second.member.state == State::suspect) declare(now_ms, k->second, State::dead, out);
+  }
+  // The probe in flight.
+  if (probe_) {
+    auto target = members_.find(probe_->target);
+    if (target == members_.end() || !live(target->second.member.state)) {
+      probe_.reset();
+    } else if (!probe_->indirect_sent && now_ms >= probe_->timeout_ms) {
+      probe_->indirect_sent = true;
+      for (const Known* k : random_live(static_cast<size_t>(config_.indirect_checks), probe_->target))
+        send(out, k->member.address, PingReq{probe_->seq, target->second.member, piggyback()});
+    } else if (now_ms >= probe_->interval_end_ms) {
+      probe_.reset();
+      awareness_.apply(1);
+      if (target->second.member.state == State::alive) suspect(now_ms, target->second, self_.id, out);
+    }
+  }
+  // The next probe.
+  if (!probe_ && now_ms >= next_probe_ms_) {
+    next_probe_ms_ = now_ms + awareness_.scale(config_.probe_interval_ms);
+    if (auto id = next_probe_target()) {
+      const Known& k = members_.at(*id);
+      probe_ = Probe{++seq_, *id, now_ms + awareness_.scale(config_.probe_timeout_ms), next_probe_ms_};
+      send(out, k.member.address, Ping{probe_->seq, piggyback()});
+    }
+  }
+  for (auto it = relays_.begin(); it != relays_.end();) it = it->second.expires_ms <= now_ms ? relays_.erase(it) : ++it;
+  // Push-pull with one random member; the interval grows with log2(N / 32) past 32 members.
+  if (now_ms >= next_push_pull_ms_) {
+    const double n = static_cast<double>(live_count());
+    const double scale = n > 32 ? std::ceil(std::log2(n / 32.0)) + 1.0 : 1.0;
+    next_push_pull_ms_ = now_ms + config_.push_pull_interval_ms * scale;
+    for (const Known* k : random_live(1, "")) send(out, k->member.address, StateSync{full_state(), false, 0});
+  }
+  // Forget the dead once stale gossip about them has had time to die out.
+  std::erase_if(members_, [&](const auto& kv) {
+    return !live(kv.second.member.state) && now_ms - kv.second.changed_ms >= config_.dead_retention_ms;
+  });
+}
+
+double Swim::next_deadline_ms() const {
+  double next = std::min(next_probe_ms_, next_push_pull_ms_);
+  if (probe_) next = std::min(next, probe_->indirect_sent ? probe_->interval_end_ms : probe_->timeout_ms);
+  for (const auto& [id, s] : suspicions_) next = std::min(next, s.deadline_ms());
+  for (const auto& [seq, r] : relays_) next = std::min(next, r.expires_ms);
+  for (const auto& [id, k] : members_)
+    if (!live(k.member.state)) next = std::min(next, k.changed_ms + config_.dead_retention_ms);
+  return next;
+}
+
+}  // namespace tepdist::gossip::swim
