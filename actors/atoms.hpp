@@ -11,5 +11,8 @@ using push_atom = caf::atom_constant<caf::atom("push")>;
 using role_atom = caf::atom_constant<caf::atom("role")>;
 using wire_atom = caf::atom_constant<caf::atom("wire")>;
 using peer_atom = caf::atom_constant<caf::atom("peer")>;
+using init_atom = caf::atom_constant<caf::atom("init")>;
+using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using leave_atom = caf::atom_constant<caf::atom("leave")>;
 
 }  // namespace tepdist::actors

@@ -6,13 +6,11 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/send.hpp>
-#include <caf/skip.hpp>
+#include <caf/scoped_actor.hpp>
 #include <caf/stateful_actor.hpp>
 #include <caf/system_messages.hpp>
 #include <fmt/format.h>
 #include <signal.h>
-#include <spdlog/sinks/stdout_sinks.h>
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <chrono>
@@ -20,158 +18,16 @@
 #include <fstream>
 #include <map>
 #include <mutex>
-#include <numeric>
 
 #include "actors/atoms.hpp"
 #include "actors/roles/cluster_roles.hpp"
 #include "actors/roles/parameter_shard.hpp"
+#include "actors/router.hpp"
 #include "actors/supervisor.hpp"
 #include "gossip/transport/transport.hpp"
 
-// Frames cross from the transport's thread to the router by anon_send inside this process only;
-// CAF never serialises them.
-CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::gossip::Message)
-
 namespace tepdist::actors {
 namespace {
-
-using init_atom = caf::atom_constant<caf::atom("init")>;
-using down_atom = caf::atom_constant<caf::atom("down")>;
-
-/// The node's event stream on stdout: one line per event, key=value fields.
-spdlog::logger& events() {
-  static const std::shared_ptr<spdlog::logger> logger = [] {
-    auto l = spdlog::stdout_logger_mt("node");
-    l->set_pattern("%Y-%m-%dT%H:%M:%S.%e %v");
-    l->flush_on(spdlog::level::info);
-    return l;
-  }();
-  return *logger;
-}
-
-struct RouterState {
-  gossip::Transport* transport = nullptr;
-  caf::actor supervisor;
-  gossip::Member self;
-  uint64_t epoch_unix_ms = 0;
-  std::map<std::string, gossip::Member> members;  // by id, this node excluded
-  static inline const char* name = "tepdist.router";
-};
-
-using Router = caf::stateful_actor<RouterState>;
-
-void send(Router* self, const std::string& address, gossip::Body body, const std::string& cluster_id) {
-  gossip::Message m{self->state.self.id, self->state.self.incarnation, cluster_id, std::move(body)};
-  if (!self->state.transport->send(address, m))
-    events().warn("send_refused peer={} reason=\"send queue full\"", address);
-}
-
-/// Sends a member this node's parameter shard, from an immutable snapshot the frame keeps alive.
-void send_shard(Router* self, const gossip::Member& to, const std::string& cluster_id) {
-  self->request(self->state.supervisor, std::chrono::seconds(5), get_atom::value, role_atom::value,
-                std::string("parameter-shard"))
-      .then([self, to, cluster_id](const caf::actor& shard_actor) {
-        self->request(caf::actor_cast<parameter_shard_actor>(shard_actor), std::chrono::seconds(5), get_atom::value)
-            .then([self, to, cluster_id](const ShardSnapshot& s) {
-              auto values = std::make_shared<const std::vector<float>>(s.values);
-              gossip::TensorChunk chunk{s.version, s.shard, 0, values->size(), *values, values};
-              send(self, to.address, gossip::ParamPush{s.shard, s.version, chunk}, cluster_id);
-            });
-      });
-}
-
-/// Adds a member; returns whether it was new.
-bool meet(Router* self, const gossip::Member& m) {
-  if (m.id == self->state.self.id) return false;
-  auto [it, inserted] = self->state.members.try_emplace(m.id, m);
-  if (!inserted && it->second.incarnation >= m.incarnation) return false;
-  it->second = m;
-  events().info("member_joined id={} address={} region={} incarnation={}", m.id, m.address, m.region, m.incarnation);
-  return true;
-}
-
-/// Tells the coordinator and worker roles the live ids, then logs the view they act on.
-void announce_view(Router* self) {
-  std::vector<std::string> ids{self->state.self.id};
-  for (const auto& [id, m] : self->state.members) ids.push_back(id);
-  const auto n = ids.size();
-  for (const char* role : {"coordinator", "worker"})
-    self->request(self->state.supervisor, std::chrono::seconds(5), get_atom::value, role_atom::value, std::string(role))
-        .then([self, ids, role, n](const caf::actor& a) {
-          caf::anon_send(a, member_atom::value, ids);
-          if (std::string_view(role) == "worker")
-            self->request(a, std::chrono::seconds(5), partition_atom::value).then([n](int64_t begin, int64_t end) {
-              events().info("view members={} partition=[{},{})", n, begin, end);
-            });
-          else
-            self->request(a, std::chrono::seconds(5), get_atom::value).then([n](const std::string& coordinator) {
-              events().info("view members={} coordinator={}", n, coordinator);
-            });
-        });
-}
-
-caf::behavior router(Router* self, gossip::Transport* transport, std::string cluster_id) {
-  self->state.transport = transport;
-  // Frames may arrive before init tells the router who it is: keep them until then.
-  self->set_default_handler(caf::skip);
-  return {[self, cluster_id](init_atom, const std::string& id, const std::string& address, const std::string& region,
-                             uint64_t incarnation, uint64_t epoch_unix_ms, const std::vector<std::string>& seeds,
-                             const caf::actor& supervisor) {
-    self->state.supervisor = supervisor;
-    self->state.self = {id,     address, incarnation, gossip::Member::State::alive,
-                        region, {"coordinator", "parameter-shard", "worker", "monitor"}};
-    self->state.epoch_unix_ms = epoch_unix_ms;
-    self->set_default_handler(caf::print_and_drop);
-    for (const auto& seed : seeds) send(self, seed, gossip::Join{self->state.self}, cluster_id);
-    announce_view(self);
-    self->become(caf::behavior{
-        [self, cluster_id](wire_atom, const std::string& peer, const gossip::Message& m) {
-          std::visit(
-              [&](const auto& body) {
-                using T = std::decay_t<decltype(body)>;
-                if constexpr (std::is_same_v<T, gossip::Join>) {
-                  const bool fresh = meet(self, body.member);
-                  if (fresh) announce_view(self);
-                  std::vector<gossip::Member> view{self->state.self};
-                  for (const auto& [id, member] : self->state.members) view.push_back(member);
-                  send(self, body.member.address, gossip::StateSync{view, true, self->state.epoch_unix_ms}, cluster_id);
-                  if (fresh) send_shard(self, body.member, cluster_id);
-                } else if constexpr (std::is_same_v<T, gossip::StateSync>) {
-                  // The cluster epoch (emulated partitions count from it) is the earliest any member
-                  // started with: every node converges on the same one, whoever joins whom.
-                  if (body.epoch_unix_ms && body.epoch_unix_ms < self->state.epoch_unix_ms) {
-                    self->state.epoch_unix_ms = body.epoch_unix_ms;
-                    self->state.transport->set_epoch_unix_ms(body.epoch_unix_ms);
-                  }
-                  bool changed = false;
-                  for (const auto& member : body.members)
-                    if (meet(self, member)) {
-                      changed = true;
-                      send(self, member.address, gossip::Join{self->state.self}, cluster_id);
-                      send_shard(self, member, cluster_id);
-                    }
-                  if (changed) announce_view(self);
-                } else if constexpr (std::is_same_v<T, gossip::ParamPush>) {
-                  const double sum = std::accumulate(body.chunk.data.begin(), body.chunk.data.end(), 0.0);
-                  events().info("param_push_received from={} shard={} version={} elements={} sum={:.6g}", peer,
-                                body.shard, body.version, body.chunk.data.size(), sum);
-                } else if constexpr (std::is_same_v<T, gossip::Leave>) {
-                  if (self->state.members.erase(body.member.id)) {
-                    events().info("member_left id={}", body.member.id);
-                    announce_view(self);
-                  }
-                } else {
-                  events().debug("message_ignored from={} kind={}", peer, gossip::kind_name(m.body));
-                }
-              },
-              m.body);
-        },
-        [](peer_atom, bool up, const std::string& peer, const std::string& detail) {
-          events().info("{} id={} {}", up ? "peer_up" : "peer_down", peer, detail);
-        },
-    });
-  }};
-}
 
 /// Writes the ready file atomically: a reader sees nothing or the whole address.
 bool write_ready_file(const std::string& path, const std::string& address) {
@@ -252,7 +108,9 @@ int run_node(const NodeOptions& o) {
     if (router_actor) caf::anon_send(router_actor, xs...);
   };
   gossip::TransportEvents tevents{
-      [&](const std::string& peer, gossip::Message m) { to_router(wire_atom::value, peer, std::move(m)); },
+      [&](const std::string& peer, const std::string& address, gossip::Message m) {
+        to_router(wire_atom::value, peer, address, std::move(m));
+      },
       [&](const std::string& peer, const std::string& address) {
         to_router(peer_atom::value, true, peer, "address=" + address);
       },
@@ -260,7 +118,7 @@ int run_node(const NodeOptions& o) {
         to_router(peer_atom::value, false, peer, "reason=\"" + reason + "\"");
       },
       [&](const std::string& peer, const std::string& reason) {
-        events().warn("peer_refused peer={} reason=\"{}\"", peer, reason);
+        node_events().warn("peer_refused peer={} reason=\"{}\"", peer, reason);
       }};
   gossip::Transport transport(topts, tevents);
   Teardown teardown(sys, transport);
@@ -286,8 +144,14 @@ int run_node(const NodeOptions& o) {
                                              worker_role(id, training_samples), monitor_role(&metrics)},
                        SupervisorOptions{});
   teardown.add(caf::actor(sup));
-  caf::anon_send(router_actor, init_atom::value, id, *bound, o.region, incarnation, incarnation, o.join,
-                 caf::actor(sup));
+  RouterInit init;
+  init.self = {id, *bound, incarnation, gossip::Member::State::alive, o.region,
+               {"coordinator", "parameter-shard", "worker", "monitor"}};
+  init.seeds = o.join;
+  init.swim = o.config.membership.swim();
+  init.epoch_unix_ms = incarnation;
+  init.supervisor = caf::actor(sup);
+  caf::anon_send(router_actor, init_atom::value, init);
 
   // The supervisor's end wakes the main thread through SIGUSR1.
   auto watcher = sys.spawn([&, sup](caf::event_based_actor* self) -> caf::behavior {
@@ -307,7 +171,7 @@ int run_node(const NodeOptions& o) {
     fmt::print(stderr, "tepdist node: cannot write the ready file {}\n", o.ready_file);
     return 1;
   }
-  events().info("node_ready id={} address={} region={} incarnation={}", id, *bound, o.region, incarnation);
+  node_events().info("node_ready id={} address={} region={} incarnation={}", id, *bound, o.region, incarnation);
 
   int sig = 0;
   sigwait(&signals, &sig);
@@ -317,7 +181,13 @@ int run_node(const NodeOptions& o) {
     fmt::print(stderr, "tepdist node: stopping: {}\n", failure);
     status = 1;
   } else {
-    events().info("node_stopping id={} signal={}", id, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    node_events().info("node_stopping id={} signal={}", id, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    // A graceful leave: members mark this node left, not dead. Bounded, so a stuck peer cannot
+    // hold the node up.
+    caf::scoped_actor asker{sys};
+    asker->request(router_actor, std::chrono::seconds(2), leave_atom::value)
+        .receive([](bool) {}, [](const caf::error&) {});
+    transport.drain(std::chrono::seconds(1));
   }
   return status;  // teardown: transport, then actors
 }

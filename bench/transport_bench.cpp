@@ -44,7 +44,7 @@ int transport_receiver(int ready_fd, size_t expected) {
   std::condition_variable cv;
   size_t received = 0;
   TransportEvents ev;
-  ev.on_message = [&](const std::string&, Message) {
+  ev.on_message = [&](const std::string&, const std::string&, Message) {
     std::lock_guard lock(m);
     if (++received == expected) cv.notify_all();
   };

@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include "cli/node_command.hpp"
+#include "cli/status_command.hpp"
 #include "cli/train_command.hpp"
 
 int main(int argc, char** argv) {
@@ -35,6 +36,13 @@ int main(int argc, char** argv) {
   node_cmd->add_option("--region", node.region, "Region for the link emulator (default: local)");
   node_cmd->add_option("--ready-file", node.ready_file, "Write the bound HOST:PORT here once listening");
 
+  tepdist::cli::StatusArgs status;
+  auto* status_cmd = app.add_subcommand("status", "Print the cluster as one member sees it");
+  status_cmd->add_option("config", status.config, "Job file (TOML) with the [cluster] secret")->check(CLI::ExistingFile);
+  status_cmd->add_option("--set", status.overrides, "Override a key: --set section.key=value (repeatable)");
+  status_cmd->add_option("--peer", status.peer, "HOST:PORT of a member to ask")->required();
+  status_cmd->add_flag("--json", status.json, "Print JSON instead of a table");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -42,5 +50,6 @@ int main(int argc, char** argv) {
   }
   if (cmd->parsed()) return tepdist::cli::run_train(train);
   if (node_cmd->parsed()) return tepdist::cli::run_node_command(node);
+  if (status_cmd->parsed()) return tepdist::cli::run_status_command(status);
   return 2;
 }

@@ -1,28 +1,16 @@
 #include "cli/node_command.hpp"
 
-#include <fmt/core.h>
-
 #include "actors/node.hpp"
-#include "elastic/config.hpp"
+#include "cli/cluster_config.hpp"
 
 namespace tepdist::cli {
 
 int run_node_command(const NodeArgs& args) {
-  std::optional<std::filesystem::path> file;
-  if (args.config) file = *args.config;
-  auto config = elastic::load_config(file, args.overrides);
-  if (!config) {
-    fmt::print(stderr, "tepdist node: {}\n", config.error().message);
-    return 2;
-  }
-  auto secret = elastic::load_secret(config->cluster);
-  if (!secret) {
-    fmt::print(stderr, "tepdist node: {}: {}\n", config->source, secret.error().message);
-    return 2;
-  }
+  auto loaded = load_cluster_config("node", args.config, args.overrides);
+  if (!loaded) return 2;
   actors::NodeOptions o;
-  o.config = *config;
-  o.secret = *secret;
+  o.config = std::move(loaded->config);
+  o.secret = std::move(loaded->secret);
   o.name = args.name;
   o.region = args.region.empty() ? "local" : args.region;
   o.listen = args.listen;

@@ -179,6 +179,27 @@ const std::vector<Key>& keys() {
         "Scheduled partitions, one [[network.partition]] each: at_s and duration_s (seconds since the cluster "
         "epoch), between = [A, B]. Streams wait for the partition to heal; datagrams are lost."},
        -inf, inf, false, false, {}, apply_partitions},
+      // [membership]
+      {{"membership", "profile", KeyType::string, "\"lan\"",
+        "SWIM defaults: \"lan\" (probe every 1 s, ack timeout 500 ms) or \"wan\" (5 s, 3 s, longer "
+        "suspicion); the keys below override single knobs."},
+       -inf, inf, false, false, {"lan", "wan"}, assign<&J::membership, &J::Membership::profile>},
+      {{"membership", "probe_interval_ms", KeyType::number, "0",
+        "Time between probes of one member, ms; 0: the profile's. Lower detects failures sooner, at one "
+        "ping and ack per node per interval."},
+       0, 600000, false, false, {}, assign<&J::membership, &J::Membership::probe_interval_ms>},
+      {{"membership", "probe_timeout_ms", KeyType::number, "0",
+        "Wait for a direct ack before asking k others to probe, ms; 0: the profile's. Must exceed the round "
+        "trip with margin."},
+       0, 600000, false, false, {}, assign<&J::membership, &J::Membership::probe_timeout_ms>},
+      {{"membership", "suspicion_mult", KeyType::number, "0",
+        "Suspicion lasts at least this x log10(N + 1) probe intervals before death; 0: the profile's. Higher: "
+        "fewer false deaths, slower detection."},
+       0, 100, false, false, {}, assign<&J::membership, &J::Membership::suspicion_mult>},
+      {{"membership", "dead_retention_ms", KeyType::number, "0",
+        "How long dead and left members are remembered so stale gossip cannot revive them, ms; 0: the "
+        "profile's."},
+       0, 1e8, false, false, {}, assign<&J::membership, &J::Membership::dead_retention_ms>},
       // [compute]
       {{"compute", "backend", KeyType::string, "\"onednn\"",
         "Kernels: \"onednn\" (oneDNN primitives, the fast path) or \"ref\" (the readable reference: plain "
@@ -510,6 +531,15 @@ std::string schema_markdown() {
                       k.info.default_text, k.info.doc);
   }
   return md;
+}
+
+gossip::swim::Config JobConfig::Membership::swim() const {
+  gossip::swim::Config c = profile == "wan" ? gossip::swim::Config::wan() : gossip::swim::Config::lan();
+  if (probe_interval_ms > 0) c.probe_interval_ms = probe_interval_ms;
+  if (probe_timeout_ms > 0) c.probe_timeout_ms = probe_timeout_ms;
+  if (suspicion_mult > 0) c.suspicion_mult = suspicion_mult;
+  if (dead_retention_ms > 0) c.dead_retention_ms = dead_retention_ms;
+  return c;
 }
 
 ConfigResult<std::string> load_secret(const JobConfig::Cluster& cluster) {

@@ -3,7 +3,7 @@
 // file (unknown sections or keys, wrong types and out-of-range values are errors that name the
 // file, line and key) and then uses the sections it needs.
 //
-// Sections so far: [job] [model] [data] [optimizer] [compute] [cluster] [network]. docs/config.md lists every key; a
+// Sections so far: [job] [model] [data] [optimizer] [compute] [cluster] [network] [membership]. docs/config.md lists every key; a
 // test keeps it in step with schema().
 
 #include <cstdint>
@@ -17,6 +17,7 @@
 
 #include "compute/optimizer.hpp"
 #include "compute/presets.hpp"
+#include "gossip/swim/config.hpp"
 #include "gossip/transport/link_emulator.hpp"
 
 namespace tepdist::elastic {
@@ -72,13 +73,24 @@ struct JobConfig {
     friend bool operator==(const Network&, const Network&) = default;
   } network;
 
+  struct Membership {
+    std::string profile = "lan";
+    double probe_interval_ms = 0;  ///< 0: the profile's
+    double probe_timeout_ms = 0;   ///< 0: the profile's
+    double suspicion_mult = 0;     ///< 0: the profile's
+    double dead_retention_ms = 0;  ///< 0: the profile's
+    friend bool operator==(const Membership&, const Membership&) = default;
+    /// The profile's knobs with every key set here in place of the profile's value.
+    gossip::swim::Config swim() const;
+  } membership;
+
   /// Where the configuration came from, for messages: a path or "(built-in defaults)".
   std::string source;
 
   /// Equal settings, wherever they came from (source is not compared).
   bool same_settings(const JobConfig& o) const {
     return job == o.job && model == o.model && data == o.data && optimizer == o.optimizer && compute == o.compute &&
-           cluster == o.cluster && network == o.network;
+           cluster == o.cluster && network == o.network && membership == o.membership;
   }
 };
 

@@ -6,6 +6,7 @@
 #include <cassert>
 #include <chrono>
 #include <cmath>
+#include <condition_variable>
 #include <limits>
 #include <cstring>
 #include <deque>
@@ -158,6 +159,7 @@ struct Transport::Impl {
     uint64_t sent_ns;
   };
   std::mutex mutex;  // guards inbox, queued_bytes and stopping
+  std::condition_variable drained;  // notified when a peer's queue empties
   std::vector<Pending> inbox;
   std::unordered_map<std::string, size_t> queued_bytes;
   bool stopping = false;
@@ -269,7 +271,7 @@ struct Transport::Impl {
       c->peer->metrics.frames_in->add();
       c->peer->metrics.bytes_in->add(frame_header_bytes + c->body_bytes);
     }
-    if (events.on_message) events.on_message(c->handshake.peer_id(), std::move(*message));
+    if (events.on_message) events.on_message(c->handshake.peer_id(), c->peer ? c->peer->address : "", std::move(*message));
   }
 
   void handshake_step(Conn* c, std::vector<uint64_t> body) {
@@ -432,6 +434,7 @@ struct Transport::Impl {
     std::lock_guard lock(mutex);
     auto& q = queued_bytes[address];
     q -= std::min(q, counted);
+    if (q == 0) drained.notify_all();
     if (opt.metrics) opt.metrics->gauge("send_queue_bytes", {{"peer", address}}, "bytes waiting to be written").set(static_cast<double>(q));
   }
 
@@ -634,5 +637,13 @@ void Transport::stop() {
 const TransportStats& Transport::stats() const { return impl_->stats; }
 
 void Transport::set_epoch_unix_ms(uint64_t epoch) { impl_->epoch_unix_ms = epoch; }
+
+bool Transport::drain(std::chrono::milliseconds limit) {
+  Impl& i = *impl_;
+  std::unique_lock lock(i.mutex);
+  return i.drained.wait_for(lock, limit, [&] {
+    return std::all_of(i.queued_bytes.begin(), i.queued_bytes.end(), [](const auto& kv) { return kv.second == 0; });
+  });
+}
 
 }  // namespace tepdist::gossip

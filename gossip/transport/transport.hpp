@@ -20,6 +20,7 @@
 // (bandwidth, latency, jitter, partitions), then written; frames to one peer stay in order.
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <expected>
 #include <functional>
@@ -55,7 +56,9 @@ struct TransportOptions {
 
 /// Called on the loop thread. Keep them short: forward, do not work.
 struct TransportEvents {
-  std::function<void(const std::string& peer_id, Message message)> on_message;
+  /// A frame from the peer with this id, on the connection registered under this address (its
+  /// listen address: where replies go).
+  std::function<void(const std::string& peer_id, const std::string& address, Message message)> on_message;
   std::function<void(const std::string& peer_id, const std::string& address)> on_peer_up;
   std::function<void(const std::string& peer, const std::string& reason)> on_peer_down;
   /// A connection refused in its handshake (wrong secret, other cluster, replay, garbage).
@@ -82,6 +85,9 @@ class Transport {
   bool send(const std::string& address, const Message& message);
   /// Closes every connection and joins the loop thread. Idempotent; the destructor calls it.
   void stop();
+  /// Waits until every frame queued so far has been written (or dropped with its connection), at
+  /// most `limit`; returns whether the queues emptied. A graceful leave uses it before stop().
+  bool drain(std::chrono::milliseconds limit);
   /// Adopts the cluster epoch learned on joining (partitions are scheduled from it). Thread-safe.
   void set_epoch_unix_ms(uint64_t epoch);
 

@@ -27,7 +27,9 @@ struct Recorder {
   std::vector<std::string> up, down, refused;
 
   TransportEvents events() {
-    return {[this](const std::string& peer, Message m) { record([&] { messages.emplace_back(peer, std::move(m)); }); },
+    return {[this](const std::string& peer, const std::string&, Message m) {
+              record([&] { messages.emplace_back(peer, std::move(m)); });
+            },
             [this](const std::string& peer, const std::string&) { record([&] { up.push_back(peer); }); },
             [this](const std::string& peer, const std::string&) { record([&] { down.push_back(peer); }); },
             [this](const std::string&, const std::string& why) { record([&] { refused.push_back(why); }); }};

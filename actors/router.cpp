@@ -1,0 +1,182 @@
+#include "actors/router.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/skip.hpp>
+#include <spdlog/sinks/stdout_sinks.h>
+#include <spdlog/spdlog.h>
+
+#include <numeric>
+
+#include "actors/atoms.hpp"
+#include "actors/roles/cluster_roles.hpp"
+#include "actors/roles/parameter_shard.hpp"
+
+namespace tepdist::actors {
+namespace {
+
+using Router = caf::stateful_actor<RouterState>;
+using gossip::Member;
+using gossip::swim::Event;
+
+double now_ms(Router* self) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - self->state.start).count();
+}
+
+void send(Router* self, const std::string& address, gossip::Body body) {
+  auto& s = self->state;
+  // The core does not know the cluster epoch; every state sync carries it, so joiners learn it.
+  if (auto* sync = std::get_if<gossip::StateSync>(&body)) sync->epoch_unix_ms = s.epoch_unix_ms;
+  gossip::Message m{s.swim->self().id, s.swim->self().incarnation, s.cluster_id, std::move(body)};
+  if (!s.transport->send(address, m))
+    node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
+}
+
+/// Sends a member this node's parameter shard, from an immutable snapshot the frame keeps alive.
+void send_shard(Router* self, const Member& to) {
+  self->request(self->state.supervisor, std::chrono::seconds(5), get_atom::value, role_atom::value,
+                std::string("parameter-shard"))
+      .then([self, to](const caf::actor& shard_actor) {
+        self->request(caf::actor_cast<parameter_shard_actor>(shard_actor), std::chrono::seconds(5), get_atom::value)
+            .then([self, to](const ShardSnapshot& s) {
+              auto values = std::make_shared<const std::vector<float>>(s.values);
+              gossip::TensorChunk chunk{s.version, s.shard, 0, values->size(), *values, values};
+              send(self, to.address, gossip::ParamPush{s.shard, s.version, chunk});
+            });
+      });
+}
+
+/// Tells the coordinator and worker roles the live ids, then logs the view they act on.
+void announce_view(Router* self) {
+  std::vector<std::string> ids;
+  for (const auto& m : self->state.swim->members())
+    if (m.state == Member::State::alive || m.state == Member::State::suspect) ids.push_back(m.id);
+  const auto n = ids.size();
+  for (std::string role : {"coordinator", "worker"})
+    self->request(self->state.supervisor, std::chrono::seconds(5), get_atom::value, role_atom::value, role)
+        .then([self, ids, role, n](const caf::actor& a) {
+          caf::anon_send(a, member_atom::value, ids);
+          if (role == "worker")
+            self->request(a, std::chrono::seconds(5), partition_atom::value).then([n](int64_t begin, int64_t end) {
+              node_events().info("view members={} partition=[{},{})", n, begin, end);
+            });
+          else
+            self->request(a, std::chrono::seconds(5), get_atom::value).then([n](const std::string& coordinator) {
+              node_events().info("view members={} coordinator={}", n, coordinator);
+            });
+        });
+}
+
+void schedule_tick(Router* self) {
+  if (self->state.tick_pending) return;
+  const double wait = self->state.swim->next_deadline_ms() - now_ms(self);
+  const auto delay = std::chrono::microseconds(static_cast<int64_t>(std::clamp(wait, 1.0, 250.0) * 1000));
+  self->state.tick_pending = true;
+  self->delayed_send(self, delay, tick_atom::value);
+}
+
+/// Carries out what the SWIM core asked for: sends, then events.
+void apply(Router* self, gossip::swim::Output& out) {
+  for (auto& s : out.sends) send(self, s.address, std::move(s.body));
+  bool view_changed = false;
+  for (const auto& e : out.events) {
+    const Member& m = e.member;
+    node_events().info("member_{} id={} address={} incarnation={} region={}", gossip::swim::event_name(e.kind), m.id,
+                       m.address, m.incarnation, m.region);
+    view_changed |= e.kind != Event::Kind::updated;
+    if (e.kind == Event::Kind::joined) send_shard(self, m);
+  }
+  if (view_changed) announce_view(self);
+  schedule_tick(self);
+}
+
+bool is_membership(const gossip::Body& b) {
+  return std::holds_alternative<gossip::Ping>(b) || std::holds_alternative<gossip::Ack>(b) ||
+         std::holds_alternative<gossip::PingReq>(b) || std::holds_alternative<gossip::Join>(b) ||
+         std::holds_alternative<gossip::Leave>(b) || std::holds_alternative<gossip::StateSync>(b);
+}
+
+void on_frame(Router* self, const std::string& peer, const std::string& address, const gossip::Message& m) {
+  auto& s = self->state;
+  if (const auto* sync = std::get_if<gossip::StateSync>(&m.body)) {
+    // The cluster epoch is the earliest any member started with; all converge on it.
+    if (sync->epoch_unix_ms && sync->epoch_unix_ms < s.epoch_unix_ms) {
+      s.epoch_unix_ms = sync->epoch_unix_ms;
+      s.transport->set_epoch_unix_ms(s.epoch_unix_ms);
+    }
+    // An empty, unanswered sync from someone who is not a member is a status query
+    // (`tepdist status`): answer with the whole view, and do not take the asker for a member.
+    if (sync->members.empty() && !sync->reply) {
+      send(self, address, gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms});
+      return;
+    }
+  }
+  if (is_membership(m.body)) {
+    gossip::swim::Output out;
+    s.swim->on_message(now_ms(self), peer, m.body, out);
+    apply(self, out);
+    return;
+  }
+  if (const auto* push = std::get_if<gossip::ParamPush>(&m.body)) {
+    const double sum = std::accumulate(push->chunk.data.begin(), push->chunk.data.end(), 0.0);
+    node_events().info("param_push_received from={} shard={} version={} elements={} sum={:.6g}", peer, push->shard,
+                       push->version, push->chunk.data.size(), sum);
+    return;
+  }
+  node_events().debug("message_ignored from={} kind={}", peer, gossip::kind_name(m.body));
+}
+
+}  // namespace
+
+spdlog::logger& node_events() {
+  static const std::shared_ptr<spdlog::logger> logger = [] {
+    auto l = spdlog::stdout_logger_mt("node");
+    l->set_pattern("%Y-%m-%dT%H:%M:%S.%e %v");
+    l->flush_on(spdlog::level::info);
+    return l;
+  }();
+  return *logger;
+}
+
+caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id) {
+  self->state.transport = transport;
+  self->state.cluster_id = std::move(cluster_id);
+  self->state.start = std::chrono::steady_clock::now();
+  // Frames may arrive before init tells the router who it is: keep them until then.
+  self->set_default_handler(caf::skip);
+  return {[self](init_atom, const RouterInit& init) {
+    auto& s = self->state;
+    s.supervisor = init.supervisor;
+    s.epoch_unix_ms = init.epoch_unix_ms;
+    s.random.seed(init.self.incarnation);
+    s.swim = std::make_unique<gossip::swim::Swim>(init.self, init.swim,
+                                                  [self](uint64_t n) { return self->state.random() % n; });
+    self->set_default_handler(caf::print_and_drop);
+    gossip::swim::Output out;
+    s.swim->join(now_ms(self), init.seeds, out);
+    apply(self, out);
+    announce_view(self);
+    self->become(caf::behavior{
+        [self](wire_atom, const std::string& peer, const std::string& address, const gossip::Message& m) {
+          on_frame(self, peer, address, m);
+        },
+        [](peer_atom, bool up, const std::string& peer, const std::string& detail) {
+          node_events().info("{} id={} {}", up ? "peer_up" : "peer_down", peer, detail);
+        },
+        [self](tick_atom) {
+          self->state.tick_pending = false;
+          gossip::swim::Output out;
+          self->state.swim->tick(now_ms(self), out);
+          apply(self, out);
+        },
+        [self](leave_atom) {
+          gossip::swim::Output out;
+          self->state.swim->leave(now_ms(self), out);
+          for (auto& s : out.sends) send(self, s.address, std::move(s.body));
+          return true;
+        },
+    });
+  }};
+}
+
+}  // namespace tepdist::actors

@@ -1,0 +1,53 @@
+#pragma once
+// The router: the actor between a node's transport and its roles. It drives the SWIM core
+// (membership messages in, timers, messages out), answers status queries, tells the coordinator
+// and worker roles the live members, and sends each new member this node's parameter shard.
+
+#include <caf/actor.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <caf/stateful_actor.hpp>
+#include <spdlog/spdlog.h>
+#include <chrono>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "gossip/swim/swim.hpp"
+#include "gossip/transport/transport.hpp"
+
+namespace tepdist::actors {
+
+/// Everything the router needs once the transport has bound its address.
+struct RouterInit {
+  gossip::Member self;
+  std::vector<std::string> seeds;
+  gossip::swim::Config swim;
+  uint64_t epoch_unix_ms = 0;
+  caf::actor supervisor;
+};
+
+struct RouterState {
+  gossip::Transport* transport = nullptr;
+  std::string cluster_id;
+  caf::actor supervisor;
+  std::unique_ptr<gossip::swim::Swim> swim;
+  std::mt19937_64 random;
+  std::chrono::steady_clock::time_point start;
+  uint64_t epoch_unix_ms = 0;
+  bool tick_pending = false;
+  static inline const char* name = "tepdist.router";
+};
+
+/// Takes (init_atom, RouterInit) first (frames arriving before it wait), then frames
+/// (wire_atom, peer id, peer address, Message), peer news (peer_atom, up, id, detail), its own
+/// timer (tick_atom) and (leave_atom) -> true once the leave is announced.
+caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id);
+
+/// The node's event stream on stdout: one line per event, key=value fields.
+spdlog::logger& node_events();
+
+}  // namespace tepdist::actors
+
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::gossip::Message)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::actors::RouterInit)
