@@ -1,0 +1,90 @@
+// Properties of shard placement, over many member sets.
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <set>
+
+#include "elastic/placement.hpp"
+
+using namespace tepdist::elastic;
+
+namespace {
+
+std::vector<std::string> members(int n, int offset = 0) {
+  std::vector<std::string> m;
+  for (int i = 0; i < n; ++i) {
+    std::string id = "node-";
+    id += std::to_string(i + offset);
+    m.push_back(id);
+  }
+  return m;
+}
+
+std::map<std::string, int> primaries(const Placement& p) {
+  std::map<std::string, int> count;
+  for (const auto& holders : p) ++count[holders[0]];
+  return count;
+}
+
+}  // namespace
+
+TEST_CASE("every shard has r distinct holders, or all members when fewer", "[elastic][placement]") {
+  const auto p = place_shards(64, members(5), 3);
+  for (const auto& holders : p) {
+    CHECK(holders.size() == 3);
+    CHECK(std::set<std::string>(holders.begin(), holders.end()).size() == 3);
+  }
+  for (const auto& holders : place_shards(8, members(2), 3)) CHECK(holders.size() == 2);
+}
+
+TEST_CASE("the same members in any order give the same placement", "[elastic][placement]") {
+  auto m = members(7);
+  const auto a = place_shards(100, m, 2);
+  std::reverse(m.begin(), m.end());
+  CHECK(place_shards(100, m, 2) == a);
+}
+
+TEST_CASE("primaries are balanced within four standard deviations of the mean", "[elastic][placement]") {
+  // 1,000 shards over 10 members: about 100 each, binomial spread sqrt(1000 * 0.1 * 0.9) = 9.5.
+  for (const auto& [member, n] : primaries(place_shards(1000, members(10), 1))) {
+    INFO(member);
+    CHECK(n >= 100 - 38);
+    CHECK(n <= 100 + 38);
+  }
+}
+
+TEST_CASE("adding a member moves about 1/(N+1) of the primaries, all to it", "[elastic][placement]") {
+  for (int n : {4, 9, 19}) {
+    const auto before = place_shards(2000, members(n), 1);
+    const auto grown = members(n + 1);
+    const auto after = place_shards(2000, grown, 1);
+    int moved = 0;
+    for (size_t s = 0; s < before.size(); ++s)
+      if (before[s][0] != after[s][0]) {
+        ++moved;
+        CHECK(after[s][0] == grown.back());
+      }
+    const double expected = 2000.0 / (n + 1);
+    INFO("n=" << n << " moved " << moved << " expected about " << expected);
+    CHECK(moved > expected * 0.75);
+    CHECK(moved < expected * 1.25);
+  }
+}
+
+TEST_CASE("removing a member moves only its own shards", "[elastic][placement]") {
+  const auto all = members(8);
+  const auto before = place_shards(500, all, 2);
+  std::vector<std::string> fewer(all.begin(), all.end() - 1);
+  const auto after = place_shards(500, fewer, 2);
+  for (size_t s = 0; s < before.size(); ++s)
+    if (before[s][0] != all.back()) CHECK(after[s][0] == before[s][0]);
+}
+
+TEST_CASE("with at least as many shards as members, every member is primary for one", "[elastic][placement]") {
+  for (int n = 1; n <= 40; ++n)
+    for (int extra : {0, 1, 3}) {
+      const auto p = place_shards(static_cast<uint32_t>(n + extra), members(n, 100 * n), 2);
+      INFO("members " << n << ", shards " << n + extra);
+      CHECK(static_cast<int>(primaries(p).size()) == n);
+    }
+}
