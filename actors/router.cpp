@@ -113,7 +113,7 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
   }
   if (is_membership(m.body)) {
     gossip::swim::Output out;
-    s.swim->on_message(now_ms(self), peer, m.body, out);
+    s.swim->on_message(now_ms(self), peer, address, m.body, out);
     apply(self, out);
     return;
   }

@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include "cli/node_command.hpp"
+#include "cli/sim_command.hpp"
 #include "cli/status_command.hpp"
 #include "cli/train_command.hpp"
 
@@ -43,6 +44,12 @@ int main(int argc, char** argv) {
   status_cmd->add_option("--peer", status.peer, "HOST:PORT of a member to ask")->required();
   status_cmd->add_flag("--json", status.json, "Print JSON instead of a table");
 
+  tepdist::cli::SimArgs sim;
+  auto* sim_cmd = app.add_subcommand("sim", "Run a scenario in the deterministic membership simulator");
+  sim_cmd->add_option("scenario", sim.scenario, "Scenario file (sims/scenarios/*.toml)")->required()->check(CLI::ExistingFile);
+  sim_cmd->add_option("--seed", sim.seed, "Seed of the run (default 1); the same seed replays it exactly");
+  sim_cmd->add_flag("--json", sim.json, "Print the report as JSON");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -51,5 +58,6 @@ int main(int argc, char** argv) {
   if (cmd->parsed()) return tepdist::cli::run_train(train);
   if (node_cmd->parsed()) return tepdist::cli::run_node_command(node);
   if (status_cmd->parsed()) return tepdist::cli::run_status_command(status);
+  if (sim_cmd->parsed()) return tepdist::cli::run_sim_command(sim);
   return 2;
 }

@@ -147,6 +147,8 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
 void Swim::join(double now_ms, const std::vector<std::string>& seeds, Output& out) {
   next_probe_ms_ = now_ms + config_.probe_interval_ms;
   next_push_pull_ms_ = now_ms + config_.push_pull_interval_ms;
+  seeds_ = seeds;
+  if (!seeds_.empty()) next_join_ms_ = now_ms + config_.probe_interval_ms;
   for (const auto& address : seeds) send(out, address, StateSync{{self_}, false, 0});
 }
 
@@ -160,8 +162,10 @@ void Swim::leave(double now_ms, Output& out) {
   left_ = true;
 }
 
-void Swim::on_message(double now_ms, const std::string& from, const Body& body, Output& out) {
+void Swim::on_message(double now_ms, const std::string& from, const std::string& from_address, const Body& body,
+                      Output& out) {
   auto address_of = [&](const std::string& id) -> std::optional<std::string> {
+    if (id == from && !from_address.empty()) return from_address;
     auto it = members_.find(id);
     if (it == members_.end()) return std::nullopt;
     return it->second.member.address;
@@ -234,6 +238,16 @@ std::optional<std::string> Swim::next_probe_target() {
 
 void Swim::tick(double now_ms, Output& out) {
   if (left_) return;
+  // A join whose state sync (or its answer) was lost leaves this node knowing nobody: ask again,
+  // each probe interval, until someone is known.
+  if (now_ms >= next_join_ms_) {
+    if (members_.empty()) {
+      for (const auto& address : seeds_) send(out, address, StateSync{{self_}, false, 0});
+      next_join_ms_ = now_ms + config_.probe_interval_ms;
+    } else {
+      next_join_ms_ = std::numeric_limits<double>::infinity();
+    }
+  }
   // Suspicions that ran out: this node's verdict is death.
   for (auto it = suspicions_.begin(); it != suspicions_.end();) {
     if (it->second.deadline_ms() > now_ms) {
@@ -256,7 +270,12 @@ void Swim::tick(double now_ms, Output& out) {
     } else if (now_ms >= probe_->interval_end_ms) {
       probe_.reset();
       awareness_.apply(1);
-      if (target->second.member.state == State::alive) suspect(now_ms, target->second, self_.id, out);
+      if (target->second.member.state == State::alive) {
+        suspect(now_ms, target->second, self_.id, out);
+        // Lifeguard's buddy system: tell the accused at once (the suspicion is the newest news, so
+        // it rides first), so a live member can refute before its suspicion runs out.
+        send(out, target->second.member.address, Ping{++seq_, piggyback()});
+      }
     }
   }
   // The next probe.
@@ -277,13 +296,15 @@ void Swim::tick(double now_ms, Output& out) {
     for (const Known* k : random_live(1, "")) send(out, k->member.address, StateSync{full_state(), false, 0});
   }
   // Forget the dead once stale gossip about them has had time to die out.
+  // (The same sum as next_deadline_ms(): now - changed >= retention can round the other way and
+  // leave a deadline in the past that never clears.)
   std::erase_if(members_, [&](const auto& kv) {
-    return !live(kv.second.member.state) && now_ms - kv.second.changed_ms >= config_.dead_retention_ms;
+    return !live(kv.second.member.state) && kv.second.changed_ms + config_.dead_retention_ms <= now_ms;
   });
 }
 
 double Swim::next_deadline_ms() const {
-  double next = std::min(next_probe_ms_, next_push_pull_ms_);
+  double next = std::min({next_probe_ms_, next_push_pull_ms_, next_join_ms_});
   if (probe_) next = std::min(next, probe_->indirect_sent ? probe_->interval_end_ms : probe_->timeout_ms);
   for (const auto& [id, s] : suspicions_) next = std::min(next, s.deadline_ms());
   for (const auto& [seq, r] : relays_) next = std::min(next, r.expires_ms);

@@ -16,6 +16,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
 #include <optional>
 #include <string>
@@ -58,8 +59,11 @@ class Swim {
   void leave(double now_ms, Output& out);
   /// Advances timers: probes, indirect probes, suspicion timeouts, push-pull, forgetting the dead.
   void tick(double now_ms, Output& out);
-  /// Handles one message from the member called `from` (the envelope's sender id).
-  void on_message(double now_ms, const std::string& from, const Body& body, Output& out);
+  /// Handles one message from `from` (the envelope's sender id) at `from_address` (where its
+  /// transport accepts connections): replies go there even before the sender is a known member,
+  /// so a joiner's probes are answered from its first ping.
+  void on_message(double now_ms, const std::string& from, const std::string& from_address, const Body& body,
+                  Output& out);
 
   /// When tick() next has something to do.
   double next_deadline_ms() const;
@@ -113,6 +117,8 @@ class Swim {
   std::map<uint64_t, Relay> relays_;
   uint64_t seq_ = 0;
   double next_probe_ms_ = 0, next_push_pull_ms_ = 0;
+  std::vector<std::string> seeds_;  // retried while this node knows nobody (a lost join)
+  double next_join_ms_ = std::numeric_limits<double>::infinity();
   bool left_ = false;
 };
 

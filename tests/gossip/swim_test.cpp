@@ -63,7 +63,7 @@ struct Net {
         queue.erase(queue.begin());
         if (killed.count(d.to) || !nodes.count(d.to)) continue;
         Output out;
-        nodes[d.to]->on_message(now, d.from, d.body, out);
+        nodes[d.to]->on_message(now, d.from, d.from, d.body, out);
         apply(d.to, out);
       }
       for (auto& [id, n] : nodes) {
@@ -153,7 +153,7 @@ TEST_CASE("a suspected member refutes with a higher incarnation and is alive aga
   // n1 falsely accuses n2 (as if one probe was lost): n2 hears of it and outbids the rumour.
   Member rumour{"n2", "n2", 1, Member::State::suspect, "local", {}};
   Output out;
-  net->nodes["n4"]->on_message(net->now, "n1", Ping{999, {rumour}}, out);
+  net->nodes["n4"]->on_message(net->now, "n1", "n1", Ping{999, {rumour}}, out);
   net->apply("n4", out);
   net->run_until(net->now + 20000);
   CHECK(net->nodes["n2"]->self().incarnation > 1);
@@ -177,7 +177,8 @@ TEST_CASE("stale gossip cannot bring a dead member back", "[gossip][swim]") {
   REQUIRE(net->run_until_seen("n0", Event::Kind::dead, "n3", net->now + 40000));
   REQUIRE(net->view("n0", "n3") == Member::State::dead);  // remembered for dead_retention_ms
   Output out;
-  net->nodes["n0"]->on_message(net->now, "n1", Ping{1, {{"n3", "n3", 1, Member::State::alive, "local", {}}}}, out);
+  net->nodes["n0"]->on_message(net->now, "n1", "n1", Ping{1, {{"n3", "n3", 1, Member::State::alive, "local", {}}}},
+                               out);
   CHECK(net->view("n0", "n3") == Member::State::dead);
 }
 

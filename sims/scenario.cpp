@@ -1,0 +1,134 @@
+// Scenario files: [scenario], [network], [[fault]] and [invariants], every key checked.
+
+#include <fmt/format.h>
+
+#include <map>
+#include <set>
+#include <toml.hpp>
+
+#include "sims/simulation.hpp"
+
+namespace tepdist::sims {
+namespace {
+
+struct Bad {
+  std::string message;
+};
+
+std::string where(const toml::value& v) { return fmt::format("{}:{}", v.location().file_name(), v.location().line()); }
+
+void only(const toml::value& table, const std::string& name, std::initializer_list<std::string_view> keys) {
+  if (!table.is_table()) throw Bad{fmt::format("{}: {} must be a table", where(table), name)};
+  for (const auto& [k, v] : table.as_table())
+    if (std::find(keys.begin(), keys.end(), k) == keys.end())
+      throw Bad{fmt::format("{}: unknown key {}.{}", where(v), name, k)};
+}
+
+double number(const toml::value& table, const std::string& name, const std::string& key, double fallback, double lo,
+              double hi) {
+  if (!table.contains(key)) return fallback;
+  const auto& v = table.at(key);
+  if (!v.is_integer() && !v.is_floating()) throw Bad{fmt::format("{}: {}.{} must be a number", where(v), name, key)};
+  const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
+  if (!(x >= lo && x <= hi)) throw Bad{fmt::format("{}: {}.{} = {} is out of range [{}, {}]", where(v), name, key, x, lo, hi)};
+  return x;
+}
+
+bool boolean(const toml::value& table, const std::string& name, const std::string& key, bool fallback) {
+  if (!table.contains(key)) return fallback;
+  const auto& v = table.at(key);
+  if (!v.is_boolean()) throw Bad{fmt::format("{}: {}.{} must be true or false", where(v), name, key)};
+  return v.as_boolean();
+}
+
+std::vector<int> node_list(const toml::value& f, const std::string& name, int nodes) {
+  std::vector<int> out;
+  if (f.contains("nodes")) {
+    const auto& v = f.at("nodes");
+    if (!v.is_array()) throw Bad{fmt::format("{}: {}.nodes must be a list of node numbers", where(v), name)};
+    for (const auto& n : v.as_array()) {
+      if (!n.is_integer() || n.as_integer() < 0 || n.as_integer() >= nodes)
+        throw Bad{fmt::format("{}: {}.nodes: each must be a node number in [0, {})", where(n), name, nodes)};
+      out.push_back(static_cast<int>(n.as_integer()));
+    }
+  }
+  if (f.contains("first") || f.contains("last")) {  // a range, for big partitions
+    const int first = static_cast<int>(number(f, name, "first", 0, 0, nodes - 1));
+    const int last = static_cast<int>(number(f, name, "last", nodes - 1, first, nodes - 1));
+    for (int i = first; i <= last; ++i) out.push_back(i);
+  }
+  return out;
+}
+
+Scenario parse(const toml::value& root) {
+  Scenario s;
+  only(root, "file", {"scenario", "network", "fault", "invariants"});
+  if (root.contains("scenario")) {
+    const auto& t = root.at("scenario");
+    only(t, "scenario", {"name", "nodes", "duration_s", "profile", "probe_interval_ms", "probe_timeout_ms",
+                         "suspicion_mult"});
+    if (t.contains("name")) s.name = toml::find<std::string>(t, "name");
+    s.nodes = static_cast<int>(number(t, "scenario", "nodes", 10, 1, 20000));
+    s.duration_s = number(t, "scenario", "duration_s", 60, 1, 86400);
+    const std::string profile = t.contains("profile") ? toml::find<std::string>(t, "profile") : "lan";
+    if (profile != "lan" && profile != "wan")
+      throw Bad{fmt::format("{}: scenario.profile must be \"lan\" or \"wan\"", where(t.at("profile")))};
+    s.swim = profile == "wan" ? gossip::swim::Config::wan() : gossip::swim::Config::lan();
+    s.swim.probe_interval_ms = number(t, "scenario", "probe_interval_ms", s.swim.probe_interval_ms, 1, 600000);
+    s.swim.probe_timeout_ms = number(t, "scenario", "probe_timeout_ms", s.swim.probe_timeout_ms, 1, 600000);
+    s.swim.suspicion_mult = number(t, "scenario", "suspicion_mult", s.swim.suspicion_mult, 1, 100);
+  }
+  if (root.contains("network")) {
+    const auto& t = root.at("network");
+    only(t, "network", {"latency_ms", "jitter_ms", "loss"});
+    s.latency_ms = number(t, "network", "latency_ms", 1, 0, 60000);
+    s.jitter_ms = number(t, "network", "jitter_ms", 0, 0, 60000);
+    s.loss = number(t, "network", "loss", 0, 0, 1);
+  }
+  if (root.contains("fault")) {
+    const auto& faults = root.at("fault");
+    if (!faults.is_array()) throw Bad{fmt::format("{}: fault must be [[fault]] tables", where(faults))};
+    int i = 0;
+    for (const auto& f : faults.as_array()) {
+      const std::string name = fmt::format("fault[{}]", ++i);
+      only(f, name, {"kind", "at_s", "duration_s", "nodes", "first", "last", "count"});
+      if (!f.contains("kind")) throw Bad{fmt::format("{}: {} needs a kind", where(f), name)};
+      const std::string kind = toml::find<std::string>(f, "kind");
+      static const std::map<std::string, Fault::Kind> kinds{
+          {"kill", Fault::Kind::kill},           {"restart", Fault::Kind::restart}, {"pause", Fault::Kind::pause},
+          {"partition", Fault::Kind::partition}, {"join", Fault::Kind::join},       {"leave", Fault::Kind::leave}};
+      auto k = kinds.find(kind);
+      if (k == kinds.end())
+        throw Bad{fmt::format("{}: {}.kind \"{}\" is not one of kill, restart, pause, partition, join, leave",
+                              where(f.at("kind")), name, kind)};
+      Fault fault{k->second, number(f, name, "at_s", 0, 0, s.duration_s), number(f, name, "duration_s", 0, 0, 86400),
+                  node_list(f, name, s.nodes), static_cast<int>(number(f, name, "count", 0, 0, 20000))};
+      s.faults.push_back(std::move(fault));
+    }
+  }
+  if (root.contains("invariants")) {
+    const auto& t = root.at("invariants");
+    only(t, "invariants", {"converge", "killed_detected", "no_false_positives", "one_coordinator"});
+    s.converge = boolean(t, "invariants", "converge", true);
+    s.killed_detected = boolean(t, "invariants", "killed_detected", true);
+    s.no_false_positives = boolean(t, "invariants", "no_false_positives", true);
+    s.one_coordinator = boolean(t, "invariants", "one_coordinator", true);
+  }
+  return s;
+}
+
+}  // namespace
+
+std::expected<Scenario, std::string> load_scenario(const std::filesystem::path& file) {
+  try {
+    auto s = parse(toml::parse(file.string()));
+    if (s.name.empty()) s.name = file.stem().string();
+    return s;
+  } catch (const Bad& b) {
+    return std::unexpected(b.message);
+  } catch (const std::exception& e) {
+    return std::unexpected(fmt::format("{}: {}", file.string(), e.what()));
+  }
+}
+
+}  // namespace tepdist::sims

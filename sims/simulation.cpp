@@ -1,0 +1,411 @@
+#include "sims/simulation.hpp"
+
+#include <fmt/format.h>
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <queue>
+#include <random>
+#include <set>
+
+#include "gossip/swim/swim.hpp"
+
+namespace tepdist::sims {
+namespace {
+
+using gossip::Member;
+using gossip::swim::Event;
+using gossip::swim::Output;
+using gossip::swim::Swim;
+
+std::string node_id(int i) { return fmt::format("n{:05d}", i); }
+
+struct Node {
+  std::string id;
+  std::unique_ptr<Swim> swim;
+  bool running = false;       // killed or left nodes are not
+  bool left = false;
+  double paused_until = -1;   // paused while now < paused_until
+  bool ever_killed = false, ever_paused = false;
+  uint64_t incarnation = 1;
+  uint64_t timer_generation = 0;
+};
+
+struct Action {
+  double at;
+  uint64_t seq;  // ties broken by insertion order: deterministic
+  enum class Kind { deliver, timer, fault } kind;
+  int node = -1;             // deliver: to; timer: whose
+  uint64_t generation = 0;   // timer: stale unless it matches the node's
+  std::string from;          // deliver
+  gossip::Body body;         // deliver
+  size_t fault = 0;          // fault: index
+  bool operator>(const Action& o) const { return at != o.at ? at > o.at : seq > o.seq; }
+};
+
+class Sim {
+ public:
+  Sim(const Scenario& s, uint64_t seed) : s_(s), rng_(seed) {
+    report_.scenario = s.name;
+    report_.seed = seed;
+  }
+
+  Report run() {
+    const auto wall0 = std::chrono::steady_clock::now();
+    // A formed cluster at time 0: every node starts knowing every other (a state sync applied
+    // locally), so scenarios begin from steady state rather than from N joins at once.
+    std::vector<Member> everyone;
+    for (int i = 0; i < s_.nodes; ++i) everyone.push_back(member(i, 1));
+    for (int i = 0; i < s_.nodes; ++i) start(i, 1, {}, &everyone);
+    for (size_t f = 0; f < s_.faults.size(); ++f) push({s_.faults[f].at_s * 1000, 0, Action::Kind::fault, -1, 0, "", {}, f});
+    const double end = s_.duration_s * 1000;
+    while (!queue_.empty() && queue_.top().at <= end) {
+      Action a = queue_.top();
+      queue_.pop();
+      now_ = a.at;
+      switch (a.kind) {
+        case Action::Kind::deliver: deliver(a); break;
+        case Action::Kind::timer: timer(a); break;
+        case Action::Kind::fault: fault(s_.faults[a.fault]); break;
+      }
+    }
+    now_ = end;
+    check();
+    report_.nodes = static_cast<int>(nodes_.size());
+    report_.simulated_s = s_.duration_s;
+    const double node_seconds = std::max(1.0, static_cast<double>(nodes_.size()) * s_.duration_s);
+    report_.messages_per_node_s = static_cast<double>(messages_) / node_seconds;
+    report_.bytes_per_node_s = static_cast<double>(bytes_) / node_seconds;
+    report_.event_log_hash = hash_;
+    report_.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - wall0).count();
+    rusage u{};
+    getrusage(RUSAGE_SELF, &u);
+    report_.peak_rss_mb = static_cast<double>(u.ru_maxrss) / 1024.0;
+    return report_;
+  }
+
+ private:
+  Member member(int i, uint64_t incarnation) const {
+    return {node_id(i), node_id(i), incarnation, Member::State::alive, "sim", {}};
+  }
+
+  void push(Action a) {
+    a.seq = seq_++;
+    queue_.push(std::move(a));
+  }
+
+  void start(int i, uint64_t incarnation, const std::vector<std::string>& seeds, const std::vector<Member>* known) {
+    if (static_cast<size_t>(i) >= nodes_.size()) {
+      nodes_.resize(static_cast<size_t>(i) + 1);
+      started_at_.resize(nodes_.size());
+    }
+    started_at_[static_cast<size_t>(i)] = now_;
+    Node& n = nodes_[static_cast<size_t>(i)];
+    n.id = node_id(i);
+    n.incarnation = incarnation;
+    n.running = true;
+    n.left = false;
+    n.paused_until = -1;
+    n.swim = std::make_unique<Swim>(member(i, incarnation), s_.swim, [this](uint64_t k) { return rng_() % k; });
+    Output out;
+    n.swim->join(now_, seeds, out);
+    if (known) {
+      Output ignored;  // the formed cluster's bookkeeping is not news
+      n.swim->on_message(now_, n.id, n.id, gossip::StateSync{*known, true, 0}, ignored);
+    }
+    apply(i, out);
+  }
+
+  bool paused(const Node& n) const { return now_ < n.paused_until; }
+
+  void schedule_timer(int i) {
+    Node& n = nodes_[static_cast<size_t>(i)];
+    const double at = std::max(now_, paused(n) ? n.paused_until : n.swim->next_deadline_ms());
+    push({at, 0, Action::Kind::timer, i, ++n.timer_generation, "", {}, 0});
+  }
+
+  void apply(int i, Output& out) {
+    const Node& n = nodes_[static_cast<size_t>(i)];
+    for (const auto& e : out.events) record(n.id, e);
+    for (auto& send : out.sends) {
+      ++messages_;
+      bytes_ += 64 + body_bytes(send.body);
+      const int to = std::stoi(send.address.substr(1));
+      if (static_cast<size_t>(to) >= nodes_.size() || dropped(i, to)) continue;
+      std::normal_distribution<double> jitter(0.0, s_.jitter_ms);
+      const double delay = std::max(0.05, s_.latency_ms + (s_.jitter_ms > 0 ? jitter(rng_) : 0.0));
+      push({now_ + delay, 0, Action::Kind::deliver, to, 0, n.id, std::move(send.body), 0});
+    }
+    schedule_timer(i);
+  }
+
+  static size_t body_bytes(const gossip::Body& b) {
+    size_t total = 0;
+    auto add = [&](const std::vector<Member>& ms) {
+      for (const auto& m : ms) total += gossip::swim::Dissemination::estimate_bytes(m);
+    };
+    std::visit(
+        [&](const auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, gossip::Ping> || std::is_same_v<T, gossip::Ack>) add(m.updates);
+          if constexpr (std::is_same_v<T, gossip::PingReq>) add(m.updates), total += 64;
+          if constexpr (std::is_same_v<T, gossip::StateSync>) add(m.members);
+          if constexpr (std::is_same_v<T, gossip::Join> || std::is_same_v<T, gossip::Leave>) total += 64;
+        },
+        b);
+    return total;
+  }
+
+  bool dropped(int from, int to) {
+    for (const auto& [start, end, side] : partitions_)
+      if (now_ >= start && now_ < end && side.count(from) != side.count(to)) return true;
+    return s_.loss > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < s_.loss;
+  }
+
+  void deliver(Action& a) {
+    Node& n = nodes_[static_cast<size_t>(a.node)];
+    if (!n.running) return;
+    if (paused(n)) {  // it reads its socket when it wakes
+      a.at = n.paused_until;
+      push(std::move(a));
+      return;
+    }
+    Output out;
+    n.swim->on_message(now_, a.from, a.from, a.body, out);  // ids double as addresses here
+    apply(a.node, out);
+  }
+
+  void timer(const Action& a) {
+    Node& n = nodes_[static_cast<size_t>(a.node)];
+    if (!n.running || a.generation != n.timer_generation) return;
+    if (paused(n)) return schedule_timer(a.node);
+    Output out;
+    n.swim->tick(now_, out);
+    apply(a.node, out);
+  }
+
+  int random_running(int except) {
+    std::vector<int> live;
+    for (size_t i = 0; i < nodes_.size(); ++i)
+      if (nodes_[i].running && static_cast<int>(i) != except) live.push_back(static_cast<int>(i));
+    return live.empty() ? -1 : live[rng_() % live.size()];
+  }
+
+  void fault(const Fault& f) {
+    switch (f.kind) {
+      case Fault::Kind::kill:
+        for (int i : f.nodes) {
+          nodes_[static_cast<size_t>(i)].running = false;
+          nodes_[static_cast<size_t>(i)].ever_killed = true;
+          kills_.push_back({i, now_});
+        }
+        break;
+      case Fault::Kind::restart:
+        for (int i : f.nodes) {
+          const int seed = random_running(i);
+          start(i, nodes_[static_cast<size_t>(i)].incarnation + 1000, {seed >= 0 ? node_id(seed) : node_id(i)}, nullptr);
+          for (auto& k : kills_)
+            if (k.node == i && k.restarted_at < 0) k.restarted_at = now_;
+        }
+        break;
+      case Fault::Kind::pause:
+        for (int i : f.nodes) {
+          nodes_[static_cast<size_t>(i)].paused_until = now_ + f.duration_s * 1000;
+          nodes_[static_cast<size_t>(i)].ever_paused = true;
+        }
+        break;
+      case Fault::Kind::partition:
+        partitions_.push_back({now_, now_ + f.duration_s * 1000, std::set<int>(f.nodes.begin(), f.nodes.end())});
+        break;
+      case Fault::Kind::join: {
+        last_join_ = now_;
+        joiners_.clear();
+        for (int c = 0; c < f.count; ++c) {
+          const int seed = random_running(-1);
+          const int i = static_cast<int>(nodes_.size());
+          joiners_.push_back(node_id(i));
+          start(i, 1, {node_id(seed)}, nullptr);
+        }
+        break;
+      }
+      case Fault::Kind::leave:
+        for (int i : f.nodes) {
+          Node& n = nodes_[static_cast<size_t>(i)];
+          Output out;
+          n.swim->leave(now_, out);
+          apply(i, out);
+          n.running = false;
+          n.left = true;
+        }
+        break;
+    }
+  }
+
+  void record(const std::string& observer, const Event& e) {
+    ++report_.events;
+    const std::string line = fmt::format("{:.3f}:{}:{}:{}:{};", now_, observer, gossip::swim::event_name(e.kind),
+                                         e.member.id, e.member.incarnation);
+    for (unsigned char c : line) hash_ = (hash_ ^ c) * 0x100000001b3ull;
+    if (e.kind == Event::Kind::dead) dead_seen_[e.member.id][observer] = now_;
+    if (e.kind == Event::Kind::joined) joined_seen_[e.member.id].try_emplace(observer, now_);  // the first time
+    if (e.kind == Event::Kind::dead) {
+      const int target = std::stoi(e.member.id.substr(1));
+      const Node& t = nodes_[static_cast<size_t>(target)];
+      if (!t.ever_killed && !t.ever_paused && !t.left && !partitioned_ever()) {
+        ++report_.false_positives;
+        false_positive_ = fmt::format("{} declared {} dead at {:.1f} s", observer, e.member.id, now_ / 1000);
+      }
+    }
+  }
+
+  bool partitioned_ever() const { return !partitions_.empty(); }
+
+  void check() {
+    std::vector<int> live;
+    for (size_t i = 0; i < nodes_.size(); ++i)
+      if (nodes_[i].running) live.push_back(static_cast<int>(i));
+    std::set<std::string> truth;
+    for (int i : live) truth.insert(node_id(i));
+    auto seen_live = [&](int observer) {
+      std::set<std::string> v;
+      for (const auto& m : nodes_[static_cast<size_t>(observer)].swim->members())
+        if (m.state == Member::State::alive || m.state == Member::State::suspect) v.insert(m.id);
+      return v;
+    };
+    // Detection: each kill not undone by a restart, until every node that was running when it
+    // happened (and still is) had declared it dead. Nodes that joined later need only not believe
+    // it alive.
+    for (const auto& k : kills_) {
+      if (k.restarted_at >= 0) continue;
+      const std::string id = node_id(k.node);
+      double last = -1;
+      int missing = 0;
+      for (int i : live) {
+        auto it = dead_seen_[id].find(node_id(i));
+        const bool declared = it != dead_seen_[id].end() && it->second >= k.at;
+        if (declared) {
+          last = std::max(last, it->second);
+        } else if (started_at_[static_cast<size_t>(i)] <= k.at || seen_live(i).count(id)) {
+          ++missing;
+        }
+      }
+      if (missing == 0 && last >= 0) report_.detection_s.push_back((last - k.at) / 1000.0);
+      else if (s_.killed_detected)
+        report_.broken.push_back(fmt::format("killed_detected: {} killed at {:.1f} s, still not dead to {} live nodes",
+                                             id, k.at / 1000, missing));
+    }
+    if (last_join_ >= 0) {
+      double last = last_join_;
+      bool all = true;
+      for (const auto& j : joiners_)
+        for (int i : live) {
+          if (node_id(i) == j) continue;
+          auto it = joined_seen_[j].find(node_id(i));
+          if (it == joined_seen_[j].end()) all = false;
+          else last = std::max(last, it->second);
+        }
+      if (all) {
+        report_.join_convergence_s = (last - last_join_) / 1000.0;
+        report_.join_convergence_rounds = (last - last_join_) / s_.swim.probe_interval_ms;
+      }
+    }
+    if (s_.converge)
+      for (int i : live)
+        if (seen_live(i) != truth) {
+          report_.broken.push_back(fmt::format("converge: {} sees {} live members, {} are", node_id(i),
+                                               seen_live(i).size(), truth.size()));
+          break;
+        }
+    if (s_.no_false_positives && report_.false_positives > 0)
+      report_.broken.push_back(fmt::format("no_false_positives: {} dead declarations about live nodes, e.g. {}",
+                                           report_.false_positives, false_positive_));
+    if (s_.one_coordinator && !live.empty()) {
+      std::set<std::string> coordinators;
+      for (int i : live) {
+        const auto v = seen_live(i);
+        coordinators.insert(v.empty() ? node_id(i) : *v.begin());
+      }
+      if (coordinators.size() != 1)
+        report_.broken.push_back(fmt::format("one_coordinator: live nodes name {} coordinators", coordinators.size()));
+    }
+  }
+
+  struct Kill {
+    int node;
+    double at;
+    double restarted_at = -1;
+  };
+
+  const Scenario& s_;
+  std::mt19937_64 rng_;
+  double now_ = 0;
+  uint64_t seq_ = 0;
+  std::priority_queue<Action, std::vector<Action>, std::greater<>> queue_;
+  std::vector<Node> nodes_;
+  std::vector<double> started_at_;  // the latest start of each node
+  std::vector<std::tuple<double, double, std::set<int>>> partitions_;
+  std::vector<Kill> kills_;
+  std::vector<std::string> joiners_;
+  double last_join_ = -1;
+  std::map<std::string, std::map<std::string, double>> dead_seen_, joined_seen_;
+  std::string false_positive_;  // the last one, for the report
+  uint64_t messages_ = 0, bytes_ = 0;
+  uint64_t hash_ = 0xcbf29ce484222325ull;
+  Report report_;
+};
+
+double percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[static_cast<size_t>(std::min<double>(static_cast<double>(v.size() - 1), std::floor(p * static_cast<double>(v.size()))))];
+}
+
+}  // namespace
+
+Report simulate(const Scenario& scenario, uint64_t seed) { return Sim(scenario, seed).run(); }
+
+std::string format_report(const Report& r, bool json) {
+  if (json) {
+    nlohmann::json j = {{"scenario", r.scenario},
+                        {"seed", r.seed},
+                        {"nodes", r.nodes},
+                        {"simulated_s", r.simulated_s},
+                        {"detection_s", {{"p50", percentile(r.detection_s, 0.5)},
+                                         {"p90", percentile(r.detection_s, 0.9)},
+                                         {"p99", percentile(r.detection_s, 0.99)},
+                                         {"all", r.detection_s}}},
+                        {"join_convergence_s", r.join_convergence_s},
+                        {"join_convergence_rounds", r.join_convergence_rounds},
+                        {"false_positives", r.false_positives},
+                        {"messages_per_node_s", r.messages_per_node_s},
+                        {"bytes_per_node_s", r.bytes_per_node_s},
+                        {"events", r.events},
+                        {"event_log_hash", fmt::format("{:016x}", r.event_log_hash)},
+                        {"wall_s", r.wall_s},
+                        {"peak_rss_mb", r.peak_rss_mb},
+                        {"broken", r.broken}};
+    return j.dump(2) + "\n";
+  }
+  std::string s = fmt::format("scenario {} seed {}: {} nodes, {} simulated s in {:.2f} s wall, peak {:.0f} MB\n",
+                              r.scenario, r.seed, r.nodes, r.simulated_s, r.wall_s, r.peak_rss_mb);
+  if (!r.detection_s.empty())
+    s += fmt::format("  kill to everyone knows: p50 {:.2f} s, p90 {:.2f} s, p99 {:.2f} s ({} kills)\n",
+                     percentile(r.detection_s, 0.5), percentile(r.detection_s, 0.9), percentile(r.detection_s, 0.99),
+                     r.detection_s.size());
+  if (r.join_convergence_s >= 0)
+    s += fmt::format("  join converged in {:.2f} s ({:.1f} probe rounds)\n", r.join_convergence_s,
+                     r.join_convergence_rounds);
+  s += fmt::format("  false positives {}; {:.1f} messages and {:.0f} bytes per node per second\n", r.false_positives,
+                   r.messages_per_node_s, r.bytes_per_node_s);
+  s += fmt::format("  {} events, event log hash {:016x}\n", r.events, r.event_log_hash);
+  for (const auto& b : r.broken) s += fmt::format("  BROKEN {}\n", b);
+  s += r.broken.empty() ? "  all invariants hold\n" : fmt::format("  replay with --seed {}\n", r.seed);
+  return s;
+}
+
+}  // namespace tepdist::sims

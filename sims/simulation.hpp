@@ -1,0 +1,69 @@
+#pragma once
+// The deterministic discrete-event simulator: N nodes running the real SWIM core on a virtual
+// clock over a simulated network, with faults injected on schedule and invariants checked after.
+// Everything random comes from one seeded source, so a seed replays a run exactly.
+//
+// The network is simulated (no sockets): each message takes the latency of its link plus jitter,
+// and is lost with the link's probability or while a partition separates the two nodes. A killed
+// node stops; a restarted one starts afresh with the same id and a higher incarnation; a paused
+// node neither runs nor reads, and finds its messages waiting when it resumes.
+
+#include <cstdint>
+#include <expected>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "gossip/swim/config.hpp"
+
+namespace tepdist::sims {
+
+struct Fault {
+  enum class Kind { kill, restart, pause, partition, join, leave };
+  Kind kind;
+  double at_s = 0;
+  double duration_s = 0;        ///< pause, partition
+  std::vector<int> nodes;       ///< kill, restart, pause, leave: these; partition: one side
+  int count = 0;                ///< join: this many new nodes
+};
+
+struct Scenario {
+  std::string name;
+  int nodes = 10;
+  double duration_s = 60;
+  gossip::swim::Config swim = gossip::swim::Config::lan();
+  double latency_ms = 1, jitter_ms = 0, loss = 0;
+  std::vector<Fault> faults;
+  // Invariants to check at the end.
+  bool converge = true;            ///< live nodes agree on who is live
+  bool killed_detected = true;     ///< every node killed and not restarted is dead to all
+  bool no_false_positives = true;  ///< no node that was never killed is declared dead
+  bool one_coordinator = true;     ///< live nodes agree on the coordinator (lowest live id)
+};
+
+/// Reads a scenario file; errors name the file, line and key.
+std::expected<Scenario, std::string> load_scenario(const std::filesystem::path& file);
+
+struct Report {
+  std::string scenario;
+  uint64_t seed = 0;
+  int nodes = 0;
+  double simulated_s = 0;
+  std::vector<double> detection_s;  ///< per kill: until every live node knew
+  double join_convergence_s = -1;   ///< the last join until every live node knew the joiners
+  double join_convergence_rounds = -1;
+  int false_positives = 0;          ///< dead declarations about nodes never killed nor paused
+  double messages_per_node_s = 0, bytes_per_node_s = 0;
+  uint64_t events = 0;
+  uint64_t event_log_hash = 0;      ///< FNV-1a of every event in order: equal runs, equal hashes
+  double wall_s = 0;
+  double peak_rss_mb = 0;
+  std::vector<std::string> broken;  ///< invariants that failed, with why
+};
+
+Report simulate(const Scenario& scenario, uint64_t seed);
+
+/// The report as text (human) or JSON.
+std::string format_report(const Report& r, bool json);
+
+}  // namespace tepdist::sims
