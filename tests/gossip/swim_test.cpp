@@ -167,8 +167,12 @@ TEST_CASE("a restarted member with a higher incarnation is accepted at once", "[
   net->killed.insert("n2");
   REQUIRE(net->run_until_seen("n0", Event::Kind::dead, "n2", net->now + 40000));
   net->add("n2", {"n0"}, /*incarnation=*/100);  // same id, a new start
-  net->run_until(net->now + 10000);
-  for (const auto& [observer, node] : net->nodes) CHECK(net->view(observer, "n2") == Member::State::alive);
+  // Piggybacked gossip reaches most members within seconds; push-pull (every 30 s) the rest.
+  net->run_until(net->now + 40000);
+  for (const auto& [observer, node] : net->nodes) {
+    INFO(observer << " knows " << node->members().size() << " members");
+    CHECK(net->view(observer, "n2") == Member::State::alive);
+  }
 }
 
 TEST_CASE("stale gossip cannot bring a dead member back", "[gossip][swim]") {
