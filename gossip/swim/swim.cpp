@@ -69,6 +69,7 @@ void Swim::refute(const Member& claim, Output& out) {
 
 void Swim::suspect(double now_ms, Known& k, const std::string& accuser, Output& out) {
   k.member.state = State::suspect;
+  k.member.accuser = accuser;
   k.changed_ms = now_ms;
   const double min = suspicion_min_ms();
   const int expected = std::max(0, std::min(static_cast<int>(config_.suspicion_mult) - 2,
@@ -114,6 +115,7 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
       if (u.incarnation <= inc) return;
       const State was = k.member.state;
       k.member = u;
+      k.member.accuser.clear();
       k.changed_ms = now_ms;
       suspicions_.erase(u.id);
       broadcasts_.enqueue(k.member);
@@ -123,16 +125,24 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
                             k.member});
       return;
     }
-    case State::suspect:
+    case State::suspect: {
       if (u.incarnation < inc || !live(k.member.state)) return;
+      const std::string& accuser = u.accuser.empty() ? from : u.accuser;
       if (k.member.state == State::suspect) {
+        // Another accuser shortens the suspicion (Lifeguard); the same accusation relayed again
+        // does not.
         auto s = suspicions_.find(u.id);
-        if (s != suspicions_.end() && s->second.confirm(from)) broadcasts_.enqueue(k.member);
+        if (s != suspicions_.end() && s->second.confirm(accuser)) {
+          Member news = k.member;
+          news.accuser = accuser;
+          broadcasts_.enqueue(news);
+        }
         return;
       }
       k.member.incarnation = u.incarnation;
-      suspect(now_ms, k, from, out);
+      suspect(now_ms, k, accuser, out);
       return;
+    }
     case State::dead:
     case State::left:
       if (u.incarnation < inc || !live(k.member.state)) return;
@@ -284,7 +294,11 @@ void Swim::tick(double now_ms, Output& out) {
     if (auto id = next_probe_target()) {
       const Known& k = members_.at(*id);
       probe_ = Probe{++seq_, *id, now_ms + awareness_.scale(config_.probe_timeout_ms), next_probe_ms_};
-      send(out, k.member.address, Ping{probe_->seq, piggyback()});
+      auto updates = piggyback();
+      // Lifeguard's buddy system: probing a suspect always tells it so, whatever the gossip
+      // budget has left, so a live member learns of its suspicion from everyone who probes it.
+      if (k.member.state == State::suspect) updates.insert(updates.begin(), k.member);
+      send(out, k.member.address, Ping{probe_->seq, std::move(updates)});
     }
   }
   for (auto it = relays_.begin(); it != relays_.end();) it = it->second.expires_ms <= now_ms ? relays_.erase(it) : ++it;

@@ -21,6 +21,7 @@ void put_member(wire::Member::Builder b, const Member& m) {
   b.setRegion(m.region);
   auto roles = b.initRoles(static_cast<unsigned>(m.roles.size()));
   for (unsigned i = 0; i < m.roles.size(); ++i) roles.set(i, m.roles[i]);
+  b.setAccuser(m.accuser);
 }
 
 void put_members(capnp::List<wire::Member>::Builder list, const std::vector<Member>& members) {
@@ -123,6 +124,7 @@ Member get_member(wire::Member::Reader r) {
   m.state = static_cast<Member::State>(state);
   m.region = r.getRegion();
   for (auto role : r.getRoles()) m.roles.emplace_back(role);
+  m.accuser = r.getAccuser();
   return m;
 }
 

@@ -20,6 +20,9 @@ struct Member {
   State state = State::alive;
   std::string region;
   std::vector<std::string> roles;
+  /// For a suspect record: the member whose probe failed. Relays keep it, so Lifeguard counts
+  /// independent accusers, not the gossip that carries one accusation.
+  std::string accuser = {};
   friend bool operator==(const Member&, const Member&) = default;
 };
 

@@ -63,6 +63,7 @@ struct Member {
   state @3 :State;
   region @4 :Text;
   roles @5 :List(Text);
+  accuser @6 :Text;        # suspect records: who suspected first (Lifeguard counts accusers)
   enum State {
     alive @0;
     suspect @1;

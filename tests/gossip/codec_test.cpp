@@ -9,7 +9,9 @@ using namespace tepdist::gossip;
 namespace {
 
 Member member(const std::string& id, Member::State state = Member::State::alive) {
-  return {id, id + ":7000", 17, state, "eu-west", {"worker", "parameter-shard"}};
+  Member m{id, id + ":7000", 17, state, "eu-west", {"worker", "parameter-shard"}};
+  if (state == Member::State::suspect) m.accuser = "node-z";
+  return m;
 }
 
 Message envelope(Body body) { return {"node-a", 1700000000123, "cluster-1", std::move(body)}; }
