@@ -2,12 +2,10 @@
 
 #include <caf/actor_system.hpp>
 #include <caf/actor_system_config.hpp>
-#include <caf/allowed_unsafe_message_type.hpp>
 #include <caf/event_based_actor.hpp>
 #include <caf/exit_reason.hpp>
 #include <caf/send.hpp>
 #include <caf/scoped_actor.hpp>
-#include <caf/stateful_actor.hpp>
 #include <caf/system_messages.hpp>
 #include <fmt/format.h>
 #include <signal.h>
@@ -16,7 +14,6 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
-#include <map>
 #include <mutex>
 
 #include "actors/atoms.hpp"

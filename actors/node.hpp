@@ -3,11 +3,8 @@
 // that joins them. run_node() builds them, runs until SIGTERM / SIGINT (or until the supervisor
 // gives up), and takes them down in order: transport first (no more frames in), then the actors.
 //
-// Membership here is a stand-in until the SWIM core arrives: a node started with --join sends
-// the seed a Join; the seed answers with a StateSync of every member it knows, and the joiner
-// introduces itself to each of them, so the nodes form a full mesh. Failures are not detected
-// yet (a peer that goes away is only seen as a closed connection). On meeting a member, a node
-// sends it its parameter shard (ParamPush): the replication path the async mode will use.
+// Membership is SWIM, driven by the router (actors/router.hpp): --join starts with a state sync
+// with the seeds, SIGTERM / SIGINT first announce a graceful leave.
 
 #include <cstdint>
 #include <string>

@@ -294,8 +294,9 @@ std::vector<std::pair<std::string, const toml::value*>> entries_in_file_order(co
   return entries;
 }
 
-// Layers are checked as they are read, so their errors carry a line.
-struct LayerError {
+// Structured values (layers, links, partitions, regions) are checked as they are applied, and
+// refused with this, so their errors carry a line.
+struct ValueError {
   ConfigError error;
 };
 
@@ -305,31 +306,31 @@ void apply_layers(JobConfig& c, const toml::value& v) {
   for (size_t i = 0; i < array.size(); ++i) {
     const toml::value& t = array[i];
     const std::string here = fmt::format("model.layers[{}]", i + 1);
-    if (!t.is_table()) throw LayerError{error_at(t, here + " must be a table such as { type = \"relu\" }")};
+    if (!t.is_table()) throw ValueError{error_at(t, here + " must be a table such as { type = \"relu\" }")};
     compute::LayerSpec spec;
     for (const auto& [key, value] : entries_in_file_order(t)) {
       if (key == "type" || key == "name") {
-        if (!value->is_string()) throw LayerError{error_at(*value, fmt::format("{}.{} must be a string", here, key))};
+        if (!value->is_string()) throw ValueError{error_at(*value, fmt::format("{}.{} must be a string", here, key))};
         (key == "type" ? spec.type : spec.name) = value->as_string().str;
       } else if (value->is_integer() || value->is_floating()) {
         spec.args.emplace_back(key, value->is_integer() ? static_cast<double>(value->as_integer()) : value->as_floating());
       } else {
-        throw LayerError{error_at(*value, fmt::format("{}.{} must be a number", here, key))};
+        throw ValueError{error_at(*value, fmt::format("{}.{} must be a number", here, key))};
       }
     }
-    if (spec.type.empty()) throw LayerError{error_at(t, here + " needs a type")};
+    if (spec.type.empty()) throw ValueError{error_at(t, here + " needs a type")};
     if (auto layer = compute::make_layer(spec); !layer)
-      throw LayerError{error_at(t, fmt::format("{}: {}", here, layer.error().message))};
+      throw ValueError{error_at(t, fmt::format("{}: {}", here, layer.error().message))};
     c.model.layers.push_back(std::move(spec));
   }
-  if (c.model.layers.empty()) throw LayerError{error_at(v, "model.layers is empty")};
+  if (c.model.layers.empty()) throw ValueError{error_at(v, "model.layers is empty")};
 }
 
 void apply_regions(JobConfig& c, const toml::value& v) {
   c.network.regions.clear();
   for (const auto& r : v.as_array()) {
     if (!r.is_string() || r.as_string().str.empty())
-      throw LayerError{error_at(r, "network.regions must list non-empty region names")};
+      throw ValueError{error_at(r, "network.regions must list non-empty region names")};
     c.network.regions.push_back(r.as_string().str);
   }
 }
@@ -341,31 +342,31 @@ double table_number(const toml::value& t, const std::string& where, const std::s
   const auto it = table.find(key);
   if (it == table.end()) {
     if (fallback) return *fallback;
-    throw LayerError{error_at(t, fmt::format("{} needs {}", where, key))};
+    throw ValueError{error_at(t, fmt::format("{} needs {}", where, key))};
   }
   const toml::value& v = it->second;
-  if (!v.is_integer() && !v.is_floating()) throw LayerError{error_at(v, fmt::format("{}.{} must be a number", where, key))};
+  if (!v.is_integer() && !v.is_floating()) throw ValueError{error_at(v, fmt::format("{}.{} must be a number", where, key))};
   const double x = v.is_integer() ? static_cast<double>(v.as_integer()) : v.as_floating();
   if (!(x >= lo && x <= hi))
-    throw LayerError{error_at(v, fmt::format("{}.{} = {} is out of range [{}, {}]", where, key, x, lo, hi))};
+    throw ValueError{error_at(v, fmt::format("{}.{} = {} is out of range [{}, {}]", where, key, x, lo, hi))};
   return x;
 }
 
 std::pair<std::string, std::string> table_pair(const toml::value& t, const std::string& where) {
   const auto& table = t.as_table();
   const auto it = table.find("between");
-  if (it == table.end()) throw LayerError{error_at(t, where + " needs between = [region, region]")};
+  if (it == table.end()) throw ValueError{error_at(t, where + " needs between = [region, region]")};
   const toml::value& v = it->second;
   if (!v.is_array() || v.as_array().size() != 2 || !v.as_array()[0].is_string() || !v.as_array()[1].is_string())
-    throw LayerError{error_at(v, where + ".between must be two region names")};
+    throw ValueError{error_at(v, where + ".between must be two region names")};
   return {v.as_array()[0].as_string().str, v.as_array()[1].as_string().str};
 }
 
 void check_keys(const toml::value& t, const std::string& where, std::initializer_list<std::string_view> known) {
-  if (!t.is_table()) throw LayerError{error_at(t, where + " must be a table")};
+  if (!t.is_table()) throw ValueError{error_at(t, where + " must be a table")};
   for (const auto& [key, value] : entries_in_file_order(t))
     if (std::find(known.begin(), known.end(), key) == known.end())
-      throw LayerError{error_at(*value, fmt::format("unknown key {}.{}{}", where, key,
+      throw ValueError{error_at(*value, fmt::format("unknown key {}.{}{}", where, key,
                                                     suggestion(key, std::vector<std::string_view>(known))))};
 }
 
@@ -376,14 +377,14 @@ void apply_links(JobConfig& c, const toml::value& v) {
     const std::string where = fmt::format("network.link[{}]", i + 1);
     check_keys(array[i], where, {"between", "latency_ms", "jitter_ms", "bandwidth_mbit", "loss"});
     const auto [a, b] = table_pair(array[i], where);
-    if (c.network.model.link(a, b)) throw LayerError{error_at(array[i], fmt::format("{}: {} - {} is listed twice", where, a, b))};
+    if (c.network.model.link(a, b)) throw ValueError{error_at(array[i], fmt::format("{}: {} - {} is listed twice", where, a, b))};
     gossip::LinkProfile p;
     p.latency_ms = table_number(array[i], where, "latency_ms", 0, 60000, 0.0);
     p.jitter_ms = table_number(array[i], where, "jitter_ms", 0, 60000, 0.0);
     p.bandwidth_mbit = table_number(array[i], where, "bandwidth_mbit", 0, 1e6, 0.0);
     p.loss = table_number(array[i], where, "loss", 0, 1, 0.0);
     if (p.jitter_ms > p.latency_ms)
-      throw LayerError{error_at(array[i], fmt::format("{}: jitter_ms ({}) above latency_ms ({})", where, p.jitter_ms, p.latency_ms))};
+      throw ValueError{error_at(array[i], fmt::format("{}: jitter_ms ({}) above latency_ms ({})", where, p.jitter_ms, p.latency_ms))};
     c.network.model.set_link(a, b, p);
   }
 }
@@ -461,7 +462,7 @@ std::expected<JobConfig, ConfigError> validate(const toml::value& root, const st
       if (auto ok = check_value(*spec, *value); !ok) return std::unexpected(ok.error());
       try {
         spec->apply(c, *value);
-      } catch (const LayerError& e) {
+      } catch (const ValueError& e) {
         return std::unexpected(e.error);
       }
     }

@@ -20,37 +20,13 @@ namespace {
 using dnnl::algorithm;
 using dnnl::prop_kind;
 
-class Conv2d final : public Conv2dKernel {
+/// A kernel with weights and a bias (convolution, inner product): forward, data gradient and
+/// weight gradient, each primitive seeing the caller's plain buffers in the layout it prefers. The
+/// two kinds differ only in how they describe their primitives; the derived constructors do that
+/// and hand the descriptors to wire().
+template <class Interface>
+class Weighted : public Interface {
  public:
-  Conv2d(Context& ctx, const Conv2dGeometry& g) : ctx_(ctx) {
-    const dnnl::memory::dims src{g.n, g.c, g.h, g.w}, wei{g.k, g.c, g.r, g.s}, bias{g.k},
-        dst{g.n, g.k, g.oh(), g.ow()}, stride{g.stride, g.stride}, pad{g.pad, g.pad};
-    const md bias_md = plain(bias, tag::x);
-    const convolution_desc fwd_d(prop_kind::forward_training, algorithm::convolution_direct, any(src), any(wei),
-                                 bias_md, any(dst), stride, pad, pad);
-    fwd_pd_ = dnnl::convolution_forward::primitive_desc(fwd_d, ctx.engine);
-    fwd_ = dnnl::convolution_forward(fwd_pd_);
-    bwd_data_pd_ = dnnl::convolution_backward_data::primitive_desc(
-        {algorithm::convolution_direct, any(src), any(wei), any(dst), stride, pad, pad}, ctx.engine, fwd_pd_);
-    bwd_data_ = dnnl::convolution_backward_data(bwd_data_pd_);
-    bwd_weights_pd_ = dnnl::convolution_backward_weights::primitive_desc(
-        {algorithm::convolution_direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad}, ctx.engine, fwd_pd_);
-    bwd_weights_ = dnnl::convolution_backward_weights(bwd_weights_pd_);
-
-    const md src_plain = plain(src, tag::nchw), wei_plain = plain(wei, tag::oihw), dst_plain = plain(dst, tag::nchw);
-    x_ = Operand(ctx.engine, src_plain, fwd_pd_.src_desc());
-    w_ = Operand(ctx.engine, wei_plain, fwd_pd_.weights_desc());
-    b_ = Operand(ctx.engine, bias_md, bias_md);
-    y_ = Operand(ctx.engine, dst_plain, fwd_pd_.dst_desc());
-    bd_dy_ = Operand(ctx.engine, dst_plain, bwd_data_pd_.diff_dst_desc());
-    bd_w_ = Operand(ctx.engine, wei_plain, bwd_data_pd_.weights_desc());
-    bd_dx_ = Operand(ctx.engine, src_plain, bwd_data_pd_.diff_src_desc());
-    bw_x_ = Operand(ctx.engine, src_plain, bwd_weights_pd_.src_desc());
-    bw_dy_ = Operand(ctx.engine, dst_plain, bwd_weights_pd_.diff_dst_desc());
-    bw_dw_ = Operand(ctx.engine, wei_plain, bwd_weights_pd_.diff_weights_desc());
-    bw_db_ = Operand(ctx.engine, bias_md, bias_md);
-  }
-
   void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) override {
     auto& s = ctx_.stream;
     fwd_.execute(s, {{DNNL_ARG_SRC, x_.in(s, x.data)},
@@ -77,17 +53,56 @@ class Conv2d final : public Conv2dKernel {
                              {DNNL_ARG_DIFF_WEIGHTS, bw_dw_.out(dw.data)},
                              {DNNL_ARG_DIFF_BIAS, bw_db_.out(db.data)}});
     bw_dw_.finish(s);
+    bw_db_.finish(s);
     s.wait();
   }
 
+ protected:
+  explicit Weighted(Context& ctx) : ctx_(ctx) {}
+
+  /// Creates the primitives and the operands between them and the plain src, weights, bias and
+  /// dst buffers.
+  template <class Fwd, class Bwd, class Bww>
+  void wire(const md& src, const md& wei, const md& bias, const md& dst, const Fwd& fwd, const Bwd& bwd,
+            const Bww& bww) {
+    const auto& e = ctx_.engine;
+    fwd_ = dnnl::primitive(fwd);
+    bwd_data_ = dnnl::primitive(bwd);
+    bwd_weights_ = dnnl::primitive(bww);
+    x_ = Operand(e, src, fwd.src_desc());
+    w_ = Operand(e, wei, fwd.weights_desc());
+    b_ = Operand(e, bias, bias);
+    y_ = Operand(e, dst, fwd.dst_desc());
+    bd_dy_ = Operand(e, dst, bwd.diff_dst_desc());
+    bd_w_ = Operand(e, wei, bwd.weights_desc());
+    bd_dx_ = Operand(e, src, bwd.diff_src_desc());
+    bw_x_ = Operand(e, src, bww.src_desc());
+    bw_dy_ = Operand(e, dst, bww.diff_dst_desc());
+    bw_dw_ = Operand(e, wei, bww.diff_weights_desc());
+    bw_db_ = Operand(e, bias, bias);
+  }
+
  private:
-  using convolution_desc = dnnl::convolution_forward::desc;
   Context& ctx_;
-  dnnl::convolution_forward::primitive_desc fwd_pd_;
-  dnnl::convolution_backward_data::primitive_desc bwd_data_pd_;
-  dnnl::convolution_backward_weights::primitive_desc bwd_weights_pd_;
   dnnl::primitive fwd_, bwd_data_, bwd_weights_;
   Operand x_, w_, b_, y_, bd_dy_, bd_w_, bd_dx_, bw_x_, bw_dy_, bw_dw_, bw_db_;
+};
+
+class Conv2d final : public Weighted<Conv2dKernel> {
+ public:
+  Conv2d(Context& ctx, const Conv2dGeometry& g) : Weighted(ctx) {
+    const dnnl::memory::dims src{g.n, g.c, g.h, g.w}, wei{g.k, g.c, g.r, g.s}, bias{g.k},
+        dst{g.n, g.k, g.oh(), g.ow()}, stride{g.stride, g.stride}, pad{g.pad, g.pad};
+    const md bias_md = plain(bias, tag::x);
+    const auto direct = algorithm::convolution_direct;
+    const dnnl::convolution_forward::primitive_desc fwd(
+        {prop_kind::forward_training, direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad}, ctx.engine);
+    const dnnl::convolution_backward_data::primitive_desc bwd(
+        {direct, any(src), any(wei), any(dst), stride, pad, pad}, ctx.engine, fwd);
+    const dnnl::convolution_backward_weights::primitive_desc bww(
+        {direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad}, ctx.engine, fwd);
+    wire(plain(src, tag::nchw), plain(wei, tag::oihw), bias_md, plain(dst, tag::nchw), fwd, bwd, bww);
+  }
 };
 
 class MaxPool2d final : public MaxPool2dKernel {
@@ -130,62 +145,18 @@ class MaxPool2d final : public MaxPool2dKernel {
   Operand x_, y_;
 };
 
-class Linear final : public LinearKernel {
+class Linear final : public Weighted<LinearKernel> {
  public:
-  Linear(Context& ctx, const LinearGeometry& g) : ctx_(ctx) {
+  Linear(Context& ctx, const LinearGeometry& g) : Weighted(ctx) {
     const dnnl::memory::dims src{g.n, g.in}, wei{g.out, g.in}, bias{g.out}, dst{g.n, g.out};
-    const md src_md = plain(src, tag::nc), wei_md = plain(wei, tag::oi), bias_md = plain(bias, tag::x),
-             dst_md = plain(dst, tag::nc);
-    fwd_pd_ = dnnl::inner_product_forward::primitive_desc(
+    const md src_md = plain(src, tag::nc), bias_md = plain(bias, tag::x), dst_md = plain(dst, tag::nc);
+    const dnnl::inner_product_forward::primitive_desc fwd(
         {prop_kind::forward_training, src_md, any(wei), bias_md, dst_md}, ctx.engine);
-    fwd_ = dnnl::inner_product_forward(fwd_pd_);
-    bwd_data_pd_ = dnnl::inner_product_backward_data::primitive_desc({src_md, any(wei), dst_md}, ctx.engine, fwd_pd_);
-    bwd_data_ = dnnl::inner_product_backward_data(bwd_data_pd_);
-    bwd_weights_pd_ = dnnl::inner_product_backward_weights::primitive_desc({src_md, any(wei), bias_md, dst_md},
-                                                                           ctx.engine, fwd_pd_);
-    bwd_weights_ = dnnl::inner_product_backward_weights(bwd_weights_pd_);
-    x_ = Operand(ctx.engine, src_md, src_md);
-    y_ = Operand(ctx.engine, dst_md, dst_md);
-    b_ = Operand(ctx.engine, bias_md, bias_md);
-    w_ = Operand(ctx.engine, wei_md, fwd_pd_.weights_desc());
-    bd_w_ = Operand(ctx.engine, wei_md, bwd_data_pd_.weights_desc());
-    bw_dw_ = Operand(ctx.engine, wei_md, bwd_weights_pd_.diff_weights_desc());
+    const dnnl::inner_product_backward_data::primitive_desc bwd({src_md, any(wei), dst_md}, ctx.engine, fwd);
+    const dnnl::inner_product_backward_weights::primitive_desc bww({src_md, any(wei), bias_md, dst_md}, ctx.engine,
+                                                                   fwd);
+    wire(src_md, plain(wei, tag::oi), bias_md, dst_md, fwd, bwd, bww);
   }
-
-  void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) override {
-    auto& s = ctx_.stream;
-    fwd_.execute(s, {{DNNL_ARG_SRC, x_.in(s, x.data)},
-                     {DNNL_ARG_WEIGHTS, w_.in(s, w.data)},
-                     {DNNL_ARG_BIAS, b_.in(s, b.data)},
-                     {DNNL_ARG_DST, y_.out(y.data)}});
-    s.wait();
-  }
-
-  void backward_data(ConstTensorView dy, ConstTensorView w, TensorView dx) override {
-    auto& s = ctx_.stream;
-    bwd_data_.execute(s, {{DNNL_ARG_DIFF_DST, y_.in(s, dy.data)},
-                          {DNNL_ARG_WEIGHTS, bd_w_.in(s, w.data)},
-                          {DNNL_ARG_DIFF_SRC, x_.out(dx.data)}});
-    s.wait();
-  }
-
-  void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) override {
-    auto& s = ctx_.stream;
-    bwd_weights_.execute(s, {{DNNL_ARG_SRC, x_.in(s, x.data)},
-                             {DNNL_ARG_DIFF_DST, y_.in(s, dy.data)},
-                             {DNNL_ARG_DIFF_WEIGHTS, bw_dw_.out(dw.data)},
-                             {DNNL_ARG_DIFF_BIAS, b_.out(db.data)}});
-    bw_dw_.finish(s);
-    s.wait();
-  }
-
- private:
-  Context& ctx_;
-  dnnl::inner_product_forward::primitive_desc fwd_pd_;
-  dnnl::inner_product_backward_data::primitive_desc bwd_data_pd_;
-  dnnl::inner_product_backward_weights::primitive_desc bwd_weights_pd_;
-  dnnl::primitive fwd_, bwd_data_, bwd_weights_;
-  Operand x_, y_, b_, w_, bd_w_, bw_dw_;
 };
 
 }  // namespace

@@ -140,7 +140,6 @@ struct Transport::Impl {
 
   TransportOptions opt;
   TransportEvents events;
-  TransportStats stats;
   LinkEmulator emulator;
   std::mt19937_64 random;
 
@@ -258,8 +257,6 @@ struct Transport::Impl {
 
   void frame_complete(Conn* c) {
     c->in_body = false;
-    stats.frames_in++;
-    stats.bytes_in += frame_header_bytes + c->body_bytes;
     std::vector<uint64_t> body = std::move(c->body);
     c->body = {};
     if (!c->authenticated) return handshake_step(c, std::move(body));
@@ -279,7 +276,6 @@ struct Transport::Impl {
     if (step.send) write(c, std::move(*step.send), "", 0);
     if (c->closing) return;  // the write failed and closed it
     if (step.refused) {
-      stats.refused_connections++;
       log().warn("peer_refused peer={} reason=\"{}\"", c->label, *step.refused);
         if (events.on_refused) events.on_refused(c->label, *step.refused);
       if (opt.metrics) opt.metrics->counter("connections_refused_total", {}, "connections refused in the handshake").add();
@@ -412,8 +408,6 @@ struct Transport::Impl {
       w->bufs.push_back(uv_buf_init(const_cast<char*>(static_cast<const char*>(piece.data)),
                                     static_cast<unsigned>(piece.size)));
     w->req.data = w;
-    stats.frames_out++;
-    stats.bytes_out += w->frame.bytes();
     const int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&c->tcp), w->bufs.data(),
                             static_cast<unsigned>(w->bufs.size()), [](uv_write_t* r, int) {
                               auto* w = static_cast<WriteReq*>(r->data);
@@ -512,7 +506,6 @@ struct Transport::Impl {
       if (datagram) {
         const auto r = emulator.datagram_release_ms(address, p.region, bytes, now_ms(), jitter, unit(random));
         if (!r) {
-          stats.dropped_datagrams++;
           if (opt.metrics) opt.metrics->counter("datagrams_dropped_total", {}, "membership datagrams lost by the link emulator").add();
           return std::nullopt;
         }
@@ -633,8 +626,6 @@ void Transport::stop() {
   uv_loop_close(&i.loop);
   i.stopped = true;
 }
-
-const TransportStats& Transport::stats() const { return impl_->stats; }
 
 void Transport::set_epoch_unix_ms(uint64_t epoch) { impl_->epoch_unix_ms = epoch; }
 

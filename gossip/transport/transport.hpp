@@ -19,7 +19,6 @@
 // Link emulation. With a network model, each frame is held until the link emulator releases it
 // (bandwidth, latency, jitter, partitions), then written; frames to one peer stay in order.
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <expected>
@@ -65,12 +64,6 @@ struct TransportEvents {
   std::function<void(const std::string& peer, const std::string& reason)> on_refused;
 };
 
-/// Counters the transport keeps; read from any thread.
-struct TransportStats {
-  std::atomic<uint64_t> frames_in{0}, frames_out{0}, bytes_in{0}, bytes_out{0};
-  std::atomic<uint64_t> refused_connections{0}, dropped_datagrams{0};
-};
-
 class Transport {
  public:
   Transport(TransportOptions options, TransportEvents events);
@@ -91,7 +84,6 @@ class Transport {
   /// Adopts the cluster epoch learned on joining (partitions are scheduled from it). Thread-safe.
   void set_epoch_unix_ms(uint64_t epoch);
 
-  const TransportStats& stats() const;
 
  private:
   struct Impl;
