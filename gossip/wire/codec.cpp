@@ -28,6 +28,10 @@ void put_members(capnp::List<wire::Member>::Builder list, const std::vector<Memb
   for (unsigned i = 0; i < members.size(); ++i) put_member(list[i], members[i]);
 }
 
+void put_texts(capnp::List<capnp::Text>::Builder list, const std::vector<std::string>& texts) {
+  for (unsigned i = 0; i < texts.size(); ++i) list.set(i, texts[i]);
+}
+
 struct Encoder {
   capnp::MallocMessageBuilder& mb;
   std::vector<std::shared_ptr<const void>>& keep_alive;
@@ -93,6 +97,39 @@ struct Encoder {
             b.setCommand(static_cast<wire::Control::Command>(m.command));
             b.setJobId(m.job_id);
             b.setArgument(kj::arrayPtr(m.argument.data(), m.argument.size()));
+          } else if constexpr (std::is_same_v<T, JobStart>) {
+            auto b = e.initJobStart();
+            b.setJobId(m.job_id);
+            b.setConfig(m.config);
+            b.setSubmitter(m.submitter);
+            put_texts(b.initWorkers(static_cast<unsigned>(m.workers.size())), m.workers);
+            put_texts(b.initAddresses(static_cast<unsigned>(m.addresses.size())), m.addresses);
+            b.setCoordinator(m.coordinator);
+            b.setCoordinatorIncarnation(m.coordinator_incarnation);
+          } else if constexpr (std::is_same_v<T, RingChunk>) {
+            auto b = e.initRingChunk();
+            b.setJobId(m.job_id);
+            b.setPhase(m.phase);
+            b.setRound(m.round);
+            put_chunk(b.initChunk(), m.chunk);
+          } else if constexpr (std::is_same_v<T, JobReport>) {
+            auto b = e.initJobReport();
+            b.setJobId(m.job_id);
+            b.setKind(static_cast<wire::JobReport::Kind>(m.kind));
+            b.setRank(m.rank);
+            b.setEpoch(m.epoch);
+            b.setStep(m.step);
+            b.setLoss(m.loss);
+            b.setSamplesPerSecond(m.samples_per_second);
+            b.setMembers(m.members);
+            b.setTestAccuracy(m.test_accuracy);
+            b.setTestLoss(m.test_loss);
+            b.setTrainSeconds(m.train_seconds);
+            b.setSamples(m.samples);
+            b.setBytesSent(m.bytes_sent);
+            b.setChecksum(m.checksum);
+            b.setError(m.error);
+            b.setEvalSeconds(m.eval_seconds);
           } else if constexpr (std::is_same_v<T, MetricsSnapshot>) {
             auto list = e.initMetrics().initEntries(static_cast<unsigned>(m.entries.size()));
             for (unsigned i = 0; i < m.entries.size(); ++i) {
@@ -191,6 +228,34 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       const auto arg = r.getArgument();
       return Control{r.getCoordinator(), r.getCoordinatorIncarnation(), static_cast<Control::Command>(command),
                      r.getJobId(), std::vector<uint8_t>(arg.begin(), arg.end())};
+    }
+    case wire::Envelope::JOB_START: {
+      auto r = e.getJobStart();
+      JobStart j{r.getJobId(), r.getConfig(), r.getSubmitter(), {}, {}, r.getCoordinator(), r.getCoordinatorIncarnation()};
+      for (auto w : r.getWorkers()) j.workers.emplace_back(w);
+      for (auto a : r.getAddresses()) j.addresses.emplace_back(a);
+      if (j.workers.size() != j.addresses.size())
+        throw WireError{WireErrc::malformed, fmt::format("job start names {} workers but {} addresses", j.workers.size(),
+                                                         j.addresses.size())};
+      return j;
+    }
+    case wire::Envelope::RING_CHUNK: {
+      auto r = e.getRingChunk();
+      return RingChunk{r.getJobId(), r.getPhase(), r.getRound(), get_chunk(r.getChunk(), owner)};
+    }
+    case wire::Envelope::JOB_REPORT: {
+      auto r = e.getJobReport();
+      const auto kind = r.getKind();
+      if (kind > wire::JobReport::Kind::FAILED)
+        throw WireError{WireErrc::unknown_kind, fmt::format("unknown job report kind {}", static_cast<int>(kind))};
+      return JobReport{r.getJobId(),        static_cast<JobReport::Kind>(kind),
+                       r.getRank(),         r.getEpoch(),
+                       r.getStep(),         r.getLoss(),
+                       r.getSamplesPerSecond(), r.getMembers(),
+                       r.getTestAccuracy(), r.getTestLoss(),
+                       r.getTrainSeconds(), r.getSamples(),
+                       r.getBytesSent(),    r.getChecksum(),
+                       r.getError(),        r.getEvalSeconds()};
     }
     case wire::Envelope::METRICS: {
       MetricsSnapshot s;
@@ -302,7 +367,8 @@ WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits)
 
 const char* kind_name(const Body& body) {
   static constexpr const char* names[] = {"ping",         "ack",        "ping_req",   "join",    "leave",  "state_sync",
-                                          "tensor_chunk", "param_pull", "param_push", "control", "metrics"};
+                                          "tensor_chunk", "param_pull", "param_push", "control", "metrics",
+                                          "job_start",    "ring_chunk", "job_report"};
   return names[body.index()];
 }
 

@@ -112,8 +112,45 @@ struct MetricsSnapshot {
   friend bool operator==(const MetricsSnapshot&, const MetricsSnapshot&) = default;
 };
 
+/// A training job, from the submitter to the coordinator, then from the coordinator to every
+/// worker with the ring order filled in.
+struct JobStart {
+  uint64_t job_id = 0;
+  std::string config;  ///< TOML text
+  std::string submitter;
+  std::vector<std::string> workers, addresses;
+  std::string coordinator;
+  uint64_t coordinator_incarnation = 0;
+  friend bool operator==(const JobStart&, const JobStart&) = default;
+};
+
+/// One piece of a ring all-reduce (gossip/collective/ring_allreduce.hpp).
+struct RingChunk {
+  uint64_t job_id = 0;
+  uint8_t phase = 0;  ///< 0 reduce-scatter, 1 all-gather
+  uint32_t round = 0;
+  TensorChunk chunk;
+  friend bool operator==(const RingChunk&, const RingChunk&) = default;
+};
+
+/// A worker's news about a job, to the submitter.
+struct JobReport {
+  enum class Kind : uint8_t { progress, evaluation, done, failed };
+  uint64_t job_id = 0;
+  Kind kind = Kind::progress;
+  uint32_t rank = 0, epoch = 0;
+  uint64_t step = 0;
+  double loss = 0, samples_per_second = 0;
+  uint32_t members = 0;
+  double test_accuracy = 0, test_loss = 0, train_seconds = 0;
+  uint64_t samples = 0, bytes_sent = 0, checksum = 0;
+  std::string error;
+  double eval_seconds = 0;
+  friend bool operator==(const JobReport&, const JobReport&) = default;
+};
+
 using Body = std::variant<Ping, Ack, PingReq, Join, Leave, StateSync, TensorChunk, ParamPull, ParamPush, Control,
-                          MetricsSnapshot>;
+                          MetricsSnapshot, JobStart, RingChunk, JobReport>;
 
 /// Everything after the handshake: who sent it and what.
 struct Message {

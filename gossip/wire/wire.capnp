@@ -51,6 +51,9 @@ struct Envelope {
     paramPush @11 :ParamPush;
     control @12 :Control;
     metrics @13 :MetricsSnapshot;
+    jobStart @14 :JobStart;
+    ringChunk @15 :RingChunk;
+    jobReport @16 :JobReport;
   }
 }
 
@@ -149,5 +152,49 @@ struct MetricsSnapshot {
   struct Label {
     key @0 :Text;
     value @1 :Text;
+  }
+}
+
+# -- training jobs --
+
+struct JobStart {
+  jobId @0 :UInt64;
+  config @1 :Text;           # the job's TOML, as the submitter validated it
+  submitter @2 :Text;        # host:port where reports go
+  workers @3 :List(Text);    # ids in ring order: empty from the submitter, filled by the coordinator
+  addresses @4 :List(Text);  # where each of workers listens, same order
+  coordinator @5 :Text;      # who assigned it (obeyed only from the lowest live coordinator id)
+  coordinatorIncarnation @6 :UInt64;
+}
+
+struct RingChunk {
+  jobId @0 :UInt64;
+  phase @1 :UInt8;           # 0 reduce-scatter, 1 all-gather
+  round @2 :UInt32;          # 0 .. workers - 2 within the phase
+  chunk @3 :TensorChunk;     # step = training step; offset and total place it in the buffer
+}
+
+struct JobReport {
+  jobId @0 :UInt64;
+  kind @1 :Kind;
+  rank @2 :UInt32;
+  epoch @3 :UInt32;
+  step @4 :UInt64;
+  loss @5 :Float64;             # mean training loss of the global batch
+  samplesPerSecond @6 :Float64; # the whole cluster's, over the last window
+  members @7 :UInt32;           # workers in the job
+  testAccuracy @8 :Float64;     # evaluation reports
+  testLoss @9 :Float64;
+  trainSeconds @10 :Float64;    # training time (evaluation excluded) when the evaluated parameters were made
+  samples @11 :UInt64;          # samples this worker trained on (done) or the cluster (progress)
+  bytesSent @12 :UInt64;        # payload bytes this worker sent in the ring (done)
+  checksum @13 :UInt64;         # FNV-1a of this worker's parameters (done): replicas compare equal
+  error @14 :Text;              # failed: what went wrong, naming the node
+  evalSeconds @15 :Float64;
+  enum Kind {
+    progress @0;
+    evaluation @1;
+    done @2;
+    failed @3;
   }
 }

@@ -1,0 +1,170 @@
+// The ring all-reduce core as N ranks in one process over a mock transport that delivers the
+// messages in flight in a random order and lets ranks start each step at random moments.
+
+#include "gossip/collective/ring_allreduce.hpp"
+
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstring>
+#include <deque>
+#include <numeric>
+#include <random>
+
+using tepdist::gossip::RingChunk;
+using tepdist::gossip::collective::RingAllReduce;
+
+namespace {
+
+struct Ring {
+  uint32_t n;
+  size_t elements;
+  std::vector<RingAllReduce> ranks;
+  std::vector<std::vector<float>> buffers;
+  std::vector<std::pair<uint32_t, RingChunk>> in_flight;  // (to, chunk)
+  std::mt19937_64 random{7};
+
+  Ring(uint32_t world, size_t e, size_t chunk) : n(world), elements(e) {
+    for (uint32_t r = 0; r < n; ++r) ranks.emplace_back(RingAllReduce::Options{5, r, n, e, chunk});
+    buffers.resize(n);
+  }
+
+  void send_from(uint32_t r, std::vector<RingChunk>& out) {
+    for (auto& c : out) in_flight.emplace_back((r + 1) % n, std::move(c));
+    out.clear();
+  }
+
+  /// Runs one step: every rank starts at a random moment among the deliveries; returns the
+  /// expected sums, computed in double.
+  std::vector<double> step(uint64_t s) {
+    std::vector<double> sum(elements, 0.0);
+    std::uniform_real_distribution<float> value(-1, 1);
+    for (uint32_t r = 0; r < n; ++r) {
+      buffers[r].resize(elements);
+      for (size_t i = 0; i < elements; ++i) sum[i] += buffers[r][i] = value(random);
+    }
+    std::vector<uint32_t> waiting(n);
+    std::iota(waiting.begin(), waiting.end(), 0u);
+    std::vector<RingChunk> out;
+    while (!waiting.empty() || !in_flight.empty()) {
+      if (!waiting.empty() && (in_flight.empty() || random() % 3 == 0)) {
+        const size_t i = random() % waiting.size();
+        const uint32_t r = waiting[i];
+        waiting.erase(waiting.begin() + static_cast<ptrdiff_t>(i));
+        ranks[r].start(s, buffers[r], out);
+        send_from(r, out);
+        continue;
+      }
+      const size_t i = random() % in_flight.size();
+      auto [to, chunk] = std::move(in_flight[i]);
+      in_flight.erase(in_flight.begin() + static_cast<ptrdiff_t>(i));
+      REQUIRE(ranks[to].on_chunk(chunk, out));
+      send_from(to, out);
+    }
+    return sum;
+  }
+};
+
+}  // namespace
+
+TEST_CASE("ring all-reduce sums over every rank, identically on all, for any geometry", "[gossip][ring]") {
+  const auto [world, elements, chunk] = GENERATE(table<uint32_t, size_t, size_t>({
+      {1, 100, 16}, {2, 1000, 64}, {3, 1000, 64}, {4, 10007, 128}, {5, 3, 1}, {7, 1000, 1000}, {4, 431080, 65536},
+  }));
+  INFO("world " << world << ", elements " << elements << ", chunk " << chunk);
+  Ring ring(world, elements, chunk);
+  for (uint64_t s = 1; s <= 3; ++s) {
+    const auto sum = ring.step(s);
+    for (uint32_t r = 0; r < world; ++r) {
+      REQUIRE(ring.ranks[r].done());
+      // Every rank holds the very same bits.
+      REQUIRE(std::memcmp(ring.buffers[r].data(), ring.buffers[0].data(), elements * sizeof(float)) == 0);
+    }
+    for (size_t i = 0; i < elements; ++i) REQUIRE(std::abs(ring.buffers[0][i] - sum[i]) < 1e-4 * world);
+  }
+}
+
+TEST_CASE("each rank sends 2(N-1)/N of the buffer per step, none much more than another", "[gossip][ring]") {
+  for (uint32_t world : {2u, 3u, 4u, 8u}) {
+    const size_t elements = 100003;
+    Ring ring(world, elements, 4096);
+    const int steps = 2;
+    for (int s = 1; s <= steps; ++s) ring.step(static_cast<uint64_t>(s));
+    const double ideal = 2.0 * (world - 1) / world * elements * sizeof(float) * steps;
+    double total = 0, most = 0;
+    for (const auto& r : ring.ranks) {
+      const double sent = static_cast<double>(r.bytes_sent());
+      CHECK(sent == Approx(ideal).epsilon(0.15));
+      total += sent;
+      most = std::max(most, sent);
+    }
+    CHECK(most <= 1.3 * total / world);
+  }
+}
+
+TEST_CASE("a neighbour a step ahead is kept waiting, not refused", "[gossip][ring]") {
+  // Rank 0 finishes step 1 and starts step 2 before rank 1 has started step 1 at all.
+  RingAllReduce r0({1, 0, 2, 8, 4}), r1({1, 1, 2, 8, 4});
+  std::vector<float> b0(8, 1.0f), b1(8, 2.0f);
+  std::vector<RingChunk> to1, to0;
+  r0.start(1, b0, to1);
+  r1.start(1, b1, to0);
+  for (auto& c : to1) REQUIRE(r1.on_chunk(c, to0));  // r1 completes segment 0 and passes it on
+  to1.clear();
+  for (auto& c : to0) REQUIRE(r0.on_chunk(c, to1));  // r0 completes segment 1 and has segment 0
+  to0.clear();
+  REQUIRE(r0.done());
+  REQUIRE_FALSE(r1.done());  // segment 1's sum is still on its way to r1
+  for (float v : b0) REQUIRE(v == 3.0f);
+  // r0 goes on to step 2 at once; its chunks reach r1 before r1 starts step 2.
+  std::vector<float> c0(8, 10.0f), c1(8, 20.0f);
+  std::vector<RingChunk> ahead;
+  r0.start(2, c0, ahead);
+  for (auto& c : ahead) REQUIRE(r1.on_chunk(c, to0));
+  REQUIRE(to0.empty());  // kept, not acted on: r1 has no step-2 buffer yet
+  for (auto& c : to1) REQUIRE(r1.on_chunk(c, to0));  // step 1 ends on r1
+  REQUIRE(r1.done());
+  for (float v : b1) REQUIRE(v == 3.0f);
+  to0.clear();
+  r1.start(2, c1, to0);  // its own segment, and the sum of the kept one, go out
+  REQUIRE(to0.size() == 2);
+  for (auto& c : to0) REQUIRE(r0.on_chunk(c, to1));
+  REQUIRE(r0.done());
+  for (float v : c0) REQUIRE(v == 30.0f);
+}
+
+TEST_CASE("chunks that do not fit the ring are refused with a reason and change nothing", "[gossip][ring]") {
+  RingAllReduce r1({9, 1, 3, 30, 4});
+  std::vector<float> buffer(30, 1.0f);
+  std::vector<RingChunk> out;
+  r1.start(1, buffer, out);
+  out.clear();
+  auto data = std::make_shared<const std::vector<float>>(4, 5.0f);
+  auto chunk = [&](uint64_t job, uint8_t phase, uint32_t round, uint64_t step, uint64_t offset, size_t n, uint64_t total) {
+    return RingChunk{job, phase, round, {step, 0, offset, total, std::span<const float>(data->data(), n), data}};
+  };
+  // Rank 1 of 3 receives segment 0 ([0, 10)) in reduce round 0, in chunks of 4, 4 and 2.
+  const std::vector<std::pair<RingChunk, std::string>> bad = {
+      {chunk(8, 0, 0, 1, 0, 4, 30), "job"},
+      {chunk(9, 2, 0, 1, 0, 4, 30), "phase"},
+      {chunk(9, 0, 2, 1, 0, 4, 30), "round"},
+      {chunk(9, 0, 0, 1, 0, 4, 31), "elements"},
+      {chunk(9, 0, 0, 1, 10, 4, 30), "offset"},
+      {chunk(9, 0, 0, 1, 2, 4, 30), "offset"},
+      {chunk(9, 0, 0, 1, 8, 4, 30), "elements at offset"},
+      {chunk(9, 0, 0, 3, 0, 4, 30), "step"},
+  };
+  for (const auto& [c, why] : bad) {
+    auto r = r1.on_chunk(c, out);
+    REQUIRE_FALSE(r);
+    CHECK_THAT(r.error(), Catch::Contains(why));
+  }
+  REQUIRE(out.empty());
+  for (float v : buffer) REQUIRE(v == 1.0f);
+  REQUIRE(r1.on_chunk(chunk(9, 0, 0, 1, 0, 4, 30), out));
+  CHECK(buffer[0] == 6.0f);
+  auto again = r1.on_chunk(chunk(9, 0, 0, 1, 0, 4, 30), out);
+  REQUIRE_FALSE(again);
+  CHECK_THAT(again.error(), Catch::Contains("duplicate"));
+  CHECK(buffer[0] == 6.0f);
+}
