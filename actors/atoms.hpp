@@ -14,5 +14,8 @@ using peer_atom = caf::atom_constant<caf::atom("peer")>;
 using init_atom = caf::atom_constant<caf::atom("init")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using leave_atom = caf::atom_constant<caf::atom("leave")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using job_atom = caf::atom_constant<caf::atom("job")>;    ///< (job_atom, actor): where the router sends job frames
+using view_atom = caf::atom_constant<caf::atom("view")>;  ///< (view_atom, members): the membership, on every change
 
 }  // namespace tepdist::actors

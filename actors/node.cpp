@@ -19,6 +19,7 @@
 #include "actors/atoms.hpp"
 #include "actors/roles/cluster_roles.hpp"
 #include "actors/roles/parameter_shard.hpp"
+#include "actors/roles/trainer.hpp"
 #include "actors/router.hpp"
 #include "actors/supervisor.hpp"
 #include "gossip/transport/transport.hpp"
@@ -96,8 +97,19 @@ int run_node(const NodeOptions& o) {
   topts.seed = incarnation;
   topts.metrics = &metrics;
 
-  std::mutex failure_mutex;  // the supervisor's end, told by the watcher below
-  std::string failure;
+  // How the node ends when not by a signal: the supervisor gave up (watcher below) or the
+  // submitted job ended. Either wakes the main thread with SIGUSR1.
+  std::mutex outcome_mutex;
+  int outcome_status = 1;
+  std::string outcome;
+  auto end_with = [&](int status, const std::string& why) {
+    {
+      std::lock_guard lock(outcome_mutex);
+      outcome_status = status;
+      outcome = why;
+    }
+    ::kill(::getpid(), SIGUSR1);
+  };
   caf::actor router_actor;
   std::mutex router_mutex;  // the transport thread reads router_actor; it is set once, below
   auto to_router = [&](auto... xs) {
@@ -133,17 +145,30 @@ int run_node(const NodeOptions& o) {
 
   // The roles, under the supervisor. The shard holds deterministic values so a receiver's
   // checksum can be compared.
-  ShardSnapshot shard{0, 0, std::vector<float>(o.shard_elements)};
-  for (size_t i = 0; i < shard.values.size(); ++i) shard.values[i] = static_cast<float>(i % 97) * 0.01f;
-  constexpr int64_t training_samples = 60000;  // Fashion-MNIST's; the job will say, once jobs run
-  auto sup = sys.spawn(supervisor,
-                       std::vector<RoleSpec>{coordinator_role(id), parameter_shard_role("parameter-shard", shard),
-                                             worker_role(id, training_samples), monitor_role(&metrics)},
-                       SupervisorOptions{});
+  std::vector<RoleSpec> roles;
+  std::vector<std::string> role_names;
+  if (o.submission) {
+    auto submission = std::make_shared<Submission>(*o.submission);
+    submission->on_end = [&, user = o.submission->on_end](int status, const std::string& why) {
+      if (user) user(status, why);
+      end_with(status, why);
+    };
+    roles = {monitor_role(&metrics),
+             submitter_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation}, submission, router_actor)};
+    role_names = {"submitter", "monitor"};
+  } else {
+    ShardSnapshot shard{0, 0, std::vector<float>(o.shard_elements)};
+    for (size_t i = 0; i < shard.values.size(); ++i) shard.values[i] = static_cast<float>(i % 97) * 0.01f;
+    constexpr int64_t training_samples = 60000;  // the demo partition in the view log lines
+    roles = {coordinator_role(id), parameter_shard_role("parameter-shard", shard), worker_role(id, training_samples),
+             monitor_role(&metrics),
+             trainer_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation, o.threads}, router_actor)};
+    role_names = {"coordinator", "parameter-shard", "worker", "monitor"};
+  }
+  auto sup = sys.spawn(supervisor, std::move(roles), SupervisorOptions{});
   teardown.add(caf::actor(sup));
   RouterInit init;
-  init.self = {id, *bound, incarnation, gossip::Member::State::alive, o.region,
-               {"coordinator", "parameter-shard", "worker", "monitor"}};
+  init.self = {id, *bound, incarnation, gossip::Member::State::alive, o.region, role_names};
   init.seeds = o.join;
   init.swim = o.config.membership.swim();
   init.epoch_unix_ms = incarnation;
@@ -154,11 +179,7 @@ int run_node(const NodeOptions& o) {
   auto watcher = sys.spawn([&, sup](caf::event_based_actor* self) -> caf::behavior {
     self->monitor(sup);
     self->set_down_handler([&](const caf::down_msg& d) {
-      {
-        std::lock_guard lock(failure_mutex);
-        failure = d.reason ? sys.render(d.reason) : "supervisor stopped";
-      }
-      ::kill(::getpid(), SIGUSR1);
+      end_with(1, d.reason ? sys.render(d.reason) : "supervisor stopped");
     });
     return {[](get_atom) {}};
   });
@@ -173,15 +194,27 @@ int run_node(const NodeOptions& o) {
   int sig = 0;
   sigwait(&signals, &sig);
   int status = 0;
+  bool leave = true;
+  caf::scoped_actor asker{sys};
   if (sig == SIGUSR1) {
-    std::lock_guard lock(failure_mutex);
-    fmt::print(stderr, "tepdist node: stopping: {}\n", failure);
-    status = 1;
+    std::lock_guard lock(outcome_mutex);
+    status = outcome_status;
+    if (status != 0 && !o.submission) {  // the supervisor gave up: no goodbyes from a broken node
+      fmt::print(stderr, "tepdist node: stopping: {}\n", outcome);
+      leave = false;
+    }
   } else {
     node_events().info("node_stopping id={} signal={}", id, sig == SIGTERM ? "SIGTERM" : "SIGINT");
+    if (o.submission) {
+      // Ctrl-C on `tepdist run`: ask the coordinator to stop the job before leaving.
+      asker->request(caf::actor(sup), std::chrono::seconds(2), get_atom::value, role_atom::value, std::string("submitter"))
+          .receive([](const caf::actor& a) { caf::anon_send(a, stop_atom::value); }, [](const caf::error&) {});
+      status = 130;
+    }
+  }
+  if (leave) {
     // A graceful leave: members mark this node left, not dead. Bounded, so a stuck peer cannot
     // hold the node up.
-    caf::scoped_actor asker{sys};
     asker->request(router_actor, std::chrono::seconds(2), leave_atom::value)
         .receive([](bool) {}, [](const caf::error&) {});
     transport.drain(std::chrono::seconds(1));

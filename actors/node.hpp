@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/submitter.hpp"
 #include "elastic/config.hpp"
 
 namespace tepdist::actors {
@@ -23,10 +24,14 @@ struct NodeOptions {
   std::vector<std::string> join;    ///< seed addresses
   std::string ready_file;           ///< written with the bound address once listening
   uint32_t shard_elements = 431080; ///< size of this node's demo parameter shard (a LeNet's worth)
+  int64_t threads = 0;              ///< kernel threads for the jobs this node trains; 0: the job's
+  /// Set: this node is `tepdist run`'s submitter (no worker roles); run_node returns when the job
+  /// ends, with its status.
+  std::shared_ptr<Submission> submission;
 };
 
-/// Runs the node until it is told to stop; returns the process exit status (0 clean stop,
-/// 1 failure, 2 bad options).
+/// Runs the node until it is told to stop (or, as a submitter, until its job ends); returns the
+/// process exit status (0 clean stop, 1 failure, 2 bad options, 130 interrupted submitter).
 int run_node(const NodeOptions& options);
 
 }  // namespace tepdist::actors

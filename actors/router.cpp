@@ -3,6 +3,7 @@
 #include <caf/event_based_actor.hpp>
 #include <caf/send.hpp>
 #include <caf/skip.hpp>
+#include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
@@ -32,6 +33,10 @@ void send(Router* self, const std::string& address, gossip::Body body) {
     node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
 }
 
+/// For requests whose failure only means there is nothing to do (a node without that role, a role
+/// restarting): an unhandled error would end the router.
+void ignore_error(const caf::error&) {}
+
 /// Sends a member this node's parameter shard, from an immutable snapshot the frame keeps alive.
 void send_shard(Router* self, const Member& to) {
   self->request(self->state.supervisor, std::chrono::seconds(5), get_atom::value, role_atom::value,
@@ -42,8 +47,8 @@ void send_shard(Router* self, const Member& to) {
               auto values = std::make_shared<const std::vector<float>>(s.values);
               gossip::TensorChunk chunk{s.version, s.shard, 0, values->size(), *values, values};
               send(self, to.address, gossip::ParamPush{s.shard, s.version, chunk});
-            });
-      });
+            }, ignore_error);
+      }, ignore_error);
 }
 
 /// Tells the coordinator and worker roles the live ids, then logs the view they act on.
@@ -59,12 +64,12 @@ void announce_view(Router* self) {
           if (role == "worker")
             self->request(a, std::chrono::seconds(5), partition_atom::value).then([n](int64_t begin, int64_t end) {
               node_events().info("view members={} partition=[{},{})", n, begin, end);
-            });
+            }, ignore_error);
           else
             self->request(a, std::chrono::seconds(5), get_atom::value).then([n](const std::string& coordinator) {
               node_events().info("view members={} coordinator={}", n, coordinator);
-            });
-        });
+            }, ignore_error);
+        }, ignore_error);
 }
 
 void schedule_tick(Router* self) {
@@ -84,9 +89,13 @@ void apply(Router* self, gossip::swim::Output& out) {
     node_events().info("member_{} id={} address={} incarnation={} region={}", gossip::swim::event_name(e.kind), m.id,
                        m.address, m.incarnation, m.region);
     view_changed |= e.kind != Event::Kind::updated;
-    if (e.kind == Event::Kind::joined) send_shard(self, m);
+    if (e.kind == Event::Kind::joined && std::find(m.roles.begin(), m.roles.end(), "parameter-shard") != m.roles.end())
+      send_shard(self, m);
   }
-  if (view_changed) announce_view(self);
+  if (view_changed) {
+    announce_view(self);
+    if (self->state.job) caf::anon_send(self->state.job, view_atom::value, self->state.swim->members());
+  }
   schedule_tick(self);
 }
 
@@ -121,6 +130,13 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
     const double sum = std::accumulate(push->chunk.data.begin(), push->chunk.data.end(), 0.0);
     node_events().info("param_push_received from={} shard={} version={} elements={} sum={:.6g}", peer, push->shard,
                        push->version, push->chunk.data.size(), sum);
+  }
+  // Jobs: the trainer (a worker node) or the submitter (tepdist run) takes them.
+  if (std::holds_alternative<gossip::JobStart>(m.body) || std::holds_alternative<gossip::RingChunk>(m.body) ||
+      std::holds_alternative<gossip::JobReport>(m.body) || std::holds_alternative<gossip::Control>(m.body) ||
+      std::holds_alternative<gossip::ParamPush>(m.body)) {
+    if (s.job) caf::anon_send(s.job, wire_atom::value, peer, address, m);
+    else node_events().debug("message_dropped from={} kind={} reason=\"no trainer\"", peer, gossip::kind_name(m.body));
     return;
   }
   node_events().debug("message_ignored from={} kind={}", peer, gossip::kind_name(m.body));
@@ -136,6 +152,18 @@ spdlog::logger& node_events() {
     return l;
   }();
   return *logger;
+}
+
+bool node_events_to_file(const std::string& path) {
+  try {
+    auto sink = std::make_shared<spdlog::sinks::basic_file_sink_mt>(path);
+    auto& sinks = node_events().sinks();
+    sinks.clear();
+    sinks.push_back(std::move(sink));
+    return true;
+  } catch (const spdlog::spdlog_ex&) {
+    return false;
+  }
 }
 
 caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id) {
@@ -168,6 +196,10 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
           gossip::swim::Output out;
           self->state.swim->tick(now_ms(self), out);
           apply(self, out);
+        },
+        [self](job_atom, const caf::actor& job) {
+          self->state.job = job;
+          caf::anon_send(job, view_atom::value, self->state.swim->members());
         },
         [self](leave_atom) {
           gossip::swim::Output out;

@@ -31,6 +31,7 @@ struct RouterState {
   gossip::Transport* transport = nullptr;
   std::string cluster_id;
   caf::actor supervisor;
+  caf::actor job;  ///< the trainer or submitter: job frames and views go there
   std::unique_ptr<gossip::swim::Swim> swim;
   std::mt19937_64 random;
   std::chrono::steady_clock::time_point start;
@@ -41,13 +42,19 @@ struct RouterState {
 
 /// Takes (init_atom, RouterInit) first (frames arriving before it wait), then frames
 /// (wire_atom, peer id, peer address, Message), peer news (peer_atom, up, id, detail), its own
-/// timer (tick_atom) and (leave_atom) -> true once the leave is announced.
+/// timer (tick_atom), (job_atom, actor) from the trainer or submitter that takes job frames and
+/// membership views, and (leave_atom) -> true once the leave is announced.
 caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id);
 
 /// The node's event stream on stdout: one line per event, key=value fields.
 spdlog::logger& node_events();
 
+/// Sends the event stream to a file instead (`tepdist run` keeps its terminal for progress). Call
+/// before any node thread starts; false if the file cannot be opened.
+bool node_events_to_file(const std::string& path);
+
 }  // namespace tepdist::actors
 
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::gossip::Message)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::actors::RouterInit)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tepdist::gossip::Member>)

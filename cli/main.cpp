@@ -6,6 +6,7 @@
 #include <fmt/core.h>
 
 #include "cli/node_command.hpp"
+#include "cli/run_command.hpp"
 #include "cli/sim_command.hpp"
 #include "cli/status_command.hpp"
 #include "cli/train_command.hpp"
@@ -25,6 +26,17 @@ int main(int argc, char** argv) {
   cmd->add_option("--out", train.out, "Directory for result.json, model.safetensors and checkpoint")
       ->capture_default_str();
   cmd->add_flag("--resume", train.resume, "Continue from OUT/checkpoint");
+
+  tepdist::cli::RunArgs run;
+  auto* run_cmd = app.add_subcommand("run", "Train on a cluster: start local nodes (or join one) and run the job");
+  run_cmd->add_option("config", run.config, "Job file (TOML); without one, the built-in configs/quickstart.toml")
+      ->check(CLI::ExistingFile);
+  run_cmd->add_option("--nodes", run.nodes, "Override cluster.local_nodes")->check(CLI::Range(1, 64));
+  run_cmd->add_option("--mode", run.mode, "Override job.mode");
+  run_cmd->add_option("--epochs", run.epochs, "Override job.epochs")->check(CLI::Range(1, 10000));
+  run_cmd->add_option("--set", run.overrides, "Override a key: --set section.key=value (repeatable)");
+  run_cmd->add_option("--out", run.out, "Directory for result.json, model.safetensors, cluster.toml and logs/")
+      ->capture_default_str();
 
   tepdist::cli::NodeArgs node;
   auto* node_cmd = app.add_subcommand("node", "Run one node of a cluster until SIGTERM or SIGINT");
@@ -56,6 +68,7 @@ int main(int argc, char** argv) {
     return app.exit(e) == 0 ? 0 : 2;
   }
   if (cmd->parsed()) return tepdist::cli::run_train(train);
+  if (run_cmd->parsed()) return tepdist::cli::run_run_command(run);
   if (node_cmd->parsed()) return tepdist::cli::run_node_command(node);
   if (status_cmd->parsed()) return tepdist::cli::run_status_command(status);
   if (sim_cmd->parsed()) return tepdist::cli::run_sim_command(sim);

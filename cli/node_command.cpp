@@ -14,7 +14,8 @@ int run_node_command(const NodeArgs& args) {
   o.name = args.name;
   o.region = args.region.empty() ? "local" : args.region;
   o.listen = args.listen;
-  o.join = args.join;
+  o.join = args.join.empty() ? o.config.cluster.seeds : args.join;
+  o.threads = o.config.compute.threads;
   o.ready_file = args.ready_file;
   return actors::run_node(o);
 }

@@ -19,6 +19,7 @@
 #include "compute/backends.hpp"
 #include "compute/train.hpp"
 #include "elastic/config.hpp"
+#include "elastic/job.hpp"
 
 namespace tepdist::cli {
 namespace {
@@ -63,30 +64,6 @@ int runtime_error(const std::string& message) {
   return 1;
 }
 
-struct Data {
-  compute::Dataset train, test;
-};
-
-compute::Result<Data> load_data(const elastic::JobConfig::Data& d, uint64_t seed) {
-  if (d.dataset == "synthetic") {
-    // One generator call, split in two: train and test share the class patterns.
-    const int64_t train_n = d.train_samples ? d.train_samples : 10000;
-    const int64_t test_n = d.test_samples ? d.test_samples : 2000;
-    compute::Dataset all = compute::make_synthetic(train_n + test_n, seed);
-    Data out;
-    out.train = all.head(train_n);
-    std::vector<int64_t> tail(static_cast<size_t>(test_n));
-    std::iota(tail.begin(), tail.end(), train_n);
-    out.test = compute::subset(all, tail);
-    return out;
-  }
-  auto train = compute::load_fashion_mnist(d.dir, "train", d.train_samples);
-  if (!train) return std::unexpected(train.error());
-  auto test = compute::load_fashion_mnist(d.dir, "test", d.test_samples);
-  if (!test) return std::unexpected(test.error());
-  return Data{std::move(*train), std::move(*test)};
-}
-
 struct EvalRecord {
   int64_t step, epoch;
   double train_seconds;
@@ -111,17 +88,11 @@ int run_train(const TrainArgs& args) {
   if (ec) return usage_error(fmt::format("{}: cannot create the output directory: {}", args.out, ec.message()));
   const fs::path out = args.out;
 
-  auto data = load_data(c.data, c.job.seed);
+  auto data = elastic::load_job_data(c.data, c.job.seed);
   if (!data) return runtime_error(data.error().message);
-
-  auto model = c.model.layers.empty() ? compute::make_preset(c.model.preset) : compute::make_model(c.model.layers);
-  if (!model) return usage_error(fmt::format("{}: {}", c.source, model.error().message));
-  if (auto ok = (*model)->build(data->train.sample_shape(), c.job.seed); !ok)
-    return usage_error(fmt::format("{}: {}", c.source, ok.error().message));
+  auto model = elastic::build_job_model(c, data->train);
+  if (!model) return usage_error(model.error().message);
   compute::Model& net = **model;
-  if (net.classes() < data->train.classes)
-    return usage_error(fmt::format("{}: the model outputs {} classes but the data has {}", c.source, net.classes(),
-                                   data->train.classes));
 
   auto made = compute::make_backend(c.compute.backend);
   if (!made) return usage_error(fmt::format("{}: {}", c.source, made.error().message));

@@ -53,6 +53,7 @@ ConfigError error_at(const toml::value& v, std::string_view what) {
 
 void apply_layers(JobConfig& c, const toml::value& v);
 void apply_regions(JobConfig& c, const toml::value& v);
+void apply_seeds(JobConfig& c, const toml::value& v);
 void apply_links(JobConfig& c, const toml::value& v);
 void apply_partitions(JobConfig& c, const toml::value& v);
 
@@ -61,9 +62,9 @@ const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
       // [job]
       {{"job", "mode", KeyType::string, "\"single\"",
-        "How the job trains: \"single\" (one process). The distributed modes sync, async and gossip "
-        "come with the node runtime."},
-       -inf, inf, false, false, {"single"}, assign<&J::job, &J::Job::mode>},
+        "How the job trains: \"single\" (`tepdist train`, one process) or \"sync\" (`tepdist run`: every "
+        "step the workers sum gradients by a ring all-reduce and apply the same update)."},
+       -inf, inf, false, false, {"single", "sync"}, assign<&J::job, &J::Job::mode>},
       {{"job", "epochs", KeyType::integer, "3", "Passes over the training data; 1 to 10000."},
        1, 10000, false, false, {}, assign<&J::job, &J::Job::epochs>},
       {{"job", "max_steps", KeyType::integer, "0", "Stop after this many optimiser steps; 0 means no cap."},
@@ -79,6 +80,14 @@ const std::vector<Key>& keys() {
        0, 1, false, false, {}, assign<&J::job, &J::Job::target_accuracy>},
       {{"job", "log_every_steps", KeyType::integer, "50", "Steps between progress-line updates; 1 or more."},
        1, 1e9, false, false, {}, assign<&J::job, &J::Job::log_every_steps>},
+      {{"job", "ring_chunk_kb", KeyType::integer, "256",
+        "sync: largest piece of a gradient one ring message carries, KiB. Smaller pipelines the rounds more "
+        "finely, at more messages per step. 1 to 65536."},
+       1, 65536, false, false, {}, assign<&J::job, &J::Job::ring_chunk_kb>},
+      {{"job", "step_timeout_s", KeyType::number, "60",
+        "sync: a step that waits this long for the previous worker in the ring fails the job, naming that "
+        "worker (a membership change fails it sooner). Seconds, (0, 86400]."},
+       0, 86400, true, false, {}, assign<&J::job, &J::Job::step_timeout_s>},
       // [model]
       {{"model", "preset", KeyType::string, "\"lenet\"",
         "A built-in model: \"lenet\" (conv 1->20 5x5, pool 2, relu, conv 20->50 5x5, pool 2, relu, "
@@ -164,6 +173,14 @@ const std::vector<Key>& keys() {
       {{"cluster", "reconnect_max_ms", KeyType::integer, "2000",
         "Cap of the exponential back-off between reconnection attempts (from 50 ms, doubling), ms."},
        50, 600000, false, false, {}, assign<&J::cluster, &J::Cluster::reconnect_max_ms>},
+      {{"cluster", "local_nodes", KeyType::integer, "0",
+        "`tepdist run`: start this many node processes on loopback, train on them, then stop them (the "
+        "one-command cluster). 0: join the cluster at [cluster] seeds instead. 0 to 64."},
+       0, 64, false, false, {}, assign<&J::cluster, &J::Cluster::local_nodes>},
+      {{"cluster", "seeds", KeyType::strings, "[]",
+        "`tepdist run` without local_nodes: HOST:PORT of members of a running cluster to join through; the "
+        "job goes to its coordinator."},
+       -inf, inf, false, false, {}, apply_seeds},
       // [network]
       {{"network", "regions", KeyType::strings, "[]",
         "Region of each local node, by index (node 0 first); nodes beyond the list, and nodes started by hand "
@@ -326,6 +343,15 @@ void apply_layers(JobConfig& c, const toml::value& v) {
   if (c.model.layers.empty()) throw ValueError{error_at(v, "model.layers is empty")};
 }
 
+void apply_seeds(JobConfig& c, const toml::value& v) {
+  c.cluster.seeds.clear();
+  for (const auto& r : v.as_array()) {
+    if (!r.is_string() || r.as_string().str.find(':') == std::string::npos)
+      throw ValueError{error_at(r, "cluster.seeds must list HOST:PORT addresses")};
+    c.cluster.seeds.push_back(r.as_string().str);
+  }
+}
+
 void apply_regions(JobConfig& c, const toml::value& v) {
   c.network.regions.clear();
   for (const auto& r : v.as_array()) {
@@ -484,7 +510,9 @@ std::expected<JobConfig, ConfigError> validate(const toml::value& root, const st
 ConfigResult<JobConfig> finish(toml::value root, const std::string& name, std::span<const std::string> overrides) {
   for (const auto& o : overrides)
     if (auto ok = apply_override(root, o); !ok) return std::unexpected(ok.error());
-  return validate(root, name);
+  auto c = validate(root, name);
+  if (c) c->text = toml::format(root);
+  return c;
 }
 
 }  // namespace

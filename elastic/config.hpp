@@ -31,6 +31,8 @@ struct JobConfig {
     int64_t eval_every_steps = 0;  ///< 0: only at epoch ends
     double target_accuracy = 0.85;
     int64_t log_every_steps = 50;
+    int64_t ring_chunk_kb = 256;
+    double step_timeout_s = 60;
     friend bool operator==(const Job&, const Job&) = default;
   } job;
   struct Model {
@@ -65,6 +67,8 @@ struct JobConfig {
     int64_t max_frame_mb = 64;
     int64_t send_queue_mb = 64;
     int64_t reconnect_max_ms = 2000;
+    int64_t local_nodes = 0;         ///< tepdist run: node processes to start on loopback
+    std::vector<std::string> seeds;  ///< tepdist run without local nodes: where to join
     friend bool operator==(const Cluster&, const Cluster&) = default;
   } cluster;
   struct Network {
@@ -86,6 +90,9 @@ struct JobConfig {
 
   /// Where the configuration came from, for messages: a path or "(built-in defaults)".
   std::string source;
+  /// The document with every override applied, as TOML: what `tepdist run` sends the nodes, so
+  /// they train with exactly the settings the launcher validated.
+  std::string text;
 
   /// Equal settings, wherever they came from (source is not compared).
   bool same_settings(const JobConfig& o) const {

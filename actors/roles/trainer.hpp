@@ -1,0 +1,52 @@
+#pragma once
+// The trainer: a worker node's training engine for the sync mode, and the coordinator's control
+// plane when this node is the coordinator. One detached actor (its own thread: a step's forward
+// and backward pass blocks it, and frames wait in its mailbox meanwhile).
+//
+//   submitter --JobStart--> coordinator   (assign_job: ring order = live workers by id)
+//   coordinator --JobStart--> every worker (check_assignment: obeyed only from the coordinator)
+//   worker r --RingChunk--> worker r+1     (gossip/collective/ring_allreduce.hpp, every step)
+//   rank 0 --JobReport progress / evaluation, ParamPush final model--> submitter
+//   every worker --JobReport done (checksum, bytes sent) or failed (why, naming the node)--> submitter
+//
+// Each step a worker computes the gradient of its slice of the global batch (elastic/coordination.hpp),
+// and the ring sums [gradient x samples, loss x samples, samples] over the workers; every worker then
+// divides by the samples and applies the same optimiser step, so the replicas stay bit-identical.
+// Rank 0, which is the coordinator when every node has both roles, evaluates a snapshot of the
+// parameters every [job] eval_every_steps steps and at epoch ends in a second actor, so
+// evaluation never holds up the ring.
+//
+// A ring member that dies or leaves, a worker that joins, or a step that waits step_timeout_s for
+// the previous worker fails the job with a report naming the node; the trainer then waits for the
+// next job. The router hands it frames as (wire_atom, peer, address, Message) and the membership
+// as (view_atom, members) on every change.
+
+#include <caf/actor.hpp>
+#include <caf/allowed_unsafe_message_type.hpp>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "actors/atoms.hpp"
+#include "actors/router.hpp"
+#include "actors/supervisor.hpp"
+#include "gossip/transport/transport.hpp"
+
+namespace tepdist::actors {
+
+struct TrainerOptions {
+  gossip::Transport* transport = nullptr;
+  std::string cluster_id;
+  std::string self_id, self_address;
+  uint64_t incarnation = 0;
+  /// Kernel threads on this node (the launcher gives each local node its share of the cores);
+  /// 0: the job's [compute] threads.
+  int64_t threads = 0;
+};
+
+/// The role "trainer" under the supervisor. It keeps no snapshot: a restarted trainer has lost its
+/// job, which the submitter sees as a failure, and waits for the next.
+/// It registers with the router (job_atom) each time it starts.
+RoleSpec trainer_role(TrainerOptions options, caf::actor router);
+
+}  // namespace tepdist::actors

@@ -1,0 +1,113 @@
+#include "actors/submitter.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <fmt/format.h>
+
+#include <set>
+
+#include "actors/atoms.hpp"
+#include "actors/roles/trainer.hpp"
+#include "actors/router.hpp"
+#include "elastic/coordination.hpp"
+
+namespace tepdist::actors {
+namespace {
+
+struct SubmitterState {
+  SubmitterOptions o;
+  std::shared_ptr<Submission> submission;
+  std::vector<gossip::Member> view;
+  std::string coordinator_address;
+  gossip::JobStart sent;  // workers: the live workers when it was submitted
+  bool submitted = false, ended = false;
+  std::set<uint32_t> done;
+  static inline const char* name = "tepdist.submitter";
+};
+using Submitter = caf::stateful_actor<SubmitterState>;
+
+void send_to(Submitter* self, const std::string& address, gossip::Body body) {
+  auto& o = self->state.o;
+  o.transport->send(address, gossip::Message{o.self_id, o.incarnation, o.cluster_id, std::move(body)});
+}
+
+void end(Submitter* self, int status, const std::string& why) {
+  if (self->state.ended) return;
+  self->state.ended = true;
+  self->state.submission->on_end(status, why);
+}
+
+void on_view(Submitter* self, std::vector<gossip::Member> view) {
+  auto& s = self->state;
+  s.view = std::move(view);
+  if (s.ended) return;
+  if (s.submitted) {
+    // Workers of the job that went away: the job cannot finish (their trainers report it too, but a
+    // dead one cannot).
+    for (const auto& id : s.sent.workers)
+      for (const auto& m : s.view)
+        if (m.id == id && !elastic::is_live(m))
+          return end(self, 1, fmt::format("worker {} {} during the job", id,
+                                          m.state == gossip::Member::State::dead ? "died" : "left"));
+    return;
+  }
+  size_t workers = 0;
+  for (const auto& m : s.view) workers += elastic::is_live(m) && elastic::has_role(m, "worker");
+  const auto* coordinator = elastic::coordinator_in(s.view);
+  if (!coordinator || workers < std::max<size_t>(1, s.submission->expected_workers)) return;
+  s.sent = s.submission->job;
+  s.sent.submitter = s.o.self_address;
+  for (const auto& m : s.view)
+    if (elastic::is_live(m) && elastic::has_role(m, "worker")) s.sent.workers.push_back(m.id);
+  gossip::JobStart request = s.sent;
+  request.workers.clear();  // the coordinator decides the ring
+  s.coordinator_address = coordinator->address;
+  send_to(self, coordinator->address, request);
+  s.submitted = true;
+  node_events().info("job_submitted job={} coordinator={} workers={}", request.job_id, coordinator->id, workers);
+}
+
+void on_frame(Submitter* self, const gossip::Message& m) {
+  auto& s = self->state;
+  if (s.ended) return;
+  if (const auto* push = std::get_if<gossip::ParamPush>(&m.body)) {
+    if (push->shard == 0 && push->chunk.total > 0) s.submission->on_params(push->chunk);
+    return;
+  }
+  const auto* r = std::get_if<gossip::JobReport>(&m.body);
+  if (!r || r->job_id != s.sent.job_id) return;
+  s.submission->on_report(*r);
+  if (r->kind == gossip::JobReport::Kind::failed) return end(self, 1, r->error);
+  if (r->kind == gossip::JobReport::Kind::done) {
+    s.done.insert(r->rank);
+    if (s.done.size() >= r->members) end(self, 0, "");
+  }
+}
+
+caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_ptr<Submission> submission,
+                        caf::actor router) {
+  self->state.o = std::move(options);
+  self->state.submission = std::move(submission);
+  caf::anon_send(router, job_atom::value, caf::actor_cast<caf::actor>(self));
+  return {
+      [self](view_atom, std::vector<gossip::Member> view) { on_view(self, std::move(view)); },
+      [self](wire_atom, const std::string&, const std::string&, const gossip::Message& m) { on_frame(self, m); },
+      [self](stop_atom) {
+        auto& s = self->state;
+        if (!s.submitted || s.ended) return;
+        send_to(self, s.coordinator_address,
+                gossip::Control{s.o.self_id, s.o.incarnation, gossip::Control::Command::stop_job, s.sent.job_id, {}});
+      },
+  };
+}
+
+}  // namespace
+
+RoleSpec submitter_role(SubmitterOptions options, std::shared_ptr<Submission> submission, caf::actor router) {
+  return {"submitter", [options, submission, router](caf::local_actor& parent, const caf::actor&, const caf::message&) {
+            return caf::actor(parent.spawn(submitter, options, submission, router));
+          }};
+}
+
+}  // namespace tepdist::actors

@@ -1,0 +1,36 @@
+#pragma once
+// The submitter: the member `tepdist run` adds to a cluster to hand it one job and follow it. It
+// holds no worker role, so it never trains and is never in a ring. Once its view has the workers
+// it waits for, it sends the job to the coordinator (the lowest live coordinator id it knows);
+// then it passes every report and the final model to the launcher's hooks and ends the node when
+// every worker is done, when one reports a failure, or when a worker of the job dies or leaves.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+
+#include "actors/supervisor.hpp"
+#include "gossip/transport/transport.hpp"
+
+namespace tepdist::actors {
+
+struct Submission {
+  gossip::JobStart job;           ///< job_id and config; the submitter address is filled in
+  size_t expected_workers = 0;    ///< live workers to wait for before submitting; 0: at least one
+  /// Called on the submitter's thread.
+  std::function<void(const gossip::JobReport&)> on_report;
+  std::function<void(const gossip::TensorChunk&)> on_params;
+  /// Called once: 0 when every worker reported done, else 1 and why.
+  std::function<void(int status, const std::string& why)> on_end;
+};
+
+struct SubmitterOptions {
+  gossip::Transport* transport = nullptr;
+  std::string cluster_id, self_id, self_address;
+  uint64_t incarnation = 0;
+};
+
+/// The role "submitter". (stop_atom) asks the coordinator to stop the job (Ctrl-C).
+RoleSpec submitter_role(SubmitterOptions options, std::shared_ptr<Submission> submission, caf::actor router);
+
+}  // namespace tepdist::actors

@@ -1,0 +1,402 @@
+#include "cli/run_command.hpp"
+
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <random>
+#include <thread>
+
+#include "actors/node.hpp"
+#include "actors/router.hpp"
+#include "cli/quickstart_config.hpp"
+#include "compute/io/checkpoint.hpp"
+#include "compute/io/files.hpp"
+#include "elastic/coordination.hpp"
+#include "elastic/job.hpp"
+
+namespace tepdist::cli {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+int usage_error(const std::string& message) {
+  fmt::print(stderr, "tepdist run: {}\n", message);
+  return 2;
+}
+
+int runtime_error(const std::string& message) {
+  fmt::print(stderr, "tepdist run: {}\n", message);
+  return 1;
+}
+
+/// A random cluster secret, hex.
+std::string generate_secret() {
+  std::random_device device;
+  std::string s;
+  for (int i = 0; i < 32; ++i) s += fmt::format("{:02x}", device() & 0xff);
+  return s;
+}
+
+bool write_private_file(const fs::path& path, const std::string& text) {
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+  if (fd < 0) return false;
+  ::fchmod(fd, 0600);  // also when the file was already there
+  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
+  return ::close(fd) == 0 && ok;
+}
+
+/// The node processes this launcher started; stopped (SIGTERM, then SIGKILL after a grace period)
+/// and reaped on every way out.
+class LocalNodes {
+ public:
+  LocalNodes() = default;
+  LocalNodes(const LocalNodes&) = delete;
+  LocalNodes& operator=(const LocalNodes&) = delete;
+  ~LocalNodes() { stop(); }
+
+  /// Starts `tepdist node` with args, its output appended to log. The child leaves when this
+  /// process dies, however it dies (PR_SET_PDEATHSIG), and sits in its own process group, so a
+  /// Ctrl-C reaches only the launcher, which then stops it in order.
+  std::expected<pid_t, std::string> start(const std::vector<std::string>& args, const fs::path& log) {
+    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (fd < 0) return std::unexpected(fmt::format("cannot open {}", log.string()));
+    const pid_t parent = ::getpid();
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+      ::close(fd);
+      return std::unexpected(std::string("fork failed"));
+    }
+    if (pid == 0) {
+      ::setpgid(0, 0);
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
+      if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took hold
+      ::dup2(fd, STDOUT_FILENO);
+      ::dup2(fd, STDERR_FILENO);
+      sigset_t none;
+      sigemptyset(&none);
+      ::sigprocmask(SIG_SETMASK, &none, nullptr);
+      std::vector<std::string> argv = {"/proc/self/exe", "node"};
+      argv.insert(argv.end(), args.begin(), args.end());
+      std::vector<char*> c;
+      for (auto& a : argv) c.push_back(a.data());
+      c.push_back(nullptr);
+      ::execv("/proc/self/exe", c.data());
+      ::_exit(127);
+    }
+    ::close(fd);
+    pids_.push_back(pid);
+    return pid;
+  }
+
+  /// The first node that exited, with its status, if any did.
+  std::optional<std::pair<size_t, int>> exited() {
+    for (size_t i = 0; i < pids_.size(); ++i) {
+      int status = 0;
+      if (pids_[i] > 0 && ::waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
+        pids_[i] = -1;
+        return std::pair{i, status};
+      }
+    }
+    return std::nullopt;
+  }
+
+  void stop() {
+    for (pid_t p : pids_)
+      if (p > 0) ::kill(p, SIGTERM);
+    const auto deadline = Clock::now() + std::chrono::seconds(5);
+    for (pid_t& p : pids_) {
+      while (p > 0) {
+        if (::waitpid(p, nullptr, WNOHANG) == p) p = -1;
+        else if (Clock::now() > deadline) ::kill(p, SIGKILL), ::waitpid(p, nullptr, 0), p = -1;
+        else std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a child's exit
+      }
+    }
+    pids_.clear();
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+std::string read_ready_file(const fs::path& path) {
+  std::ifstream in(path);
+  std::string address;
+  std::getline(in, address);
+  return address;
+}
+
+std::string tail_of(const fs::path& log, size_t lines = 5) {
+  std::ifstream in(log);
+  std::vector<std::string> all;
+  for (std::string line; std::getline(in, line);) all.push_back(line);
+  std::string out;
+  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "  " + all[i] + "\n";
+  return out;
+}
+
+/// Waits until every ready file exists (the node is listening); fails naming a node that exited.
+std::expected<std::vector<std::string>, std::string> wait_ready(LocalNodes& nodes, const std::vector<fs::path>& ready,
+                                                                const std::vector<fs::path>& logs) {
+  const auto deadline = Clock::now() + std::chrono::seconds(60);
+  std::vector<std::string> addresses(ready.size());
+  for (;;) {
+    size_t have = 0;
+    for (size_t i = 0; i < ready.size(); ++i) {
+      if (addresses[i].empty() && fs::exists(ready[i])) addresses[i] = read_ready_file(ready[i]);
+      have += !addresses[i].empty();
+    }
+    if (have == ready.size()) return addresses;
+    if (auto e = nodes.exited())
+      return std::unexpected(fmt::format("node {} exited before it was ready (status {}); the end of {}:\n{}", e->first,
+                                         e->second, logs[e->first].string(), tail_of(logs[e->first])));
+    if (Clock::now() > deadline) return std::unexpected(std::string("nodes not ready within 60 s"));
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // ready files have no event to wait on
+  }
+}
+
+/// What the submitter's hooks gather, from the submitter's thread; read after run_node returns.
+struct Collected {
+  std::mutex mutex;
+  std::vector<gossip::JobReport> evaluations, done;
+  std::optional<gossip::JobReport> last_progress;
+  std::vector<float> params;
+  size_t params_received = 0;
+  uint64_t members = 0;
+  std::string failure;
+};
+
+}  // namespace
+
+int run_run_command(const RunArgs& args) {
+  const auto process_start = Clock::now();
+  std::vector<std::string> overrides = args.overrides;
+  if (args.nodes) overrides.push_back(fmt::format("cluster.local_nodes={}", *args.nodes));
+  if (args.mode) overrides.push_back(fmt::format("job.mode=\"{}\"", *args.mode));
+  if (args.epochs) overrides.push_back(fmt::format("job.epochs={}", *args.epochs));
+  auto loaded = args.config ? elastic::load_config(fs::path(*args.config), overrides)
+                            : elastic::parse_config(quickstart_toml, "(built-in configs/quickstart.toml)", overrides);
+  if (!loaded) return usage_error(loaded.error().message);
+  const elastic::JobConfig& c = *loaded;
+  if (c.job.mode != "sync")
+    return usage_error(fmt::format("{}: job.mode = \"{}\": `tepdist run` trains on a cluster (mode \"sync\"); "
+                                   "`tepdist train` trains in one process",
+                                   c.source, c.job.mode));
+  const int64_t local = c.cluster.local_nodes;
+  if (local == 0 && c.cluster.seeds.empty())
+    return usage_error(fmt::format("{}: cluster.local_nodes is 0 and cluster.seeds is empty: set local_nodes to start "
+                                   "nodes here, or seeds to join a running cluster",
+                                   c.source));
+  // The data, before any process starts: a missing data set is this machine's error to report.
+  auto data = elastic::load_job_data(c.data, c.job.seed);
+  if (!data && local > 0) return usage_error(data.error().message);
+  std::unique_ptr<compute::Model> model;
+  if (data) {
+    auto built = elastic::build_job_model(c, data->train);
+    if (!built) return usage_error(built.error().message);
+    model = std::move(*built);
+  }
+
+  const fs::path out = args.out;
+  std::error_code ec;
+  fs::create_directories(out / "logs", ec);
+  fs::create_directories(out / "run", ec);
+  if (ec) return usage_error(fmt::format("{}: cannot create the output directory: {}", out.string(), ec.message()));
+
+  // The cluster: started here, or joined.
+  LocalNodes nodes;
+  std::vector<std::string> seeds = c.cluster.seeds;
+  std::string secret;
+  elastic::JobConfig cluster = c;
+  if (local > 0) {
+    secret = generate_secret();
+    const fs::path secret_file = fs::absolute(out / "secret");
+    if (!write_private_file(secret_file, secret + "\n"))
+      return runtime_error(fmt::format("cannot write {}", secret_file.string()));
+    const std::vector<std::string> cluster_keys = {fmt::format("cluster.secret_file=\"{}\"", secret_file.string()),
+                                                   "cluster.secret=\"\"", "cluster.local_nodes=0"};
+    auto node_config = elastic::parse_config(c.text, (out / "cluster.toml").string(), cluster_keys);
+    if (!node_config) return runtime_error(node_config.error().message);
+    const fs::path cluster_file = out / "cluster.toml";
+    if (!write_private_file(cluster_file, node_config->text))
+      return runtime_error(fmt::format("cannot write {}", cluster_file.string()));
+    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
+    const int64_t threads = std::max<int64_t>(1, cores / local);
+    std::vector<fs::path> ready, logs;
+    std::string first;
+    for (int64_t i = 0; i < local; ++i) {
+      ready.push_back(out / "run" / fmt::format("node-{}.ready", i));
+      logs.push_back(out / "logs" / fmt::format("node-{}.log", i));
+      fs::remove(ready.back(), ec);
+      std::vector<std::string> node_args = {cluster_file.string(),
+                                            "--name", fmt::format("node-{:02d}", i),
+                                            "--ready-file", ready.back().string(),
+                                            "--set", fmt::format("compute.threads={}", threads)};
+      if (static_cast<size_t>(i) < c.network.regions.size()) node_args.insert(node_args.end(), {"--region", c.network.regions[static_cast<size_t>(i)]});
+      if (i > 0) node_args.insert(node_args.end(), {"--join", first});
+      if (auto started = nodes.start(node_args, logs.back()); !started) return runtime_error(started.error());
+      if (i == 0) {  // the others join through the first
+        auto addresses = wait_ready(nodes, ready, logs);
+        if (!addresses) return runtime_error(addresses.error());
+        first = (*addresses)[0];
+      }
+    }
+    auto addresses = wait_ready(nodes, ready, logs);
+    if (!addresses) return runtime_error(addresses.error());
+    seeds = *addresses;
+    // cluster.toml, now with the seeds, is what reaches this cluster from another shell.
+    std::string seed_list;
+    for (const auto& a : seeds) seed_list += fmt::format("{}\"{}\"", seed_list.empty() ? "" : ", ", a);
+    auto with_seeds = elastic::parse_config(node_config->text, cluster_file.string(), {{fmt::format("cluster.seeds=[{}]", seed_list)}});
+    if (!with_seeds || !write_private_file(cluster_file, with_seeds->text))
+      return runtime_error(fmt::format("cannot write {}", cluster_file.string()));
+    cluster = *with_seeds;
+    fmt::print("tepdist run: {} local nodes ({} threads each), logs in {}\n", local, threads, (out / "logs").string());
+    fmt::print("  add a node:   tepdist node {} --join {}\n", cluster_file.string(), seeds[0]);
+    fmt::print("  see them:     tepdist status {} --peer {}\n", cluster_file.string(), seeds[0]);
+  } else {
+    auto s = elastic::load_secret(c.cluster);
+    if (!s) return usage_error(fmt::format("{}: {}", c.source, s.error().message));
+    secret = *s;
+  }
+
+  // This process joins as the submitter and follows the job.
+  const bool tty = isatty(STDOUT_FILENO);
+  auto collected = std::make_shared<Collected>();
+  auto submission = std::make_shared<actors::Submission>();
+  submission->job.job_id = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  submission->job.config = c.text;
+  submission->expected_workers = static_cast<size_t>(local);
+  const int64_t train_n = data ? data->train.size() : 0;
+  double startup_seconds = -1;
+  submission->on_report = [&, collected](const gossip::JobReport& r) {
+    std::lock_guard lock(collected->mutex);
+    collected->members = r.members;
+    using K = gossip::JobReport::Kind;
+    if (startup_seconds < 0) startup_seconds = std::chrono::duration<double>(Clock::now() - process_start).count() - r.train_seconds;
+    const int64_t total = train_n > 0 ? std::min(elastic::sync_steps_per_epoch(train_n, r.members, c.data.batch_size) * c.job.epochs,
+                                                 c.job.max_steps > 0 ? c.job.max_steps : INT64_MAX)
+                                      : 0;
+    if (r.kind == K::progress) {
+      collected->last_progress = r;
+      const std::string accuracy = collected->evaluations.empty()
+                                       ? std::string("-")
+                                       : fmt::format("{:.4f}", collected->evaluations.back().test_accuracy);
+      fmt::print("{}epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s members {} mode sync accuracy {}{}",
+                 tty ? "\r\033[K" : "", std::min<int64_t>(r.epoch + 1, c.job.epochs), c.job.epochs, r.step, total, r.loss,
+                 r.samples_per_second, r.members, accuracy, tty ? "" : "\n");
+    } else if (r.kind == K::evaluation) {
+      collected->evaluations.push_back(r);
+      fmt::print("{}eval  epoch {} step {}: test accuracy {:.4f}, test loss {:.4f} (at {:.1f} s of training)\n",
+                 tty ? "\r\033[K" : "", r.epoch, r.step, r.test_accuracy, r.test_loss, r.train_seconds);
+    } else if (r.kind == K::done) {
+      collected->done.push_back(r);
+    } else {
+      collected->failure = r.error;
+    }
+    std::fflush(stdout);
+  };
+  submission->on_params = [collected](const gossip::TensorChunk& chunk) {
+    std::lock_guard lock(collected->mutex);
+    collected->params.resize(chunk.total);
+    std::copy(chunk.data.begin(), chunk.data.end(), collected->params.begin() + static_cast<ptrdiff_t>(chunk.offset));
+    collected->params_received += chunk.data.size();
+  };
+  std::string end_reason;
+  submission->on_end = [&end_reason](int, const std::string& why) { end_reason = why; };
+
+  const fs::path submitter_log = out / "logs" / "submitter.log";
+  if (!actors::node_events_to_file(submitter_log.string()))
+    return runtime_error(fmt::format("cannot write {}", submitter_log.string()));
+  actors::NodeOptions node;
+  node.config = cluster;
+  node.secret = secret;
+  node.name = fmt::format("submitter-{}", ::getpid());
+  node.join = seeds;
+  node.submission = submission;
+  const int status = actors::run_node(node);
+  nodes.stop();  // every node this launcher started, whatever happened
+
+  if (status == 130) {
+    fmt::print("\ninterrupted: the job was stopped and the local nodes with it\n");
+    return 130;
+  }
+  if (status != 0) return runtime_error(fmt::format("the job failed: {}", end_reason.empty() ? collected->failure : end_reason));
+
+  // Results: the report every training subcommand writes, and the model.
+  std::lock_guard lock(collected->mutex);
+  const gossip::JobReport* rank0 = nullptr;
+  for (const auto& d : collected->done)
+    if (d.rank == 0) rank0 = &d;
+  if (!rank0) return runtime_error("the job ended without rank 0's report");
+  std::optional<double> time_to_target;
+  nlohmann::json evaluations = nlohmann::json::array();
+  for (const auto& e : collected->evaluations) {
+    evaluations.push_back({{"step", e.step}, {"epoch", e.epoch}, {"train_seconds", e.train_seconds},
+                           {"test_accuracy", e.test_accuracy}, {"test_loss", e.test_loss}});
+    if (!time_to_target && e.test_accuracy >= c.job.target_accuracy) time_to_target = e.train_seconds;
+  }
+  nlohmann::json workers = nlohmann::json::array();
+  uint64_t samples = 0;
+  for (const auto& d : collected->done) {
+    workers.push_back({{"rank", d.rank}, {"samples", d.samples}, {"ring_bytes_sent", d.bytes_sent},
+                       {"ring_bytes_per_step", d.step ? d.bytes_sent / d.step : 0},
+                       {"parameter_checksum", fmt::format("{:016x}", d.checksum)}});
+    samples += d.samples;
+  }
+  const double wall = rank0->train_seconds;
+  const fs::path model_path = out / "model.safetensors";
+  std::optional<std::string> model_file;
+  if (model && collected->params.size() == model->parameters().size() &&
+      collected->params_received == collected->params.size()) {
+    std::copy(collected->params.begin(), collected->params.end(), model->parameters().begin());
+    if (auto ok = compute::export_safetensors(model_path, *model); !ok) return runtime_error(ok.error().message);
+    model_file = fs::absolute(model_path).string();
+  }
+  const nlohmann::json result = {
+      {"mode", "sync"},
+      {"nodes", collected->members},
+      {"epochs", rank0->epoch},
+      {"steps", rank0->step},
+      {"samples", samples},
+      {"wall_seconds", wall},
+      {"startup_seconds", std::max(0.0, startup_seconds)},
+      {"eval_seconds", rank0->eval_seconds},
+      {"samples_per_second", rank0->samples_per_second},
+      {"test_accuracy", rank0->test_accuracy},
+      {"test_loss", rank0->test_loss},
+      {"target_accuracy", c.job.target_accuracy},
+      {"time_to_target_seconds", time_to_target ? nlohmann::json(*time_to_target) : nlohmann::json(nullptr)},
+      {"membership_events", 0},
+      {"checkpoint", nullptr},
+      {"model", model_file ? nlohmann::json(*model_file) : nlohmann::json(nullptr)},
+      {"seed", c.job.seed},
+      {"backend", c.compute.backend},
+      {"batch_size", c.data.batch_size},
+      {"model_bytes", model ? model->parameters().size() * sizeof(float) : 0},
+      {"workers", workers},
+      {"evaluations", evaluations},
+  };
+  if (auto ok = compute::write_file_atomically(out / "result.json", result.dump(2) + "\n"); !ok)
+    return runtime_error(ok.error().message);
+  fmt::print("{}done: {} workers, {} epochs, {} steps in {:.1f} s ({:.0f} samples/s), test accuracy {:.4f}\n",
+             tty ? "\r\033[K" : "", collected->members, rank0->epoch, rank0->step, wall, rank0->samples_per_second,
+             rank0->test_accuracy);
+  fmt::print("wrote {}{}\n", (out / "result.json").string(), model_file ? ", " + model_path.string() : std::string());
+  return 0;
+}
+
+}  // namespace tepdist::cli

@@ -1,0 +1,26 @@
+#pragma once
+// What every training subcommand builds from a job file the same way: the data sets and the model.
+// `tepdist train` and every node of `tepdist run` call these, so a replica on any node starts from
+// the very parameters a single process would (same preset or layers, same seed).
+
+#include <memory>
+
+#include "compute/data/dataset.hpp"
+#include "compute/model.hpp"
+#include "elastic/config.hpp"
+
+namespace tepdist::elastic {
+
+struct JobData {
+  compute::Dataset train, test;
+};
+
+/// The [data] section's training and test sets (synthetic: one generator call split in two, so
+/// both share the class patterns).
+compute::Result<JobData> load_job_data(const JobConfig::Data& data, uint64_t seed);
+
+/// The [model] section's network, built for the data's samples and checked against its classes;
+/// errors name the config source.
+compute::Result<std::unique_ptr<compute::Model>> build_job_model(const JobConfig& config, const compute::Dataset& train);
+
+}  // namespace tepdist::elastic
