@@ -122,7 +122,7 @@ TEST_CASE("out-of-range values and unknown choices are refused with the range", 
   CHECK_THAT(parse_error("[optimizer]\nlr = 0\n"), Catch::Contains("(0, 10]"));
   CHECK_THAT(parse_error("[optimizer]\nmomentum = 1.0\n"), Catch::Contains("[0, 1)"));
   CHECK_THAT(parse_error("[optimizer]\nname = \"adan\"\n"), Catch::Contains("did you mean 'adam'"));
-  CHECK_THAT(parse_error("[job]\nmode = \"sync\"\n"), Catch::Contains("job.mode"));
+  CHECK_THAT(parse_error("[job]\nmode = \"gossips\"\n"), Catch::Contains("job.mode"));
 }
 
 TEST_CASE("syntax errors name the file", "[elastic][config]") {

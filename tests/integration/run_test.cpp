@@ -1,0 +1,205 @@
+// `tepdist run` as a user runs it: real node processes on loopback, started and stopped by the
+// launcher. Each test checks that no process of its run is left behind.
+
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <set>
+
+#include "tests/support/process.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace fs = std::filesystem;
+using tepdist::test::Child;
+using tepdist::test::TempDir;
+
+namespace {
+
+/// Pids of the processes whose command line mentions `needle` (the test's own directory), and
+/// `also` if given.
+std::vector<pid_t> processes_mentioning(const std::string& needle, const std::string& also = "") {
+  std::vector<pid_t> out;
+  for (const auto& entry : fs::directory_iterator("/proc")) {
+    const std::string name = entry.path().filename();
+    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+    std::ifstream in(entry.path() / "cmdline");
+    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+    if (cmdline.find(needle) != std::string::npos && cmdline.find(also) != std::string::npos &&
+        std::stoi(name) != ::getpid())
+      out.push_back(std::stoi(name));
+  }
+  return out;
+}
+
+/// Waits (on pidfds, not by sleeping) until every process mentioning needle has exited; false if
+/// some are still there after `limit`. Kills the stragglers either way.
+bool all_gone(const std::string& needle, std::chrono::milliseconds limit) {
+  const auto deadline = std::chrono::steady_clock::now() + limit;
+  for (pid_t pid : processes_mentioning(needle)) {
+    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (fd < 0) continue;  // already gone
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    pollfd p{fd, POLLIN, 0};
+    const bool exited = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) == 1;
+    ::close(fd);
+    if (!exited) {
+      for (pid_t straggler : processes_mentioning(needle)) ::kill(straggler, SIGKILL);
+      return false;
+    }
+  }
+  return true;
+}
+
+/// The float data of a .safetensors file written by tepdist (header skipped).
+std::vector<float> tensor_data(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  uint64_t header = 0;
+  in.read(reinterpret_cast<char*>(&header), sizeof header);
+  in.seekg(static_cast<std::streamoff>(8 + header));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+nlohmann::json read_json(const fs::path& file) {
+  std::ifstream in(file);
+  return nlohmann::json::parse(in);
+}
+
+/// Fashion-MNIST, 6,144 training samples: 32 global steps of 3 x 64 per epoch.
+std::string job_file(const TempDir& dir) {
+  const auto path = dir.path / "job.toml";
+  std::ofstream(path) << R"([job]
+mode = "single"
+epochs = 2
+seed = 3
+log_every_steps = 8
+[data]
+train_samples = 6144
+test_samples = 2000
+[optimizer]
+lr = 0.05
+momentum = 0.9
+[membership]
+probe_interval_ms = 200
+probe_timeout_ms = 100
+suspicion_mult = 2
+)";
+  return path.string();
+}
+
+}  // namespace
+
+TEST_CASE("sync: three nodes learn what one process at three times the batch learns, and leave nothing behind",
+          "[integration][run][fashion]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  // One process, batch 3 x 64: the reference, measured here.
+  Child single({TEPDIST_BINARY, "train", job, "--set", "data.batch_size=192", "--out", (dir.path / "single").string()});
+  REQUIRE(single.wait() == 0);
+  const auto reference = read_json(dir.path / "single" / "result.json");
+
+  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--out", (dir.path / "sync").string()});
+  const int status = run.wait();
+  INFO(run.all());
+  REQUIRE(status == 0);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+  const auto result = read_json(dir.path / "sync" / "result.json");
+  CHECK(result["mode"] == "sync");
+  CHECK(result["nodes"] == 3);
+  CHECK(result["steps"] == 64);
+  CHECK(result["samples"] == 2 * 6144);
+  // The bar: at least the single process's accuracy on the same samples, minus 3 points.
+  CHECK(result["test_accuracy"].get<double>() >= reference["test_accuracy"].get<double>() - 0.03);
+
+  // Every replica ends bit-identical, and the ring moves 2(N-1)/N of the gradient per node and step.
+  const auto& workers = result["workers"];
+  REQUIRE(workers.size() == 3);
+  const double model_bytes = result["model_bytes"].get<double>();
+  double total = 0, most = 0;
+  for (const auto& w : workers) {
+    CHECK(w["parameter_checksum"] == workers[0]["parameter_checksum"]);
+    const double per_step = w["ring_bytes_per_step"].get<double>();
+    CHECK(per_step == Approx(2.0 * 2 / 3 * model_bytes).epsilon(0.15));
+    total += per_step;
+    most = std::max(most, per_step);
+  }
+  CHECK(most <= 1.3 * total / 3);
+  CHECK(fs::exists(dir.path / "sync" / "logs" / "node-2.log"));
+
+  // Same samples per step, same update: after a few steps the parameters agree to float rounding
+  // (over many steps training amplifies rounding differences, so compare early).
+  Child single_short({TEPDIST_BINARY, "train", job, "--set", "data.batch_size=192", "--set", "job.max_steps=6", "--out",
+                      (dir.path / "single-short").string()});
+  REQUIRE(single_short.wait() == 0);
+  Child sync_short({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--set", "job.max_steps=6", "--out",
+                    (dir.path / "sync-short").string()});
+  REQUIRE(sync_short.wait() == 0);
+  const auto a = tensor_data(dir.path / "single-short" / "model.safetensors");
+  const auto b = tensor_data(dir.path / "sync-short" / "model.safetensors");
+  REQUIRE(a.size() == b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - b[i]) * static_cast<double>(a[i] - b[i]);
+    norm += a[i] * static_cast<double>(a[i]);
+  }
+  CHECK(std::sqrt(diff / norm) < 1e-5);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+  CHECK((fs::status(dir.path / "sync" / "secret").permissions() & (fs::perms::group_all | fs::perms::others_all)) ==
+        fs::perms::none);
+}
+
+TEST_CASE("a node killed during a sync job stops it with an error naming the node", "[integration][run]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--epochs", "1000", "--set",
+             "data.dataset=\"synthetic\"", "--out", (dir.path / "out").string()});
+  REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));
+  const auto victim = processes_mentioning(dir.path.string(), "--name node-01");
+  REQUIRE(victim.size() == 1);
+  ::kill(victim[0], SIGKILL);
+  const auto failed = run.wait_for("the job failed", std::chrono::seconds(30));
+  REQUIRE(failed);
+  CHECK_THAT(*failed, Catch::Contains("node-01"));
+  CHECK(run.wait() == 1);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+TEST_CASE("a launcher killed with SIGKILL takes its nodes with it", "[integration][run]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "2", "--epochs", "1000", "--set",
+             "data.dataset=\"synthetic\"", "--out", (dir.path / "out").string()});
+  REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));
+  REQUIRE(processes_mentioning(dir.path.string()).size() >= 3);  // the launcher and its two nodes
+  run.signal(SIGKILL);
+  run.wait();
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+TEST_CASE("an invalid job is refused before any node starts, naming the key", "[integration][run]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  const auto out = dir.path / "out";
+  Child bad_key({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "2", "--set", "data.batch_sise=3", "--out",
+                 out.string()});
+  CHECK(bad_key.wait() == 2);
+  CHECK_THAT(bad_key.all(), Catch::Contains("data.batch_sise"));
+  Child single({TEPDIST_BINARY, "run", job, "--nodes", "2", "--out", out.string()});
+  CHECK(single.wait() == 2);
+  CHECK_THAT(single.all(), Catch::Contains("job.mode"));
+  Child nowhere({TEPDIST_BINARY, "run", job, "--mode", "sync", "--out", out.string()});
+  CHECK(nowhere.wait() == 2);
+  CHECK_THAT(nowhere.all(), Catch::Contains("cluster.local_nodes"));
+  CHECK_FALSE(fs::exists(out / "logs" / "node-0.log"));
+  CHECK(processes_mentioning(dir.path.string()).empty());
+}
