@@ -78,6 +78,12 @@ int run_node(const NodeOptions& o) {
   const uint64_t incarnation = unix_ms();  // above any incarnation an earlier run of this id used
   gossip::MetricsRegistry metrics;  // before the actors: the monitor role reads it until they are gone
   caf::actor_system_config cfg;
+  // The work-sharing scheduler sleeps on a condition variable when idle; CAF's default
+  // work-stealing one polls, and on a node whose cores are busy training that polling steals
+  // compute from the trainer (measured: a third of a 2-core machine's throughput). Two threads
+  // suffice: the heavy actors (trainer, evaluator) are detached, on threads of their own.
+  cfg.set("scheduler.policy", caf::atom("sharing"));
+  cfg.set("scheduler.max-threads", size_t{2});
   caf::actor_system sys{cfg};
 
   gossip::TransportOptions topts;

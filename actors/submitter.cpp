@@ -21,7 +21,8 @@ struct SubmitterState {
   std::vector<gossip::Member> view;
   std::string coordinator_address;
   gossip::JobStart sent;  // workers: the live workers when it was submitted
-  bool submitted = false, ended = false;
+  bool submitted = false, ended = false, heard = false;
+  std::chrono::steady_clock::time_point submitted_at;
   std::set<uint32_t> done;
   static inline const char* name = "tepdist.submitter";
 };
@@ -60,11 +61,12 @@ void on_view(Submitter* self, std::vector<gossip::Member> view) {
   s.sent.submitter = s.o.self_address;
   for (const auto& m : s.view)
     if (elastic::is_live(m) && elastic::has_role(m, "worker")) s.sent.workers.push_back(m.id);
-  gossip::JobStart request = s.sent;
-  request.workers.clear();  // the coordinator decides the ring
+  const gossip::JobStart& request = s.sent;  // workers: those it waits for; the coordinator decides the ring
   s.coordinator_address = coordinator->address;
   send_to(self, coordinator->address, request);
   s.submitted = true;
+  s.submitted_at = std::chrono::steady_clock::now();
+  self->delayed_send(self, std::chrono::seconds(5), tick_atom::value);
   node_events().info("job_submitted job={} coordinator={} workers={}", request.job_id, coordinator->id, workers);
 }
 
@@ -77,6 +79,7 @@ void on_frame(Submitter* self, const gossip::Message& m) {
   }
   const auto* r = std::get_if<gossip::JobReport>(&m.body);
   if (!r || r->job_id != s.sent.job_id) return;
+  s.heard = true;
   s.submission->on_report(*r);
   if (r->kind == gossip::JobReport::Kind::failed) return end(self, 1, r->error);
   if (r->kind == gossip::JobReport::Kind::done) {
@@ -93,6 +96,15 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
   return {
       [self](view_atom, std::vector<gossip::Member> view) { on_view(self, std::move(view)); },
       [self](wire_atom, const std::string&, const std::string&, const gossip::Message& m) { on_frame(self, m); },
+      [self](tick_atom) {
+        // A job nobody answers for is a failure to report, not a reason to wait forever.
+        auto& s = self->state;
+        if (s.heard || s.ended) return;
+        if (std::chrono::steady_clock::now() - s.submitted_at > std::chrono::seconds(60))
+          return end(self, 1, fmt::format("the coordinator at {} did not answer job {} within 60 s",
+                                          s.coordinator_address, s.sent.job_id));
+        self->delayed_send(self, std::chrono::seconds(5), tick_atom::value);
+      },
       [self](stop_atom) {
         auto& s = self->state;
         if (!s.submitted || s.ended) return;

@@ -18,6 +18,15 @@ void start(caf::stateful_actor<SupervisorState>* self, SupervisorState::Child& c
 
 }  // namespace
 
+/// The supervisor's children go when it goes: nothing else holds them (a detached role would
+/// otherwise keep its thread, and the node's shutdown, waiting).
+void stop_children(caf::stateful_actor<SupervisorState>* self, const caf::error& reason) {
+  for (auto& [name, child] : self->state.children) {
+    self->demonitor(child.actor);
+    self->send_exit(child.actor, reason ? reason : caf::make_error(caf::exit_reason::user_shutdown));
+  }
+}
+
 caf::behavior supervisor(caf::stateful_actor<SupervisorState>* self, std::vector<RoleSpec> roles,
                          SupervisorOptions options) {
   for (auto& spec : roles) {
@@ -25,6 +34,10 @@ caf::behavior supervisor(caf::stateful_actor<SupervisorState>* self, std::vector
     child.spec = std::move(spec);
     start(self, child);
   }
+  self->set_exit_handler([self](caf::exit_msg& m) {
+    stop_children(self, m.reason);
+    self->quit(m.reason);
+  });
   self->set_down_handler([self, options](const caf::down_msg& down) {
     for (auto& [name, child] : self->state.children) {
       if (down.source != child.actor.address()) continue;
@@ -34,6 +47,7 @@ caf::behavior supervisor(caf::stateful_actor<SupervisorState>* self, std::vector
       failures.push_back(now);
       while (!failures.empty() && now - failures.front() > options.window) failures.pop_front();
       if (static_cast<int>(failures.size()) > options.max_restarts) {
+        stop_children(self, caf::exit_reason::user_shutdown);
         self->quit(caf::make_error(
             caf::sec::runtime_error,
             fmt::format("role {} failed ({}): {} failures within {} s, more than the {} restarts allowed", name,

@@ -167,6 +167,42 @@ std::expected<std::vector<std::string>, std::string> wait_ready(LocalNodes& node
   }
 }
 
+/// Bounds on one sync step over the emulated network, for local nodes in index order (the ring
+/// order of node-00, node-01, ...). Nothing when the network is not emulated.
+struct RingBounds {
+  /// The design brief's formula: 2(N-1) x the largest one-way latency on the ring + 2(N-1)/N x the
+  /// buffer over the narrowest link + the compute of a step.
+  double formula_s;
+  /// A tighter one for rings of unequal links: every chunk crosses 2(N-1) consecutive links, so a
+  /// step takes at least the slowest such path, and at least the narrowest link's 2(N-1)/N x the
+  /// buffer; compute comes before either.
+  double critical_path_s;
+};
+
+std::optional<RingBounds> ring_bounds(const elastic::JobConfig& c, size_t n, double bytes, double compute_s) {
+  if (c.network.model.links.empty() || n < 2) return std::nullopt;
+  auto region = [&](size_t k) { return k < c.network.regions.size() ? c.network.regions[k] : std::string("local"); };
+  std::vector<double> latency_ms(n, 0.0);
+  double bandwidth_mbit = 0;
+  for (size_t i = 0; i < n; ++i) {
+    const auto* link = c.network.model.link(region(i), region((i + 1) % n));
+    if (!link) continue;
+    latency_ms[i] = link->latency_ms;
+    if (link->bandwidth_mbit > 0) bandwidth_mbit = bandwidth_mbit > 0 ? std::min(bandwidth_mbit, link->bandwidth_mbit) : link->bandwidth_mbit;
+  }
+  const double w = static_cast<double>(n);
+  const double transfer_s = bandwidth_mbit > 0 ? 2 * (w - 1) / w * bytes * 8 / (bandwidth_mbit * 1e6) : 0.0;
+  double path_ms = 0;
+  for (size_t start = 0; start < n; ++start) {
+    double sum = 0;
+    for (size_t hop = 0; hop < 2 * (n - 1); ++hop) sum += latency_ms[(start + hop) % n];
+    path_ms = std::max(path_ms, sum);
+  }
+  const double largest_ms = *std::max_element(latency_ms.begin(), latency_ms.end());
+  return RingBounds{2 * (w - 1) * largest_ms / 1000 + transfer_s + compute_s,
+                    std::max(path_ms / 1000, transfer_s) + compute_s};
+}
+
 /// What the submitter's hooks gather, from the submitter's thread; read after run_node returns.
 struct Collected {
   std::mutex mutex;
@@ -358,6 +394,13 @@ int run_run_command(const RunArgs& args) {
     samples += d.samples;
   }
   const double wall = rank0->train_seconds;
+  double compute_per_step = 0;
+  for (const auto& d : collected->done)
+    if (d.step > 0) compute_per_step = std::max(compute_per_step, d.compute_seconds / static_cast<double>(d.step));
+  const double step_seconds = rank0->step ? wall / static_cast<double>(rank0->step) : 0.0;
+  const auto bound = ring_bounds(c, collected->done.size(),
+                                        model ? static_cast<double>(model->parameters().size() + 3) * sizeof(float) : 0.0,
+                                        compute_per_step);
   const fs::path model_path = out / "model.safetensors";
   std::optional<std::string> model_file;
   if (model && collected->params.size() == model->parameters().size() &&
@@ -387,6 +430,10 @@ int run_run_command(const RunArgs& args) {
       {"backend", c.compute.backend},
       {"batch_size", c.data.batch_size},
       {"model_bytes", model ? model->parameters().size() * sizeof(float) : 0},
+      {"step_seconds", step_seconds},
+      {"compute_seconds_per_step", compute_per_step},
+      {"ring_bound_formula_seconds", bound ? nlohmann::json(bound->formula_s) : nlohmann::json(nullptr)},
+      {"ring_bound_critical_path_seconds", bound ? nlohmann::json(bound->critical_path_s) : nlohmann::json(nullptr)},
       {"workers", workers},
       {"evaluations", evaluations},
   };
@@ -395,6 +442,12 @@ int run_run_command(const RunArgs& args) {
   fmt::print("{}done: {} workers, {} epochs, {} steps in {:.1f} s ({:.0f} samples/s), test accuracy {:.4f}\n",
              tty ? "\r\033[K" : "", collected->members, rank0->epoch, rank0->step, wall, rank0->samples_per_second,
              rank0->test_accuracy);
+  if (bound)
+    fmt::print("step time {:.0f} ms (compute {:.0f} ms): {:.2f}x the ring formula's {:.0f} ms (2(N-1) x largest latency "
+               "+ 2(N-1)/N x bytes / narrowest bandwidth + compute), {:.2f}x the critical path's {:.0f} ms (slowest "
+               "2(N-1) consecutive links or the narrowest link's bytes, + compute)\n",
+               step_seconds * 1000, compute_per_step * 1000, step_seconds / bound->formula_s, bound->formula_s * 1000,
+               step_seconds / bound->critical_path_s, bound->critical_path_s * 1000);
   fmt::print("wrote {}{}\n", (out / "result.json").string(), model_file ? ", " + model_path.string() : std::string());
   return 0;
 }

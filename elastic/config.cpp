@@ -78,6 +78,10 @@ const std::vector<Key>& keys() {
       {{"job", "target_accuracy", KeyType::number, "0.85",
         "Test accuracy whose first crossing is reported as time_to_target_seconds; 0 to 1."},
        0, 1, false, false, {}, assign<&J::job, &J::Job::target_accuracy>},
+      {{"job", "stop_at_target", KeyType::boolean, "false",
+        "tepdist run: end the job at the first evaluation that reaches target_accuracy (every worker stops after "
+        "the same step) instead of running all epochs. For time-to-accuracy benchmarks."},
+       -inf, inf, false, false, {}, assign<&J::job, &J::Job::stop_at_target>},
       {{"job", "log_every_steps", KeyType::integer, "50", "Steps between progress-line updates; 1 or more."},
        1, 1e9, false, false, {}, assign<&J::job, &J::Job::log_every_steps>},
       {{"job", "ring_chunk_kb", KeyType::integer, "256",

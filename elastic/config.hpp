@@ -30,6 +30,7 @@ struct JobConfig {
     uint64_t seed = 0;
     int64_t eval_every_steps = 0;  ///< 0: only at epoch ends
     double target_accuracy = 0.85;
+    bool stop_at_target = false;
     int64_t log_every_steps = 50;
     int64_t ring_chunk_kb = 256;
     double step_timeout_s = 60;

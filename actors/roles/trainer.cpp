@@ -64,7 +64,7 @@ struct Job {
   std::unique_ptr<compute::Optimizer> optimizer;
   std::optional<compute::LrSchedule> schedule;
   std::optional<gossip::collective::RingAllReduce> ring;
-  std::vector<float> buffer;  // [gradient x samples, loss x samples, samples]
+  std::vector<float> buffer;  // [gradient x samples, loss x samples, samples, stop votes]
   std::vector<int64_t> order;
   int64_t step = 0, epoch = 0, steps_per_epoch = 0, total_steps = 0;
   uint64_t own_samples = 0, samples = 0, window_samples = 0;
@@ -74,11 +74,13 @@ struct Job {
   std::vector<int32_t> y;
   std::optional<Clock::time_point> first_step;
   Clock::time_point last_step_end, window_start, waiting_since;
+  double compute_seconds = 0, ring_seconds = 0;  // where the steps' time went
   // Rank 0.
   caf::actor evaluator;
   int pending_evals = 0;
   int64_t last_eval_step = -1;
   double last_accuracy = 0, last_test_loss = 0, eval_seconds = 0;
+  bool target_reached = false;  // stop_at_target: rank 0 votes to stop in the next ring
   bool finishing = false;
 
   double train_seconds() const { return first_step ? seconds_between(*first_step, last_step_end) : 0.0; }
@@ -90,10 +92,15 @@ struct TrainerState {
   std::vector<gossip::Member> view;
   std::unique_ptr<Job> job;
   std::vector<gossip::RingChunk> stash;  // chunks of a job not started here yet (a faster neighbour)
+  std::optional<gossip::JobStart> pending;  // submitted, waiting for this view to hold its workers
+  Clock::time_point pending_since;
+  bool ticking = false;
   static inline const char* name = "tepdist.trainer";
 };
 
 using Trainer = caf::stateful_actor<TrainerState>;
+
+void start_ticking(Trainer* self);
 
 void send_to(Trainer* self, const std::string& address, gossip::Body body) {
   auto& o = self->state.o;
@@ -111,7 +118,15 @@ JobReport report_of(const Job& j, JobReport::Kind kind) {
   r.step = static_cast<uint64_t>(j.step);
   r.loss = j.loss;
   r.train_seconds = j.train_seconds();
+  r.compute_seconds = j.compute_seconds;
   return r;
+}
+
+/// Ends the current job here: its evaluator goes with it.
+void drop_job(Trainer* self) {
+  auto& job = self->state.job;
+  if (job && job->evaluator) self->send_exit(job->evaluator, caf::exit_reason::user_shutdown);
+  job.reset();
 }
 
 void fail(Trainer* self, const std::string& why) {
@@ -120,7 +135,7 @@ void fail(Trainer* self, const std::string& why) {
   JobReport r = report_of(j, JobReport::Kind::failed);
   r.error = fmt::format("{}: {}", self->state.o.self_id, why);
   send_to(self, j.start.submitter, r);
-  self->state.job.reset();
+  drop_job(self);
 }
 
 void fail_start(Trainer* self, const gossip::JobStart& start, const std::string& why) {
@@ -153,9 +168,9 @@ void complete_rank0(Trainer* self) {
   r.eval_seconds = j.eval_seconds;
   r.samples_per_second = r.train_seconds > 0 ? static_cast<double>(j.samples) / r.train_seconds : 0.0;
   send_to(self, j.start.submitter, r);
-  node_events().info("job_done job={} rank=0 steps={} checksum={:016x}", j.start.job_id, j.step, r.checksum);
-  self->send_exit(j.evaluator, caf::exit_reason::user_shutdown);
-  self->state.job.reset();
+  node_events().info("job_done job={} rank=0 steps={} checksum={:016x} compute_s={:.2f} ring_s={:.2f}", j.start.job_id,
+                     j.step, r.checksum, j.compute_seconds, j.ring_seconds);
+  drop_job(self);
 }
 
 void finish_job(Trainer* self) {
@@ -170,8 +185,9 @@ void finish_job(Trainer* self) {
   r.bytes_sent = j.ring->bytes_sent();
   r.checksum = checksum(j.model->parameters());
   send_to(self, j.start.submitter, r);
-  node_events().info("job_done job={} rank={} steps={} checksum={:016x}", j.start.job_id, j.rank, j.step, r.checksum);
-  self->state.job.reset();
+  node_events().info("job_done job={} rank={} steps={} checksum={:016x} compute_s={:.2f} ring_s={:.2f}", j.start.job_id,
+                     j.rank, j.step, r.checksum, j.compute_seconds, j.ring_seconds);
+  drop_job(self);
 }
 
 /// Rank 0: evaluates a snapshot of the parameters in the evaluator, reports it when done.
@@ -191,6 +207,7 @@ void evaluate_snapshot(Trainer* self) {
         job->last_accuracy = r.test_accuracy = accuracy;
         job->last_test_loss = r.test_loss = loss;
         job->eval_seconds += seconds;
+        job->target_reached |= job->config.job.stop_at_target && accuracy >= job->config.job.target_accuracy;
         r.eval_seconds = seconds;
         send_to(self, job->start.submitter, r);
         if (job->finishing && job->pending_evals == 0) complete_rank0(self);
@@ -208,9 +225,12 @@ void finish_step(Trainer* self) {
   j.loss = j.buffer[e] / total;
   j.optimizer->step(j.model->parameters(), grads, j.schedule->at(j.step));
   ++j.step;
+  // A stop vote in the sum: every worker ends after this same step.
+  if (j.buffer[e + 2] > 0) j.total_steps = j.step;
   j.samples += static_cast<uint64_t>(total);
   j.window_samples += static_cast<uint64_t>(total);
   j.last_step_end = Clock::now();
+  j.ring_seconds += seconds_between(j.waiting_since, j.last_step_end);
   const bool epoch_end = j.step % j.steps_per_epoch == 0;
   if (epoch_end) ++j.epoch;
   if (j.rank == 0) {
@@ -256,14 +276,17 @@ void do_step(Trainer* self) {
     for (size_t i = 0; i < e; ++i) j.buffer[i] = grads[i] * count;
     j.buffer[e] = loss * count;
     j.buffer[e + 1] = count;
+    j.buffer[e + 2] = j.target_reached ? 1.0f : 0.0f;
     j.own_samples += static_cast<uint64_t>(end - begin);
   } else {
     std::fill(j.buffer.begin(), j.buffer.end(), 0.0f);  // a short last step: nothing for this rank
+    j.buffer[e + 2] = j.target_reached ? 1.0f : 0.0f;
   }
   std::vector<gossip::RingChunk> out;
   j.ring->start(static_cast<uint64_t>(j.step) + 1, j.buffer, out);
   for (auto& c : out) send_to(self, j.next_address, std::move(c));
   j.waiting_since = Clock::now();
+  j.compute_seconds += seconds_between(now, j.waiting_since);
   if (j.ring->done()) finish_step(self);
 }
 
@@ -317,8 +340,8 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   if (!made) return std::unexpected(made.error().message);
   j.schedule = *made;
   const size_t chunk = static_cast<size_t>(j.config.job.ring_chunk_kb) * 1024 / sizeof(float);
-  j.ring.emplace(gossip::collective::RingAllReduce::Options{j.start.job_id, j.rank, j.world, j.elements() + 2, chunk});
-  j.buffer.assign(j.elements() + 2, 0.0f);
+  j.ring.emplace(gossip::collective::RingAllReduce::Options{j.start.job_id, j.rank, j.world, j.elements() + 3, chunk});
+  j.buffer.assign(j.elements() + 3, 0.0f);
   if (j.rank == 0) {
     auto kit = std::make_shared<EvalKit>();
     auto eval_model = elastic::build_job_model(j.config, j.data.train);
@@ -329,6 +352,10 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
     kit->backend->set_threads(static_cast<int>(j.config.compute.threads));
     kit->test = j.data.test;
     j.evaluator = self->spawn<caf::detached>(evaluator, kit);
+    // Should the trainer itself end (node stopping, role failure), the evaluator ends with it.
+    self->attach_functor([evaluator = j.evaluator](const caf::error&) {
+      caf::anon_send_exit(evaluator, caf::exit_reason::user_shutdown);
+    });
   }
   return {};
 }
@@ -359,12 +386,26 @@ void on_assigned(Trainer* self, const gossip::JobStart& start) {
   for (const auto& c : early)
     if (c.job_id == start.job_id) on_chunk(self, s.job->prev_id, c);
   self->send(self, step_atom::value);
-  self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+  start_ticking(self);
 }
 
-/// The coordinator's part: a job from a submitter gets its ring order and goes to every worker.
+/// The coordinator's part: a job from a submitter gets its ring order and goes to every worker,
+/// once this node's view holds every worker the submitter saw (gossip may not have brought them
+/// all here yet).
 void on_submitted(Trainer* self, const gossip::JobStart& request) {
   auto& s = self->state;
+  for (const auto& id : request.workers) {
+    auto it = std::find_if(s.view.begin(), s.view.end(), [&](const gossip::Member& m) { return m.id == id; });
+    if (it == s.view.end() || !elastic::is_live(*it)) {
+      if (!s.pending) {
+        s.pending = request;
+        s.pending_since = Clock::now();
+        start_ticking(self);
+      }
+      return;
+    }
+  }
+  s.pending.reset();
   auto assigned = elastic::assign_job(request, s.view, s.o.self_id, s.o.incarnation);
   if (!assigned) return fail_start(self, request, assigned.error());
   node_events().info("job_assigned job={} workers={} submitter={}", assigned->job_id, assigned->workers.size(),
@@ -377,6 +418,10 @@ void on_submitted(Trainer* self, const gossip::JobStart& request) {
 void on_view(Trainer* self, std::vector<gossip::Member> view) {
   auto& s = self->state;
   s.view = std::move(view);
+  if (s.pending) {
+    const auto request = *s.pending;
+    on_submitted(self, request);
+  }
   if (!s.job) return;
   const auto changes = elastic::ring_changes(s.job->start, s.view);
   if (!changes.empty()) {
@@ -388,18 +433,32 @@ void on_view(Trainer* self, std::vector<gossip::Member> view) {
   for (const auto& m : s.view)
     if (m.address == s.job->start.submitter && !elastic::is_live(m)) {
       node_events().warn("job_abandoned job={} reason=\"the submitter {} is gone\"", s.job->start.job_id, m.id);
-      s.job.reset();
+      drop_job(self);
       return;
     }
 }
 
 void on_tick(Trainer* self) {
   auto& s = self->state;
-  if (!s.job) return;
-  auto& j = *s.job;
-  if (!j.finishing && seconds_between(j.waiting_since, Clock::now()) > j.config.job.step_timeout_s)
-    return fail(self, fmt::format("step {} waited {:.0f} s for worker {} (the previous one in the ring)", j.step + 1,
-                                  j.config.job.step_timeout_s, j.prev_id));
+  if (s.pending && seconds_between(s.pending_since, Clock::now()) > 30) {
+    const auto request = *s.pending;
+    s.pending.reset();
+    fail_start(self, request, "the workers the submitter saw did not all reach the coordinator within 30 s");
+  }
+  if (s.job && !s.job->finishing &&
+      seconds_between(s.job->waiting_since, Clock::now()) > s.job->config.job.step_timeout_s) {
+    auto& j = *s.job;
+    fail(self, fmt::format("step {} waited {:.0f} s for worker {} (the previous one in the ring)", j.step + 1,
+                           j.config.job.step_timeout_s, j.prev_id));
+  }
+  if (s.pending || s.job) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+  else s.ticking = false;
+}
+
+/// Keeps one timer chain running while a job or a pending submission needs watching.
+void start_ticking(Trainer* self) {
+  if (self->state.ticking) return;
+  self->state.ticking = true;
   self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
 }
 
@@ -428,7 +487,7 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
       [self](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {
         if (const auto* chunk = std::get_if<gossip::RingChunk>(&m.body)) on_chunk(self, peer, *chunk);
         else if (const auto* start = std::get_if<gossip::JobStart>(&m.body))
-          start->workers.empty() ? on_submitted(self, *start) : on_assigned(self, *start);
+          start->coordinator.empty() ? on_submitted(self, *start) : on_assigned(self, *start);
         else if (const auto* control = std::get_if<gossip::Control>(&m.body)) on_control(self, peer, *control);
       },
       [self](step_atom) { do_step(self); },

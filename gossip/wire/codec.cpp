@@ -130,6 +130,7 @@ struct Encoder {
             b.setChecksum(m.checksum);
             b.setError(m.error);
             b.setEvalSeconds(m.eval_seconds);
+            b.setComputeSeconds(m.compute_seconds);
           } else if constexpr (std::is_same_v<T, MetricsSnapshot>) {
             auto list = e.initMetrics().initEntries(static_cast<unsigned>(m.entries.size()));
             for (unsigned i = 0; i < m.entries.size(); ++i) {
@@ -234,7 +235,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       JobStart j{r.getJobId(), r.getConfig(), r.getSubmitter(), {}, {}, r.getCoordinator(), r.getCoordinatorIncarnation()};
       for (auto w : r.getWorkers()) j.workers.emplace_back(w);
       for (auto a : r.getAddresses()) j.addresses.emplace_back(a);
-      if (j.workers.size() != j.addresses.size())
+      if (!j.addresses.empty() && j.workers.size() != j.addresses.size())
         throw WireError{WireErrc::malformed, fmt::format("job start names {} workers but {} addresses", j.workers.size(),
                                                          j.addresses.size())};
       return j;
@@ -255,7 +256,8 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
                        r.getTestAccuracy(), r.getTestLoss(),
                        r.getTrainSeconds(), r.getSamples(),
                        r.getBytesSent(),    r.getChecksum(),
-                       r.getError(),        r.getEvalSeconds()};
+                       r.getError(),        r.getEvalSeconds(),
+                       r.getComputeSeconds()};
     }
     case wire::Envelope::METRICS: {
       MetricsSnapshot s;

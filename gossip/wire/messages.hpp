@@ -146,6 +146,7 @@ struct JobReport {
   uint64_t samples = 0, bytes_sent = 0, checksum = 0;
   std::string error;
   double eval_seconds = 0;
+  double compute_seconds = 0;
   friend bool operator==(const JobReport&, const JobReport&) = default;
 };
 

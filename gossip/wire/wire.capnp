@@ -161,9 +161,9 @@ struct JobStart {
   jobId @0 :UInt64;
   config @1 :Text;           # the job's TOML, as the submitter validated it
   submitter @2 :Text;        # host:port where reports go
-  workers @3 :List(Text);    # ids in ring order: empty from the submitter, filled by the coordinator
-  addresses @4 :List(Text);  # where each of workers listens, same order
-  coordinator @5 :Text;      # who assigned it (obeyed only from the lowest live coordinator id)
+  workers @3 :List(Text);    # from the submitter: the workers it saw; from the coordinator: the ring order
+  addresses @4 :List(Text);  # where each of workers listens, same order (empty in a submission)
+  coordinator @5 :Text;      # who assigned it (obeyed only from the lowest live coordinator id); empty: a submission
   coordinatorIncarnation @6 :UInt64;
 }
 
@@ -191,6 +191,7 @@ struct JobReport {
   checksum @13 :UInt64;         # FNV-1a of this worker's parameters (done): replicas compare equal
   error @14 :Text;              # failed: what went wrong, naming the node
   evalSeconds @15 :Float64;
+  computeSeconds @16 :Float64;  # done: this worker's time in forward and backward passes
   enum Kind {
     progress @0;
     evaluation @1;

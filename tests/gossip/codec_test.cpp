@@ -49,8 +49,8 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       MetricsSnapshot{{{"frames_in", {{"peer", "b"}}, 12.0}, {"queue_depth", {}, 3.5}}},
       JobStart{9, "[job]\nmode = \"sync\"\n", "127.0.0.1:9000", {"a", "b"}, {"127.0.0.1:1", "127.0.0.1:2"}, "a", 4},
       RingChunk{9, 1, 2, chunk},
-      JobReport{9, JobReport::Kind::done, 1, 2, 300, 0.5, 1234.5, 3, 0.88, 0.4, 12.5, 19200, 1 << 20, 0xfeed, "", 0.75},
-      JobReport{9, JobReport::Kind::failed, 0, 0, 7, 0, 0, 3, 0, 0, 0, 0, 0, 0, "node b died", 0},
+      JobReport{9, JobReport::Kind::done, 1, 2, 300, 0.5, 1234.5, 3, 0.88, 0.4, 12.5, 19200, 1 << 20, 0xfeed, "", 0.75, 11.5},
+      JobReport{9, JobReport::Kind::failed, 0, 0, 7, 0, 0, 3, 0, 0, 0, 0, 0, 0, "node b died", 0, 0},
   };
   for (const auto& body : bodies) {
     INFO(kind_name(body));

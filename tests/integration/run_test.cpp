@@ -51,7 +51,14 @@ bool all_gone(const std::string& needle, std::chrono::milliseconds limit) {
     const bool exited = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) == 1;
     ::close(fd);
     if (!exited) {
-      for (pid_t straggler : processes_mentioning(needle)) ::kill(straggler, SIGKILL);
+      for (pid_t straggler : processes_mentioning(needle)) {
+        std::ifstream in("/proc/" + std::to_string(straggler) + "/cmdline");
+        std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+        fprintf(stderr, "still running after %lld ms: pid %d: %s\n", static_cast<long long>(limit.count()), straggler,
+                cmdline.c_str());
+        ::kill(straggler, SIGKILL);
+      }
       return false;
     }
   }
