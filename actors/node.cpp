@@ -134,6 +134,7 @@ int run_node(const NodeOptions& o) {
       },
       [&](const std::string& peer, const std::string& reason) {
         node_events().warn("peer_refused peer={} reason=\"{}\"", peer, reason);
+        to_router(peer_atom::value, false, peer, "refused: " + reason);
       }};
   gossip::Transport transport(topts, tevents);
   Teardown teardown(sys, transport);

@@ -188,8 +188,13 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
         [self](wire_atom, const std::string& peer, const std::string& address, const gossip::Message& m) {
           on_frame(self, peer, address, m);
         },
-        [](peer_atom, bool up, const std::string& peer, const std::string& detail) {
-          node_events().info("{} id={} {}", up ? "peer_up" : "peer_down", peer, detail);
+        [self](peer_atom, bool up, const std::string& peer, const std::string& detail) {
+          if (detail.starts_with("refused: ")) {
+            // Logged where it happened (peer_refused); the job actor hears it like any trouble.
+          } else {
+            node_events().info("{} id={} {}", up ? "peer_up" : "peer_down", peer, detail);
+          }
+          if (!up && self->state.job) caf::anon_send(self->state.job, peer_atom::value, peer, detail);
         },
         [self](tick_atom) {
           self->state.tick_pending = false;

@@ -22,7 +22,8 @@ struct SubmitterState {
   std::string coordinator_address;
   gossip::JobStart sent;  // workers: the live workers when it was submitted
   bool submitted = false, ended = false, heard = false;
-  std::chrono::steady_clock::time_point submitted_at;
+  std::chrono::steady_clock::time_point submitted_at, started_at = std::chrono::steady_clock::now();
+  std::string trouble;  // the last connection problem, for a join that does not happen
   std::set<uint32_t> done;
   static inline const char* name = "tepdist.submitter";
 };
@@ -66,7 +67,6 @@ void on_view(Submitter* self, std::vector<gossip::Member> view) {
   send_to(self, coordinator->address, request);
   s.submitted = true;
   s.submitted_at = std::chrono::steady_clock::now();
-  self->delayed_send(self, std::chrono::seconds(5), tick_atom::value);
   node_events().info("job_submitted job={} coordinator={} workers={}", request.job_id, coordinator->id, workers);
 }
 
@@ -93,13 +93,30 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
   self->state.o = std::move(options);
   self->state.submission = std::move(submission);
   caf::anon_send(router, job_atom::value, caf::actor_cast<caf::actor>(self));
+  self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);  // watches the join
   return {
       [self](view_atom, std::vector<gossip::Member> view) { on_view(self, std::move(view)); },
       [self](wire_atom, const std::string&, const std::string&, const gossip::Message& m) { on_frame(self, m); },
+      [self](peer_atom, const std::string& peer, const std::string& detail) {
+        self->state.trouble = fmt::format("{}: {}", peer, detail);
+      },
       [self](tick_atom) {
-        // A job nobody answers for is a failure to report, not a reason to wait forever.
+        // A join that does not happen, or a job nobody answers for, is a failure to report, not a
+        // reason to wait forever.
         auto& s = self->state;
         if (s.heard || s.ended) return;
+        if (!s.submitted) {
+          if (std::chrono::duration<double>(std::chrono::steady_clock::now() - s.started_at).count() >
+              s.submission->join_timeout_s)
+            return end(self, 1, fmt::format("could not join the cluster within {} s ({}); last connection problem: {}",
+                                            s.submission->join_timeout_s,
+                                            s.submission->expected_workers
+                                                ? fmt::format("waiting for {} workers", s.submission->expected_workers)
+                                                : std::string("no coordinator and worker seen"),
+                                            s.trouble.empty() ? std::string("none") : s.trouble));
+          self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+          return;
+        }
         if (std::chrono::steady_clock::now() - s.submitted_at > std::chrono::seconds(60))
           return end(self, 1, fmt::format("the coordinator at {} did not answer job {} within 60 s",
                                           s.coordinator_address, s.sent.job_id));

@@ -28,7 +28,7 @@ out=$(mktemp -d /tmp/tepdist-sync-vs-pytorch.XXXXXX)
 trap 'rm -rf "$out"' EXIT
 common=(--mode sync --nodes 2 --set optimizer.lr=0.01 --set optimizer.warmup_steps=0 --set data.batch_size=64)
 for i in $(seq 1 "$runs"); do
-  "$build/cli/tepdist" run "${common[@]}" --set "job.max_steps=$steps" --out "$out/tepdist$i" > "$out/tepdist$i.log"
+  "$build/cli/tepdist" run "${common[@]}" --set job.eval_every_steps=0 --set "job.max_steps=$steps" --out "$out/tepdist$i" > "$out/tepdist$i.log"
   /usr/bin/python3 "$baseline" --world 2 --steps "$steps" > "$out/torch$i.json"
 done
 for i in $(seq 1 "$target_runs"); do

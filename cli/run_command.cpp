@@ -316,6 +316,7 @@ int run_run_command(const RunArgs& args) {
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   submission->job.config = c.text;
   submission->expected_workers = static_cast<size_t>(local);
+  submission->join_timeout_s = c.cluster.join_timeout_s;
   const int64_t train_n = data ? data->train.size() : 0;
   double startup_seconds = -1;
   submission->on_report = [&, collected](const gossip::JobReport& r) {

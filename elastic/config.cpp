@@ -181,6 +181,10 @@ const std::vector<Key>& keys() {
         "`tepdist run`: start this many node processes on loopback, train on them, then stop them (the "
         "one-command cluster). 0: join the cluster at [cluster] seeds instead. 0 to 64."},
        0, 64, false, false, {}, assign<&J::cluster, &J::Cluster::local_nodes>},
+      {{"cluster", "join_timeout_s", KeyType::number, "30",
+        "`tepdist run`: give up, saying why (the last connection problem), when the cluster has not shown its "
+        "coordinator and workers within this many seconds. (0, 3600]."},
+       0, 3600, true, false, {}, assign<&J::cluster, &J::Cluster::join_timeout_s>},
       {{"cluster", "seeds", KeyType::strings, "[]",
         "`tepdist run` without local_nodes: HOST:PORT of members of a running cluster to join through; the "
         "job goes to its coordinator."},

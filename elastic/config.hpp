@@ -69,6 +69,7 @@ struct JobConfig {
     int64_t send_queue_mb = 64;
     int64_t reconnect_max_ms = 2000;
     int64_t local_nodes = 0;         ///< tepdist run: node processes to start on loopback
+    double join_timeout_s = 30;      ///< tepdist run: how long the submitter waits to see the cluster
     std::vector<std::string> seeds;  ///< tepdist run without local nodes: where to join
     friend bool operator==(const Cluster&, const Cluster&) = default;
   } cluster;

@@ -492,6 +492,8 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
       },
       [self](step_atom) { do_step(self); },
       [self](tick_atom) { on_tick(self); },
+      // Connection trouble: membership decides who is gone; the step timeout covers the rest.
+      [](peer_atom, const std::string&, const std::string&) {},
   };
 }
 

@@ -123,6 +123,7 @@ struct Transport::Impl {
     std::deque<Outgoing> queue;
     uv_timer_t* timer = nullptr;  // next release or reconnect; owned, closed at stop
     uint64_t backoff_ms = 0;      // 0: connect at once
+    bool unreachable_reported = false;  // a failed connect is told once, until the peer is up again
     double next_connect_ms = 0;   // loop time before which no reconnect is tried
     PeerMetrics metrics;
   };
@@ -291,6 +292,7 @@ struct Transport::Impl {
     if (p->connecting == c) p->connecting = nullptr;
     if (!p->conn) p->conn = c;
     p->backoff_ms = 0;
+    p->unreachable_reported = false;
     if (opt.metrics && !p->metrics.frames_in) {
       const Labels l{{"peer", p->address}};
       p->metrics = {&opt.metrics->counter("frames_in_total", l, "frames received from the peer"),
@@ -312,7 +314,14 @@ struct Transport::Impl {
     if (warn) log().warn("connection_closed peer={} reason=\"{}\"", c->label, reason);
     Peer* p = c->peer;
     conns.erase(c);
-    if (p && p->connecting == c) p->connecting = nullptr;
+    if (p && p->connecting == c) {
+      p->connecting = nullptr;
+      // Never reached (refused, unreachable, timed out): tell once, so a joiner can say why.
+      if (!c->authenticated && !p->conn && !p->unreachable_reported && events.on_peer_down) {
+        p->unreachable_reported = true;
+        events.on_peer_down(p->id.empty() ? p->address : p->id, reason);
+      }
+    }
     if (p && p->conn == c) {
       // Two nodes dialling each other at once end up with two connections: fall back on the other.
       p->conn = nullptr;

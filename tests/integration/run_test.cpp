@@ -210,3 +210,66 @@ TEST_CASE("an invalid job is refused before any node starts, naming the key", "[
   CHECK_FALSE(fs::exists(out / "logs" / "node-0.log"));
   CHECK(processes_mentioning(dir.path.string()).empty());
 }
+
+TEST_CASE("run joins a running cluster through its seeds, submits, and leaves it running", "[integration][run]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  const auto secret = dir.path / "secret";
+  std::ofstream(secret) << "a secret for this test\n";
+  fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write);
+  const std::string secret_key = "cluster.secret_file=\"" + secret.string() + "\"";
+  Child a({TEPDIST_BINARY, "node", job, "--name", "a", "--set", secret_key});
+  const auto ready = a.wait_for("node_ready");
+  REQUIRE(ready);
+  const std::string seed = tepdist::test::field(*ready, "address");
+  Child b({TEPDIST_BINARY, "node", job, "--name", "b", "--set", secret_key, "--join", seed});
+  REQUIRE(b.wait_for("member_joined id=a"));
+  REQUIRE(a.wait_for("member_joined id=b"));
+
+  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--set", "job.max_steps=10", "--set", secret_key, "--set",
+             "cluster.seeds=[\"" + seed + "\"]", "--out", (dir.path / "out").string()});
+  const int status = run.wait();
+  INFO(run.all());
+  REQUIRE(status == 0);
+  const auto result = read_json(dir.path / "out" / "result.json");
+  CHECK(result["nodes"] == 2);
+  CHECK(result["steps"] == 10);
+  // The nodes saw the submitter leave, not die, and are still there.
+  CHECK(a.wait_for("member_left id=submitter"));
+  CHECK(a.seen("job_done"));
+  a.signal(SIGTERM);
+  b.signal(SIGTERM);
+  CHECK(a.wait() == 0);
+  CHECK(b.wait() == 0);
+}
+
+TEST_CASE("run says why it cannot join: a wrong secret, a seed nobody listens on", "[integration][run]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  const auto secret = dir.path / "secret";
+  std::ofstream(secret) << "the right secret\n";
+  fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write);
+  const auto wrong = dir.path / "wrong";
+  std::ofstream(wrong) << "the wrong secret\n";
+  fs::permissions(wrong, fs::perms::owner_read | fs::perms::owner_write);
+  Child a({TEPDIST_BINARY, "node", job, "--name", "a", "--set", "cluster.secret_file=\"" + secret.string() + "\""});
+  const auto ready = a.wait_for("node_ready");
+  REQUIRE(ready);
+  const std::string seed = tepdist::test::field(*ready, "address");
+  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--set", "cluster.join_timeout_s=3", "--set",
+             "cluster.secret_file=\"" + wrong.string() + "\"",
+             "--set", "cluster.seeds=[\"" + seed + "\"]", "--out", (dir.path / "out").string()});
+  const auto why = run.wait_for("could not join", std::chrono::seconds(20));
+  REQUIRE(why);
+  CHECK_THAT(*why, Catch::Contains(seed));
+  CHECK(run.wait() == 1);
+
+  // Port 1 on loopback: nobody listens there.
+  Child nowhere({TEPDIST_BINARY, "run", job, "--mode", "sync", "--set", "cluster.join_timeout_s=2", "--set",
+                 "cluster.secret_file=\"" + secret.string() + "\"", "--set", "cluster.seeds=[\"127.0.0.1:1\"]", "--out",
+                 (dir.path / "out2").string()});
+  const auto unreachable = nowhere.wait_for("could not join", std::chrono::seconds(20));
+  REQUIRE(unreachable);
+  CHECK_THAT(*unreachable, Catch::Contains("127.0.0.1:1"));
+  CHECK(nowhere.wait() == 1);
+}
