@@ -169,7 +169,9 @@ int run_node(const NodeOptions& o) {
     constexpr int64_t training_samples = 60000;  // the demo partition in the view log lines
     roles = {coordinator_role(id), parameter_shard_role("parameter-shard", shard), worker_role(id, training_samples),
              monitor_role(&metrics),
-             trainer_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation, o.threads}, router_actor)};
+             trainer_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation, o.threads,
+                                       o.config.cluster.max_frame_mb << 10},
+                                      router_actor)};
     role_names = {"coordinator", "parameter-shard", "worker", "monitor"};
   }
   auto sup = sys.spawn(supervisor, std::move(roles), SupervisorOptions{});

@@ -22,7 +22,7 @@ struct SubmitterState {
   std::string coordinator_address;
   gossip::JobStart sent;  // workers: the live workers when it was submitted
   bool submitted = false, ended = false, heard = false;
-  std::chrono::steady_clock::time_point submitted_at, started_at = std::chrono::steady_clock::now();
+  std::chrono::steady_clock::time_point submitted_at, last_report, started_at = std::chrono::steady_clock::now();
   std::string trouble;  // the last connection problem, for a join that does not happen
   std::set<uint32_t> done;
   static inline const char* name = "tepdist.submitter";
@@ -80,6 +80,7 @@ void on_frame(Submitter* self, const gossip::Message& m) {
   const auto* r = std::get_if<gossip::JobReport>(&m.body);
   if (!r || r->job_id != s.sent.job_id) return;
   s.heard = true;
+  s.last_report = std::chrono::steady_clock::now();
   s.submission->on_report(*r);
   if (r->kind == gossip::JobReport::Kind::failed) return end(self, 1, r->error);
   if (r->kind == gossip::JobReport::Kind::done) {
@@ -104,7 +105,15 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
         // A join that does not happen, or a job nobody answers for, is a failure to report, not a
         // reason to wait forever.
         auto& s = self->state;
-        if (s.heard || s.ended) return;
+        if (s.ended) return;
+        if (s.heard) {
+          // Reports stopped: rank 0 is gone or cannot reach this node.
+          const double quiet = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.last_report).count();
+          if (quiet > s.submission->report_timeout_s)
+            return end(self, 1, fmt::format("no report on job {} for {:.0f} s", s.sent.job_id, quiet));
+          self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+          return;
+        }
         if (!s.submitted) {
           if (std::chrono::duration<double>(std::chrono::steady_clock::now() - s.started_at).count() >
               s.submission->join_timeout_s)

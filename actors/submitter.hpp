@@ -18,6 +18,7 @@ struct Submission {
   gossip::JobStart job;           ///< job_id and config; the submitter address is filled in
   size_t expected_workers = 0;    ///< live workers to wait for before submitting; 0: at least one
   double join_timeout_s = 30;     ///< give up when they are not seen by then
+  double report_timeout_s = 120;  ///< and when the job goes this long without a report
   /// Called on the submitter's thread.
   std::function<void(const gossip::JobReport&)> on_report;
   std::function<void(const gossip::TensorChunk&)> on_params;

@@ -35,6 +35,10 @@ int main(int argc, char** argv) {
   run_cmd->add_option("--mode", run.mode, "Override job.mode");
   run_cmd->add_option("--epochs", run.epochs, "Override job.epochs")->check(CLI::Range(1, 10000));
   run_cmd->add_option("--set", run.overrides, "Override a key: --set section.key=value (repeatable)");
+  run_cmd->add_option("--listen", run.listen,
+                      "HOST:PORT this process listens on as the cluster's submitter; with seeds on other machines, an "
+                      "address they can reach")
+      ->capture_default_str();
   run_cmd->add_option("--out", run.out, "Directory for result.json, model.safetensors, cluster.toml and logs/")
       ->capture_default_str();
 

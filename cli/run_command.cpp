@@ -12,6 +12,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -209,6 +210,7 @@ struct Collected {
   std::vector<gossip::JobReport> evaluations, done;
   std::optional<gossip::JobReport> last_progress;
   std::vector<float> params;
+  std::map<uint64_t, size_t> pieces;  // offset -> elements of each piece received
   size_t params_received = 0;
   uint64_t members = 0;
   std::string failure;
@@ -317,17 +319,23 @@ int run_run_command(const RunArgs& args) {
   submission->job.config = c.text;
   submission->expected_workers = static_cast<size_t>(local);
   submission->join_timeout_s = c.cluster.join_timeout_s;
+  // Rank 0 reports at least every log_every_steps; a step may wait step_timeout_s before the
+  // workers give up themselves, and the last evaluation comes on top.
+  submission->report_timeout_s = c.job.step_timeout_s + 120;
   const int64_t train_n = data ? data->train.size() : 0;
   double startup_seconds = -1;
   submission->on_report = [&, collected](const gossip::JobReport& r) {
     std::lock_guard lock(collected->mutex);
     collected->members = r.members;
     using K = gossip::JobReport::Kind;
-    if (startup_seconds < 0) startup_seconds = std::chrono::duration<double>(Clock::now() - process_start).count() - r.train_seconds;
-    const int64_t total = train_n > 0 ? std::min(elastic::sync_steps_per_epoch(train_n, r.members, c.data.batch_size) * c.job.epochs,
-                                                 c.job.max_steps > 0 ? c.job.max_steps : INT64_MAX)
-                                      : 0;
     if (r.kind == K::progress) {
+      if (startup_seconds < 0)
+        startup_seconds = std::chrono::duration<double>(Clock::now() - process_start).count() - r.train_seconds;
+      const int64_t total =
+          train_n > 0 && r.members > 0
+              ? std::min(elastic::sync_steps_per_epoch(train_n, r.members, c.data.batch_size) * c.job.epochs,
+                         c.job.max_steps > 0 ? c.job.max_steps : INT64_MAX)
+              : 0;
       collected->last_progress = r;
       const std::string accuracy = collected->evaluations.empty()
                                        ? std::string("-")
@@ -346,8 +354,12 @@ int run_run_command(const RunArgs& args) {
     }
     std::fflush(stdout);
   };
-  submission->on_params = [collected](const gossip::TensorChunk& chunk) {
+  const size_t model_size = model ? model->parameters().size() : 0;
+  submission->on_params = [collected, model_size](const gossip::TensorChunk& chunk) {
     std::lock_guard lock(collected->mutex);
+    // Only this job's model, each piece once: anything else is not the model (the decoder has
+    // already checked that the piece lies inside `total`).
+    if (chunk.total != model_size || !collected->pieces.emplace(chunk.offset, chunk.data.size()).second) return;
     collected->params.resize(chunk.total);
     std::copy(chunk.data.begin(), chunk.data.end(), collected->params.begin() + static_cast<ptrdiff_t>(chunk.offset));
     collected->params_received += chunk.data.size();
@@ -362,6 +374,7 @@ int run_run_command(const RunArgs& args) {
   node.config = cluster;
   node.secret = secret;
   node.name = fmt::format("submitter-{}", ::getpid());
+  node.listen = args.listen;
   node.join = seeds;
   node.submission = submission;
   const int status = actors::run_node(node);

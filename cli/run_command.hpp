@@ -18,6 +18,7 @@ struct RunArgs {
   std::optional<int> epochs;
   std::vector<std::string> overrides;
   std::string out = "tepdist-run";
+  std::string listen = "127.0.0.1:0";  ///< where the submitter listens: reachable from the nodes
 };
 
 int run_run_command(const RunArgs& args);

@@ -251,6 +251,7 @@ class Sim {
     const std::string line = fmt::format("{:.3f}:{}:{}:{}:{};", now_, observer, gossip::swim::event_name(e.kind),
                                          e.member.id, e.member.incarnation);
     for (unsigned char c : line) hash_ = (hash_ ^ c) * 0x100000001b3ull;
+    if (trace_) fmt::print(stderr, "{}\n", line);
     if (e.kind == Event::Kind::dead) dead_seen_[e.member.id][observer] = now_;
     if (e.kind == Event::Kind::joined) joined_seen_[e.member.id].try_emplace(observer, now_);  // the first time
     if (e.kind == Event::Kind::dead) {
@@ -357,6 +358,7 @@ class Sim {
   uint64_t messages_ = 0, bytes_ = 0;
   uint64_t hash_ = 0xcbf29ce484222325ull;
   Report report_;
+  bool trace_ = std::getenv("TEPDIST_SIM_TRACE") != nullptr;  // every event on stderr, for debugging a seed
 };
 
 double percentile(std::vector<double> v, double p) {

@@ -91,8 +91,14 @@ struct TrainerState {
   TrainerOptions o;
   std::vector<gossip::Member> view;
   std::unique_ptr<Job> job;
-  std::vector<gossip::RingChunk> stash;  // chunks of a job not started here yet (a faster neighbour)
+  // Chunks of a job not started here yet (a faster neighbour was told first), with their senders;
+  // bounded in bytes, and only for jobs newer than any this node has run.
+  std::vector<std::pair<std::string, gossip::RingChunk>> stash;
+  size_t stash_bytes = 0;
+  uint64_t last_job = 0;
+  std::string submitter_id;  // of the job this node coordinates
   std::optional<gossip::JobStart> pending;  // submitted, waiting for this view to hold its workers
+  std::string pending_from;
   Clock::time_point pending_since;
   bool ticking = false;
   static inline const char* name = "tepdist.trainer";
@@ -102,10 +108,12 @@ using Trainer = caf::stateful_actor<TrainerState>;
 
 void start_ticking(Trainer* self);
 
-void send_to(Trainer* self, const std::string& address, gossip::Body body) {
+/// Sends, or says it could not: the peer's send queue is full ([cluster] send_queue_mb).
+bool send_to(Trainer* self, const std::string& address, gossip::Body body) {
   auto& o = self->state.o;
-  if (!o.transport->send(address, gossip::Message{o.self_id, o.incarnation, o.cluster_id, std::move(body)}))
-    node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
+  if (o.transport->send(address, gossip::Message{o.self_id, o.incarnation, o.cluster_id, std::move(body)})) return true;
+  node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
+  return false;
 }
 
 JobReport report_of(const Job& j, JobReport::Kind kind) {
@@ -125,7 +133,8 @@ JobReport report_of(const Job& j, JobReport::Kind kind) {
 /// Ends the current job here: its evaluator goes with it.
 void drop_job(Trainer* self) {
   auto& job = self->state.job;
-  if (job && job->evaluator) self->send_exit(job->evaluator, caf::exit_reason::user_shutdown);
+  // kill, not user_shutdown: it must not work through queued evaluations of a job that is over.
+  if (job && job->evaluator) self->send_exit(job->evaluator, caf::exit_reason::kill);
   job.reset();
 }
 
@@ -155,9 +164,10 @@ void complete_rank0(Trainer* self) {
   constexpr size_t piece = 1u << 20;  // elements per frame: 4 MiB, well inside the frame limit
   for (size_t off = 0; off < copy->size(); off += piece) {
     const std::span<const float> data(copy->data() + off, std::min(piece, copy->size() - off));
-    send_to(self, j.start.submitter,
-            gossip::ParamPush{0, static_cast<uint64_t>(j.step),
-                              gossip::TensorChunk{static_cast<uint64_t>(j.step), 0, off, copy->size(), data, copy}});
+    if (!send_to(self, j.start.submitter,
+                 gossip::ParamPush{0, static_cast<uint64_t>(j.step),
+                                   gossip::TensorChunk{static_cast<uint64_t>(j.step), 0, off, copy->size(), data, copy}}))
+      return fail(self, "the final model does not fit the send queue to the submitter; raise [cluster] send_queue_mb");
   }
   JobReport r = report_of(j, JobReport::Kind::done);
   r.samples = j.own_samples;
@@ -211,6 +221,10 @@ void evaluate_snapshot(Trainer* self) {
         r.eval_seconds = seconds;
         send_to(self, job->start.submitter, r);
         if (job->finishing && job->pending_evals == 0) complete_rank0(self);
+      },
+      [self, job_id](const caf::error& e) {
+        auto& job = self->state.job;
+        if (job && job->start.job_id == job_id) fail(self, "evaluation failed: " + self->system().render(e));
       });
 }
 
@@ -253,6 +267,8 @@ void do_step(Trainer* self) {
   auto* jp = self->state.job.get();
   if (!jp || jp->finishing) return;
   auto& j = *jp;
+  // One step at a time: a step message left over from an earlier job or step finds the ring busy.
+  if (j.ring->step() == static_cast<uint64_t>(j.step) + 1 && !j.ring->done()) return;
   const int64_t n = j.data.train.size(), batch = j.config.data.batch_size;
   const int64_t in_epoch = j.step - j.epoch * j.steps_per_epoch;
   if (in_epoch == 0) {
@@ -284,7 +300,10 @@ void do_step(Trainer* self) {
   }
   std::vector<gossip::RingChunk> out;
   j.ring->start(static_cast<uint64_t>(j.step) + 1, j.buffer, out);
-  for (auto& c : out) send_to(self, j.next_address, std::move(c));
+  for (auto& c : out)
+    if (!send_to(self, j.next_address, std::move(c)))
+      return fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
+                                    j.next_address));
   j.waiting_since = Clock::now();
   j.compute_seconds += seconds_between(now, j.waiting_since);
   if (j.ring->done()) finish_step(self);
@@ -294,7 +313,12 @@ void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c
   auto& s = self->state;
   if (!s.job || s.job->start.job_id != c.job_id) {
     // A neighbour that was told of the job first may already be on step 1: keep its chunks.
-    if (s.stash.size() < 100000 && (!s.job || c.job_id > s.job->start.job_id)) s.stash.push_back(c);
+    constexpr size_t stash_limit = 256u << 20;
+    const size_t bytes = c.chunk.data.size_bytes();
+    if (c.job_id > s.last_job && (!s.job || c.job_id > s.job->start.job_id) && s.stash_bytes + bytes <= stash_limit) {
+      s.stash.emplace_back(peer, c);
+      s.stash_bytes += bytes;
+    }
     return;
   }
   auto& j = *s.job;
@@ -308,7 +332,10 @@ void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c
     return;
   }
   j.waiting_since = Clock::now();
-  for (auto& m : out) send_to(self, j.next_address, std::move(m));
+  for (auto& m : out)
+    if (!send_to(self, j.next_address, std::move(m)))
+      return fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
+                                    j.next_address));
   if (j.ring->done() && !j.finishing && j.ring->step() == static_cast<uint64_t>(j.step) + 1) finish_step(self);
 }
 
@@ -340,6 +367,10 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   if (!made) return std::unexpected(made.error().message);
   j.schedule = *made;
   const size_t chunk = static_cast<size_t>(j.config.job.ring_chunk_kb) * 1024 / sizeof(float);
+  if (j.config.job.ring_chunk_kb + 64 > o.max_frame_kb)
+    return std::unexpected(fmt::format("job.ring_chunk_kb = {} does not fit this node's frames ([cluster] max_frame_mb "
+                                       "= {})",
+                                       j.config.job.ring_chunk_kb, o.max_frame_kb / 1024));
   j.ring.emplace(gossip::collective::RingAllReduce::Options{j.start.job_id, j.rank, j.world, j.elements() + 3, chunk});
   j.buffer.assign(j.elements() + 3, 0.0f);
   if (j.rank == 0) {
@@ -353,15 +384,20 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
     kit->test = j.data.test;
     j.evaluator = self->spawn<caf::detached>(evaluator, kit);
     // Should the trainer itself end (node stopping, role failure), the evaluator ends with it.
-    self->attach_functor([evaluator = j.evaluator](const caf::error&) {
-      caf::anon_send_exit(evaluator, caf::exit_reason::user_shutdown);
+    self->attach_functor([evaluator = caf::actor_cast<caf::weak_actor_ptr>(j.evaluator)](const caf::error&) {
+      if (auto e = caf::actor_cast<caf::actor>(evaluator)) caf::anon_send_exit(e, caf::exit_reason::kill);
     });
   }
   return {};
 }
 
-void on_assigned(Trainer* self, const gossip::JobStart& start) {
+void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart& start) {
   auto& s = self->state;
+  if (peer != start.coordinator) {
+    node_events().warn("job_refused job={} reason=\"sent by {}, not by the coordinator it names ({})\"", start.job_id,
+                       peer, start.coordinator);
+    return;
+  }
   if (s.job) {
     if (s.job->start.job_id != start.job_id)
       fail_start(self, start, fmt::format("busy with job {}", s.job->start.job_id));
@@ -381,10 +417,12 @@ void on_assigned(Trainer* self, const gossip::JobStart& start) {
                      job->rank, job->world, job->total_steps, job->steps_per_epoch);
   s.job = std::move(job);
   // Chunks that came before the job did.
-  std::vector<gossip::RingChunk> early;
+  s.last_job = std::max(s.last_job, start.job_id);
+  std::vector<std::pair<std::string, gossip::RingChunk>> early;
   early.swap(s.stash);
-  for (const auto& c : early)
-    if (c.job_id == start.job_id) on_chunk(self, s.job->prev_id, c);
+  s.stash_bytes = 0;
+  for (const auto& [peer, c] : early)
+    if (c.job_id == start.job_id) on_chunk(self, peer, c);
   self->send(self, step_atom::value);
   start_ticking(self);
 }
@@ -392,12 +430,16 @@ void on_assigned(Trainer* self, const gossip::JobStart& start) {
 /// The coordinator's part: a job from a submitter gets its ring order and goes to every worker,
 /// once this node's view holds every worker the submitter saw (gossip may not have brought them
 /// all here yet).
-void on_submitted(Trainer* self, const gossip::JobStart& request) {
+void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip::JobStart& request) {
   auto& s = self->state;
   for (const auto& id : request.workers) {
     auto it = std::find_if(s.view.begin(), s.view.end(), [&](const gossip::Member& m) { return m.id == id; });
     if (it == s.view.end() || !elastic::is_live(*it)) {
+      if (s.pending && s.pending->job_id != request.job_id)
+        return fail_start(self, request, fmt::format("job {} is waiting for its workers; one submission at a time",
+                                                     s.pending->job_id));
       if (!s.pending) {
+        s.pending_from = submitter_peer;
         s.pending = request;
         s.pending_since = Clock::now();
         start_ticking(self);
@@ -412,7 +454,8 @@ void on_submitted(Trainer* self, const gossip::JobStart& request) {
                      assigned->submitter);
   for (size_t i = 0; i < assigned->workers.size(); ++i)
     if (assigned->workers[i] != s.o.self_id) send_to(self, assigned->addresses[i], *assigned);
-  on_assigned(self, *assigned);
+  s.submitter_id = submitter_peer;
+  on_assigned(self, s.o.self_id, *assigned);
 }
 
 void on_view(Trainer* self, std::vector<gossip::Member> view) {
@@ -420,7 +463,7 @@ void on_view(Trainer* self, std::vector<gossip::Member> view) {
   s.view = std::move(view);
   if (s.pending) {
     const auto request = *s.pending;
-    on_submitted(self, request);
+    on_submitted(self, s.pending_from, request);
   }
   if (!s.job) return;
   const auto changes = elastic::ring_changes(s.job->start, s.view);
@@ -469,8 +512,8 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
     fail(self, "stopped by the submitter");
     return;
   }
-  // From the submitter: the coordinator relays it to the workers.
-  if (s.job->start.coordinator != s.o.self_id) return;
+  // From the job's submitter: the coordinator relays it to the workers.
+  if (s.job->start.coordinator != s.o.self_id || peer != s.submitter_id) return;
   gossip::Control relay = c;
   relay.coordinator = s.o.self_id;
   relay.coordinator_incarnation = s.o.incarnation;
@@ -487,7 +530,7 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
       [self](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {
         if (const auto* chunk = std::get_if<gossip::RingChunk>(&m.body)) on_chunk(self, peer, *chunk);
         else if (const auto* start = std::get_if<gossip::JobStart>(&m.body))
-          start->coordinator.empty() ? on_submitted(self, *start) : on_assigned(self, *start);
+          start->coordinator.empty() ? on_submitted(self, peer, *start) : on_assigned(self, peer, *start);
         else if (const auto* control = std::get_if<gossip::Control>(&m.body)) on_control(self, peer, *control);
       },
       [self](step_atom) { do_step(self); },

@@ -42,6 +42,7 @@ struct TrainerOptions {
   /// Kernel threads on this node (the launcher gives each local node its share of the cores);
   /// 0: the job's [compute] threads.
   int64_t threads = 0;
+  int64_t max_frame_kb = 64 << 10;  ///< the largest frame this node accepts: ring chunks must fit
 };
 
 /// The role "trainer" under the supervisor. It keeps no snapshot: a restarted trainer has lost its

@@ -32,7 +32,8 @@ uint32_t RingAllReduce::segment_received(uint8_t phase, uint32_t round) const {
 
 std::expected<size_t, std::string> RingAllReduce::slot_of(const RingChunk& c) const {
   if (c.phase > 1) return std::unexpected(fmt::format("phase {} is neither 0 nor 1", c.phase));
-  if (c.round + 1 >= o_.world) return std::unexpected(fmt::format("round {} in a ring of {}", c.round, o_.world));
+  if (o_.world < 2 || c.round >= o_.world - 1)  // (not round + 1: a round of 2^32 - 1 would wrap)
+    return std::unexpected(fmt::format("round {} in a ring of {}", c.round, o_.world));
   if (c.chunk.total != o_.elements)
     return std::unexpected(fmt::format("a buffer of {} elements, not {}", c.chunk.total, o_.elements));
   const Range s = segment(segment_received(c.phase, c.round));
@@ -43,7 +44,7 @@ std::expected<size_t, std::string> RingAllReduce::slot_of(const RingChunk& c) co
   if (c.chunk.data.size() != std::min(o_.chunk_elements, s.end - offset))
     return std::unexpected(fmt::format("{} elements at offset {}, expected {}", c.chunk.data.size(), offset,
                                        std::min(o_.chunk_elements, s.end - offset)));
-  return slot_base_[c.phase * (o_.world - 1) + c.round] + (offset - s.begin) / o_.chunk_elements;
+  return slot_base_[static_cast<size_t>(c.phase) * (o_.world - 1) + c.round] + (offset - s.begin) / o_.chunk_elements;
 }
 
 void RingAllReduce::emit(uint8_t phase, uint32_t round, size_t begin, size_t end, std::vector<RingChunk>& out) {

@@ -10,6 +10,10 @@ size_t Dissemination::estimate_bytes(const Member& m) {
   return 48 + m.id.size() + m.address.size() + m.region.size() + roles;  // pointers, lengths, padding
 }
 
+bool Dissemination::contains(const std::string& id) const {
+  return std::any_of(items_.begin(), items_.end(), [&](const Item& i) { return i.member.id == id; });
+}
+
 void Dissemination::enqueue(const Member& m) {
   auto it = std::find_if(items_.begin(), items_.end(), [&](const Item& i) { return i.member.id == m.id; });
   if (it == items_.end()) {

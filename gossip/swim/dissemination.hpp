@@ -19,6 +19,8 @@ class Dissemination {
   /// once sent `limit` times.
   std::vector<Member> pick(size_t budget_bytes, int limit);
   size_t size() const { return items_.size(); }
+  /// Whether news about this member is still waiting to be sent.
+  bool contains(const std::string& id) const;
   /// The wire size a member record is reckoned at, for the budget.
   static size_t estimate_bytes(const Member& m);
 

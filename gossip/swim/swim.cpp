@@ -92,9 +92,17 @@ void Swim::declare(double now_ms, Known& k, State state, Output& out) {
 void Swim::merge(double now_ms, const Member& u, const std::string& from, Output& out) {
   if (u.id == self_.id) {
     if (left_) return;
-    const bool accused = (u.state == State::suspect || u.state == State::dead) && u.incarnation >= self_.incarnation;
+    const bool accusation = u.state == State::suspect || u.state == State::dead;
+    const bool accused = accusation && u.incarnation >= self_.incarnation;
     const bool outdated = u.state == State::alive && u.incarnation > self_.incarnation;
-    if (accused || outdated) refute(u, out);
+    if (accused || outdated) {
+      refute(u, out);
+    } else if (accusation && !broadcasts_.contains(self_.id)) {
+      // An accusation of an incarnation already refuted is still going round: whoever still
+      // believes it missed the refutation, which has stopped being gossiped. Gossip it again, or
+      // that member's suspicion runs out and it declares this live node dead.
+      broadcasts_.enqueue(self_);
+    }
     return;
   }
   auto it = members_.find(u.id);
@@ -159,6 +167,9 @@ void Swim::join(double now_ms, const std::vector<std::string>& seeds, Output& ou
   next_push_pull_ms_ = now_ms + config_.push_pull_interval_ms;
   seeds_ = seeds;
   if (!seeds_.empty()) next_join_ms_ = now_ms + config_.probe_interval_ms;
+  // Its own arrival rides on its first pings too, not only on the seed's gossip: a member the
+  // seed's rumour missed learns of the joiner when the joiner probes it.
+  if (!seeds_.empty()) broadcasts_.enqueue(self_);
   for (const auto& address : seeds) send(out, address, StateSync{{self_}, false, 0});
 }
 
@@ -185,7 +196,15 @@ void Swim::on_message(double now_ms, const std::string& from, const std::string&
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, Ping>) {
           for (const auto& u : m.updates) merge(now_ms, u, from, out);
-          if (auto a = address_of(from); a && !left_) send(out, *a, Ack{m.seq_no, piggyback()});
+          if (auto a = address_of(from); a && !left_) {
+            send(out, *a, Ack{m.seq_no, piggyback()});
+            // A member that probes this node but is not live in its view: the rumour of its
+            // arrival (or of its refutation) missed this node, and gossip about it may have died
+            // out. Push-pull with it at once instead of waiting for the periodic one.
+            auto it = members_.find(from);
+            if (from != self_.id && (it == members_.end() || !live(it->second.member.state)))
+              send(out, *a, StateSync{full_state(), false, 0});
+          }
         } else if constexpr (std::is_same_v<T, Ack>) {
           for (const auto& u : m.updates) merge(now_ms, u, from, out);
           if (probe_ && m.seq_no == probe_->seq) {
@@ -207,6 +226,7 @@ void Swim::on_message(double now_ms, const std::string& from, const std::string&
           send(out, m.member.address, StateSync{full_state(), true, 0});
         } else if constexpr (std::is_same_v<T, StateSync>) {
           for (const auto& u : m.members) merge(now_ms, u, from, out);
+          if (m.reply) next_join_ms_ = std::numeric_limits<double>::infinity();  // the join was answered
           if (!m.reply)
             if (auto a = address_of(from)) send(out, *a, StateSync{full_state(), true, 0});
         } else if constexpr (std::is_same_v<T, Leave>) {
@@ -248,15 +268,12 @@ std::optional<std::string> Swim::next_probe_target() {
 
 void Swim::tick(double now_ms, Output& out) {
   if (left_) return;
-  // A join whose state sync (or its answer) was lost leaves this node knowing nobody: ask again,
-  // each probe interval, until someone is known.
+  // A join whose state sync (or its answer) was lost: ask again, each probe interval, until a
+  // state sync answers. Knowing somebody is not enough: another joiner that picked this node as its
+  // seed would otherwise leave the two of them an island.
   if (now_ms >= next_join_ms_) {
-    if (members_.empty()) {
-      for (const auto& address : seeds_) send(out, address, StateSync{{self_}, false, 0});
-      next_join_ms_ = now_ms + config_.probe_interval_ms;
-    } else {
-      next_join_ms_ = std::numeric_limits<double>::infinity();
-    }
+    for (const auto& address : seeds_) send(out, address, StateSync{{self_}, false, 0});
+    next_join_ms_ = now_ms + config_.probe_interval_ms;
   }
   // Suspicions that ran out: this node's verdict is death.
   for (auto it = suspicions_.begin(); it != suspicions_.end();) {
@@ -301,6 +318,20 @@ void Swim::tick(double now_ms, Output& out) {
       send(out, k.member.address, Ping{probe_->seq, std::move(updates)});
     }
   }
+  // Lifeguard's buddy system, kept up: each probe interval, one member this node suspects is told
+  // so again. A live one refutes, or, if it refuted already, gossips its refutation anew (see
+  // merge), and the answer rides back on the ack: a suspicion that missed the refutation while it
+  // was being gossiped cannot run out on a live member.
+  if (!suspicions_.empty() && now_ms >= next_reminder_ms_) {
+    next_reminder_ms_ = now_ms + awareness_.scale(config_.probe_interval_ms);
+    auto s = std::next(suspicions_.begin(), static_cast<ptrdiff_t>(below_(suspicions_.size())));
+    auto k = members_.find(s->first);
+    if (k != members_.end() && k->second.member.state == State::suspect) {
+      auto updates = piggyback();
+      updates.insert(updates.begin(), k->second.member);
+      send(out, k->second.member.address, Ping{++seq_, std::move(updates)});
+    }
+  }
   for (auto it = relays_.begin(); it != relays_.end();) it = it->second.expires_ms <= now_ms ? relays_.erase(it) : ++it;
   // Push-pull with one random member; the interval grows with log2(N / 32) past 32 members.
   if (now_ms >= next_push_pull_ms_) {
@@ -319,6 +350,7 @@ void Swim::tick(double now_ms, Output& out) {
 
 double Swim::next_deadline_ms() const {
   double next = std::min({next_probe_ms_, next_push_pull_ms_, next_join_ms_});
+  if (!suspicions_.empty()) next = std::min(next, next_reminder_ms_);
   if (probe_) next = std::min(next, probe_->indirect_sent ? probe_->interval_end_ms : probe_->timeout_ms);
   for (const auto& [id, s] : suspicions_) next = std::min(next, s.deadline_ms());
   for (const auto& [seq, r] : relays_) next = std::min(next, r.expires_ms);

@@ -116,8 +116,8 @@ class Swim {
   std::optional<Probe> probe_;
   std::map<uint64_t, Relay> relays_;
   uint64_t seq_ = 0;
-  double next_probe_ms_ = 0, next_push_pull_ms_ = 0;
-  std::vector<std::string> seeds_;  // retried while this node knows nobody (a lost join)
+  double next_probe_ms_ = 0, next_push_pull_ms_ = 0, next_reminder_ms_ = 0;
+  std::vector<std::string> seeds_;  // retried until a state sync answers (a lost join)
   double next_join_ms_ = std::numeric_limits<double>::infinity();
   bool left_ = false;
 };

@@ -148,6 +148,8 @@ TEST_CASE("chunks that do not fit the ring are refused with a reason and change 
       {chunk(8, 0, 0, 1, 0, 4, 30), "job"},
       {chunk(9, 2, 0, 1, 0, 4, 30), "phase"},
       {chunk(9, 0, 2, 1, 0, 4, 30), "round"},
+      {chunk(9, 0, 0xffffffffu, 1, 0, 4, 30), "round"},
+      {chunk(9, 1, 0xffffffffu, 1, 0, 4, 30), "round"},
       {chunk(9, 0, 0, 1, 0, 4, 31), "elements"},
       {chunk(9, 0, 0, 1, 10, 4, 30), "offset"},
       {chunk(9, 0, 0, 1, 2, 4, 30), "offset"},
@@ -161,6 +163,12 @@ TEST_CASE("chunks that do not fit the ring are refused with a reason and change 
   }
   REQUIRE(out.empty());
   for (float v : buffer) REQUIRE(v == 1.0f);
+  // A ring of one takes no chunks at all.
+  RingAllReduce alone({9, 0, 1, 30, 4});
+  std::vector<float> own(30, 1.0f);
+  alone.start(1, own, out);
+  REQUIRE_FALSE(alone.on_chunk(chunk(9, 0, 0, 1, 0, 4, 30), out));
+  REQUIRE(out.empty());
   REQUIRE(r1.on_chunk(chunk(9, 0, 0, 1, 0, 4, 30), out));
   CHECK(buffer[0] == 6.0f);
   auto again = r1.on_chunk(chunk(9, 0, 0, 1, 0, 4, 30), out);
