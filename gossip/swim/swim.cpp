@@ -82,6 +82,8 @@ void Swim::suspect(double now_ms, Known& k, const std::string& accuser, Output& 
 }
 
 void Swim::declare(double now_ms, Known& k, State state, Output& out) {
+  if (state == State::dead)
+    unreachable_[k.member.id] = {k.member.address, now_ms + config_.reconnect_timeout_ms};
   k.member.state = state;
   k.changed_ms = now_ms;
   suspicions_.erase(k.member.id);
@@ -126,6 +128,7 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
       k.member.accuser.clear();
       k.changed_ms = now_ms;
       suspicions_.erase(u.id);
+      unreachable_.erase(u.id);
       broadcasts_.enqueue(k.member);
       out.events.push_back({was == State::alive     ? Event::Kind::updated
                             : was == State::suspect ? Event::Kind::alive_again
@@ -165,6 +168,7 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
 void Swim::join(double now_ms, const std::vector<std::string>& seeds, Output& out) {
   next_probe_ms_ = now_ms + config_.probe_interval_ms;
   next_push_pull_ms_ = now_ms + config_.push_pull_interval_ms;
+  next_reconnect_ms_ = now_ms + config_.reconnect_interval_ms;
   seeds_ = seeds;
   if (!seeds_.empty()) next_join_ms_ = now_ms + config_.probe_interval_ms;
   // Its own arrival rides on its first pings too, not only on the seed's gossip: a member the
@@ -340,6 +344,16 @@ void Swim::tick(double now_ms, Output& out) {
     next_push_pull_ms_ = now_ms + config_.push_pull_interval_ms * scale;
     for (const Known* k : random_live(1, "")) send(out, k->member.address, StateSync{full_state(), false, 0});
   }
+  // Reconnect: one push-pull with a member held dead, in case it is alive on the far side of a
+  // partition that has healed.
+  if (now_ms >= next_reconnect_ms_) {
+    next_reconnect_ms_ = now_ms + config_.reconnect_interval_ms;
+    std::erase_if(unreachable_, [&](const auto& kv) { return kv.second.second <= now_ms; });
+    if (!unreachable_.empty()) {
+      auto it = std::next(unreachable_.begin(), static_cast<ptrdiff_t>(below_(unreachable_.size())));
+      send(out, it->second.first, StateSync{full_state(), false, 0});
+    }
+  }
   // Forget the dead once stale gossip about them has had time to die out.
   // (The same sum as next_deadline_ms(): now - changed >= retention can round the other way and
   // leave a deadline in the past that never clears.)
@@ -350,6 +364,7 @@ void Swim::tick(double now_ms, Output& out) {
 
 double Swim::next_deadline_ms() const {
   double next = std::min({next_probe_ms_, next_push_pull_ms_, next_join_ms_});
+  if (!unreachable_.empty()) next = std::min(next, next_reconnect_ms_);
   if (!suspicions_.empty()) next = std::min(next, next_reminder_ms_);
   if (probe_) next = std::min(next, probe_->indirect_sent ? probe_->interval_end_ms : probe_->timeout_ms);
   for (const auto& [id, s] : suspicions_) next = std::min(next, s.deadline_ms());

@@ -115,8 +115,9 @@ class Swim {
   size_t probe_index_ = 0;
   std::optional<Probe> probe_;
   std::map<uint64_t, Relay> relays_;
+  std::map<std::string, std::pair<std::string, double>> unreachable_;  // dead: id -> (address, try until)
   uint64_t seq_ = 0;
-  double next_probe_ms_ = 0, next_push_pull_ms_ = 0, next_reminder_ms_ = 0;
+  double next_probe_ms_ = 0, next_push_pull_ms_ = 0, next_reminder_ms_ = 0, next_reconnect_ms_ = 0;
   std::vector<std::string> seeds_;  // retried until a state sync answers (a lost join)
   double next_join_ms_ = std::numeric_limits<double>::infinity();
   bool left_ = false;
