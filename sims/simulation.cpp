@@ -114,10 +114,7 @@ class Sim {
     n.swim = std::make_unique<Swim>(member(i, incarnation), s_.swim, [this](uint64_t k) { return rng_() % k; });
     Output out;
     n.swim->join(now_, seeds, out);
-    if (known) {
-      Output ignored;  // the formed cluster's bookkeeping is not news
-      n.swim->on_message(now_, n.id, n.id, gossip::StateSync{*known, true, 0}, ignored);
-    }
+    if (known) n.swim->adopt(now_, *known);  // the formed cluster's bookkeeping is not news
     apply(i, out);
   }
 

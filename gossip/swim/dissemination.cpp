@@ -24,12 +24,20 @@ void Dissemination::enqueue(const Member& m) {
 }
 
 std::vector<Member> Dissemination::pick(size_t budget_bytes, int limit) {
-  std::sort(items_.begin(), items_.end(), [](const Item& a, const Item& b) {
-    return a.transmits != b.transmits ? a.transmits < b.transmits : a.order > b.order;
-  });
+  // Least transmitted first, newest first among equals. Only the front of that order can fit the
+  // budget, so only the front is sorted, and indices move rather than member records.
+  std::vector<uint32_t> order(items_.size());
+  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  const auto before = [&](uint32_t a, uint32_t b) {
+    const Item &x = items_[a], &y = items_[b];
+    return x.transmits != y.transmits ? x.transmits < y.transmits : x.order > y.order;
+  };
+  const size_t front = std::min<size_t>(order.size(), budget_bytes / 48 + 1);  // 48: the smallest record
+  std::partial_sort(order.begin(), order.begin() + static_cast<ptrdiff_t>(front), order.end(), before);
   std::vector<Member> out;
   size_t used = 0;
-  for (auto& item : items_) {
+  for (size_t k = 0; k < front; ++k) {
+    Item& item = items_[order[k]];
     const size_t bytes = estimate_bytes(item.member);
     if (used + bytes > budget_bytes) continue;
     used += bytes;

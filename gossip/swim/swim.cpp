@@ -34,7 +34,7 @@ Swim::Swim(Member self, Config config, std::function<uint64_t(uint64_t)> below)
 
 size_t Swim::live_count() const {
   size_t n = left_ ? 0 : 1;
-  for (const auto& [id, k] : members_) n += live(k.member.state);
+  n += live_members_;  // kept as states change: this is asked on every message
   return n;
 }
 
@@ -84,8 +84,10 @@ void Swim::suspect(double now_ms, Known& k, const std::string& accuser, Output& 
 void Swim::declare(double now_ms, Known& k, State state, Output& out) {
   if (state == State::dead)
     unreachable_[k.member.id] = {k.member.address, now_ms + config_.reconnect_timeout_ms};
+  if (live(k.member.state)) --live_members_;
   k.member.state = state;
   k.changed_ms = now_ms;
+  forget_at_.emplace(now_ms + config_.dead_retention_ms, k.member.id);
   suspicions_.erase(k.member.id);
   broadcasts_.enqueue(k.member);
   out.events.push_back({state == State::dead ? Event::Kind::dead : Event::Kind::left, k.member});
@@ -112,6 +114,7 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
     // Only news that a member is there introduces it; rumours about strangers are dropped.
     if (u.state != State::alive) return;
     Known& k = members_[u.id] = {u, now_ms};
+    ++live_members_;
     broadcasts_.enqueue(k.member);
     out.events.push_back({Event::Kind::joined, k.member});
     return;
@@ -124,6 +127,7 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
       // takes any newer incarnation (a refutation, or new details).
       if (u.incarnation <= inc) return;
       const State was = k.member.state;
+      if (!live(was)) ++live_members_;
       k.member = u;
       k.member.accuser.clear();
       k.changed_ms = now_ms;
@@ -175,6 +179,12 @@ void Swim::join(double now_ms, const std::vector<std::string>& seeds, Output& ou
   // seed's rumour missed learns of the joiner when the joiner probes it.
   if (!seeds_.empty()) broadcasts_.enqueue(self_);
   for (const auto& address : seeds) send(out, address, StateSync{{self_}, false, 0});
+}
+
+void Swim::adopt(double now_ms, const std::vector<Member>& view) {
+  for (const auto& m : view)
+    if (m.id != self_.id && m.state == State::alive)
+      live_members_ += members_.insert_or_assign(m.id, Known{m, now_ms}).second ? 1 : 0;
 }
 
 void Swim::leave(double now_ms, Output& out) {
@@ -351,15 +361,22 @@ void Swim::tick(double now_ms, Output& out) {
     std::erase_if(unreachable_, [&](const auto& kv) { return kv.second.second <= now_ms; });
     if (!unreachable_.empty()) {
       auto it = std::next(unreachable_.begin(), static_cast<ptrdiff_t>(below_(unreachable_.size())));
-      send(out, it->second.first, StateSync{full_state(), false, 0});
+      // Only this node's own record, like a join: a live member that held this node dead takes
+      // its answer's "you are dead" as the cue to refute, and accepts this node once the next
+      // reconnect carries the higher incarnation. (A full state to every dead member every few
+      // seconds would cost O(N) per message in a large cluster.)
+      send(out, it->second.first, StateSync{{self_}, false, 0});
     }
   }
-  // Forget the dead once stale gossip about them has had time to die out.
-  // (The same sum as next_deadline_ms(): now - changed >= retention can round the other way and
-  // leave a deadline in the past that never clears.)
-  std::erase_if(members_, [&](const auto& kv) {
-    return !live(kv.second.member.state) && kv.second.changed_ms + config_.dead_retention_ms <= now_ms;
-  });
+  // Forget the dead once stale gossip about them has had time to die out: in deadline order, so
+  // a tick costs nothing per member. (An entry whose member came back meanwhile is skipped.)
+  while (!forget_at_.empty() && forget_at_.begin()->first <= now_ms) {
+    auto k = members_.find(forget_at_.begin()->second);
+    if (k != members_.end() && !live(k->second.member.state) &&
+        k->second.changed_ms + config_.dead_retention_ms <= now_ms)
+      members_.erase(k);
+    forget_at_.erase(forget_at_.begin());
+  }
 }
 
 double Swim::next_deadline_ms() const {
@@ -369,8 +386,7 @@ double Swim::next_deadline_ms() const {
   if (probe_) next = std::min(next, probe_->indirect_sent ? probe_->interval_end_ms : probe_->timeout_ms);
   for (const auto& [id, s] : suspicions_) next = std::min(next, s.deadline_ms());
   for (const auto& [seq, r] : relays_) next = std::min(next, r.expires_ms);
-  for (const auto& [id, k] : members_)
-    if (!live(k.member.state)) next = std::min(next, k.changed_ms + config_.dead_retention_ms);
+  if (!forget_at_.empty()) next = std::min(next, forget_at_.begin()->first);
   return next;
 }
 

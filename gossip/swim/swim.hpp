@@ -55,6 +55,9 @@ class Swim {
 
   /// Starts membership through seeds (their addresses): a state sync with each.
   void join(double now_ms, const std::vector<std::string>& seeds, Output& out);
+  /// Takes `view` as already known, without gossiping it or reporting events: a cluster formed
+  /// before this node's history starts (the simulator begins from steady state this way).
+  void adopt(double now_ms, const std::vector<Member>& view);
   /// Announces a graceful leave: members mark this node left, not dead.
   void leave(double now_ms, Output& out);
   /// Advances timers: probes, indirect probes, suspicion timeouts, push-pull, forgetting the dead.
@@ -110,12 +113,14 @@ class Swim {
   Awareness awareness_;
   Dissemination broadcasts_;
   std::map<std::string, Known> members_;  // by id, this node excluded
+  size_t live_members_ = 0;               // alive or suspect among members_
   std::map<std::string, Suspicion> suspicions_;
   std::vector<std::string> probe_order_;
   size_t probe_index_ = 0;
   std::optional<Probe> probe_;
   std::map<uint64_t, Relay> relays_;
   std::map<std::string, std::pair<std::string, double>> unreachable_;  // dead: id -> (address, try until)
+  std::multimap<double, std::string> forget_at_;  // when to forget a dead or departed member
   uint64_t seq_ = 0;
   double next_probe_ms_ = 0, next_push_pull_ms_ = 0, next_reminder_ms_ = 0, next_reconnect_ms_ = 0;
   std::vector<std::string> seeds_;  // retried until a state sync answers (a lost join)
