@@ -39,7 +39,7 @@ struct Node {
 struct Action {
   double at;
   uint64_t seq;  // ties broken by insertion order: deterministic
-  enum class Kind { deliver, timer, fault } kind;
+  enum class Kind { deliver, timer, fault, heal_check } kind;
   int node = -1;             // deliver: to; timer: whose
   uint64_t generation = 0;   // timer: stale unless it matches the node's
   std::string from;          // deliver
@@ -72,6 +72,7 @@ class Sim {
         case Action::Kind::deliver: deliver(a); break;
         case Action::Kind::timer: timer(a); break;
         case Action::Kind::fault: fault(s_.faults[a.fault]); break;
+        case Action::Kind::heal_check: heal_check(); break;
       }
     }
     now_ = end;
@@ -218,6 +219,9 @@ class Sim {
         break;
       case Fault::Kind::partition:
         partitions_.push_back({now_, now_ + f.duration_s * 1000, std::set<int>(f.nodes.begin(), f.nodes.end())});
+        healed_at_ = std::max(healed_at_, now_ + f.duration_s * 1000);
+        one_coordinator_at_ = -1;
+        push({healed_at_, 0, Action::Kind::heal_check, -1, 0, "", {}, 0});
         break;
       case Fault::Kind::join: {
         last_join_ = now_;
@@ -262,6 +266,26 @@ class Sim {
   }
 
   bool partitioned_ever() const { return !partitions_.empty(); }
+
+  /// After the last partition heals: every 100 simulated ms, whether the running nodes all name
+  /// the same coordinator (the lowest live id each knows); the first time they do is reported.
+  void heal_check() {
+    if (now_ < healed_at_ || one_coordinator_at_ >= 0) return;
+    std::set<std::string> named;
+    for (const auto& n : nodes_) {
+      if (!n.running || paused(n)) continue;
+      std::string lowest = n.id;
+      for (const auto& m : n.swim->members())
+        if ((m.state == Member::State::alive || m.state == Member::State::suspect) && m.id < lowest) lowest = m.id;
+      named.insert(lowest);
+    }
+    if (named.size() <= 1) {
+      one_coordinator_at_ = now_;
+      report_.heal_to_one_coordinator_s = (now_ - healed_at_) / 1000.0;
+      return;
+    }
+    push({now_ + 100, 0, Action::Kind::heal_check, -1, 0, "", {}, 0});
+  }
 
   void check() {
     std::vector<int> live;
@@ -322,6 +346,22 @@ class Sim {
     if (s_.no_false_positives && report_.false_positives > 0)
       report_.broken.push_back(fmt::format("no_false_positives: {} dead declarations about live nodes, e.g. {}",
                                            report_.false_positives, false_positive_));
+    if (s_.one_coordinator && healed_at_ >= 0) {
+      // One coordinator within a bound after the heal. Each node held dead across the partition
+      // must refute for itself: its first reconnect after the heal (within one interval) reaches a
+      // member of the other side, whose answer tells it it is held dead; it refutes, and a later
+      // reconnect (at most two more intervals, as it may first pick a member that is really dead)
+      // carries the higher incarnation the other side accepts. The refutations then spread like
+      // any gossip, for which the bound allows ten probe intervals.
+      const double bound_s = (3 * s_.swim.reconnect_interval_ms + 10 * s_.swim.probe_interval_ms) / 1000.0;
+      report_.heal_bound_s = bound_s;
+      if (report_.heal_to_one_coordinator_s < 0 || report_.heal_to_one_coordinator_s > bound_s)
+        report_.broken.push_back(fmt::format(
+            "one_coordinator: {} after the partition healed, bound 3 reconnect intervals + 10 probe intervals = {:.1f} s",
+            report_.heal_to_one_coordinator_s < 0 ? std::string("never one coordinator")
+                                                  : fmt::format("one coordinator {:.1f} s", report_.heal_to_one_coordinator_s),
+            bound_s));
+    }
     if (s_.one_coordinator && !live.empty()) {
       std::set<std::string> coordinators;
       for (int i : live) {
@@ -350,6 +390,7 @@ class Sim {
   std::vector<Kill> kills_;
   std::vector<std::string> joiners_;
   double last_join_ = -1;
+  double healed_at_ = -1, one_coordinator_at_ = -1;
   std::map<std::string, std::map<std::string, double>> dead_seen_, joined_seen_;
   std::string false_positive_;  // the last one, for the report
   uint64_t messages_ = 0, bytes_ = 0;
@@ -380,6 +421,8 @@ std::string format_report(const Report& r, bool json) {
                                          {"all", r.detection_s}}},
                         {"join_convergence_s", r.join_convergence_s},
                         {"join_convergence_rounds", r.join_convergence_rounds},
+                        {"heal_to_one_coordinator_s", r.heal_to_one_coordinator_s},
+                        {"heal_bound_s", r.heal_bound_s},
                         {"false_positives", r.false_positives},
                         {"messages_per_node_s", r.messages_per_node_s},
                         {"bytes_per_node_s", r.bytes_per_node_s},
@@ -399,6 +442,9 @@ std::string format_report(const Report& r, bool json) {
   if (r.join_convergence_s >= 0)
     s += fmt::format("  join converged in {:.2f} s ({:.1f} probe rounds)\n", r.join_convergence_s,
                      r.join_convergence_rounds);
+  if (r.heal_bound_s >= 0)
+    s += fmt::format("  after the partition healed, one coordinator in {:.2f} s (bound {:.1f} s)\n",
+                     r.heal_to_one_coordinator_s, r.heal_bound_s);
   s += fmt::format("  false positives {}; {:.1f} messages and {:.0f} bytes per node per second\n", r.false_positives,
                    r.messages_per_node_s, r.bytes_per_node_s);
   s += fmt::format("  {} events, event log hash {:016x}\n", r.events, r.event_log_hash);

@@ -52,6 +52,8 @@ struct Report {
   std::vector<double> detection_s;  ///< per kill: until every live node knew
   double join_convergence_s = -1;   ///< the last join until every live node knew the joiners
   double join_convergence_rounds = -1;
+  double heal_to_one_coordinator_s = -1;  ///< from the last partition's heal until all name one coordinator
+  double heal_bound_s = -1;               ///< what the one_coordinator invariant allows for that
   int false_positives = 0;          ///< dead declarations about nodes never killed nor paused
   double messages_per_node_s = 0, bytes_per_node_s = 0;
   uint64_t events = 0;
