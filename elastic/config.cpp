@@ -207,7 +207,8 @@ const std::vector<Key>& keys() {
       // [membership]
       {{"membership", "profile", KeyType::string, "\"lan\"",
         "SWIM defaults: \"lan\" (probe every 200 ms, ack timeout 100 ms, suspicion at least 3 x log10(N) "
-        "intervals) or \"wan\" (5 s, 3 s, 6 x log10(N)); the keys below override single knobs."},
+        "intervals) or \"wan\" (1 s, 500 ms, 4 x log10(N): round trips up to about 250 ms); the keys below "
+        "override single knobs."},
        -inf, inf, false, false, {"lan", "wan"}, assign<&J::membership, &J::Membership::profile>},
       {{"membership", "probe_interval_ms", KeyType::number, "0",
         "Time between probes of one member, ms; 0: the profile's. Lower detects failures sooner, at one "

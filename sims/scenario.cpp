@@ -80,10 +80,40 @@ Scenario parse(const toml::value& root) {
   }
   if (root.contains("network")) {
     const auto& t = root.at("network");
-    only(t, "network", {"latency_ms", "jitter_ms", "loss"});
+    only(t, "network", {"latency_ms", "jitter_ms", "loss", "regions", "link"});
     s.latency_ms = number(t, "network", "latency_ms", 1, 0, 60000);
     s.jitter_ms = number(t, "network", "jitter_ms", 0, 0, 60000);
     s.loss = number(t, "network", "loss", 0, 0, 1);
+    if (t.contains("regions")) {
+      const auto& r = t.at("regions");
+      if (!r.is_array()) throw Bad{fmt::format("{}: network.regions must list region names", where(r))};
+      for (const auto& name : r.as_array()) {
+        if (!name.is_string()) throw Bad{fmt::format("{}: network.regions must list region names", where(name))};
+        s.regions.push_back(name.as_string().str);
+      }
+    }
+    if (t.contains("link")) {
+      const auto& links = t.at("link");
+      if (!links.is_array()) throw Bad{fmt::format("{}: network.link must be [[network.link]] tables", where(links))};
+      int i = 0;
+      for (const auto& l : links.as_array()) {
+        const std::string name = fmt::format("network.link[{}]", ++i);
+        only(l, name, {"between", "latency_ms", "jitter_ms", "loss"});
+        if (!l.contains("between") || !l.at("between").is_array() || l.at("between").as_array().size() != 2)
+          throw Bad{fmt::format("{}: {}.between must name two regions", where(l), name)};
+        const auto& pair = l.at("between").as_array();
+        if (!pair[0].is_string() || !pair[1].is_string())
+          throw Bad{fmt::format("{}: {}.between must name two regions", where(l), name)};
+        std::string a = pair[0].as_string().str, b = pair[1].as_string().str;
+        for (const auto& region : {a, b})
+          if (std::find(s.regions.begin(), s.regions.end(), region) == s.regions.end())
+            throw Bad{fmt::format("{}: {}.between names \"{}\", which is not in network.regions", where(l), name,
+                                  region)};
+        if (b < a) std::swap(a, b);
+        s.links[{a, b}] = {number(l, name, "latency_ms", s.latency_ms, 0, 60000),
+                           number(l, name, "jitter_ms", s.jitter_ms, 0, 60000), number(l, name, "loss", s.loss, 0, 1)};
+      }
+    }
   }
   if (root.contains("fault")) {
     const auto& faults = root.at("fault");

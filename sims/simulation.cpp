@@ -134,9 +134,11 @@ class Sim {
       ++messages_;
       bytes_ += 64 + body_bytes(send.body);
       const int to = std::stoi(send.address.substr(1));
-      if (static_cast<size_t>(to) >= nodes_.size() || dropped(i, to)) continue;
-      std::normal_distribution<double> jitter(0.0, s_.jitter_ms);
-      const double delay = std::max(0.05, s_.latency_ms + (s_.jitter_ms > 0 ? jitter(rng_) : 0.0));
+      if (static_cast<size_t>(to) >= nodes_.size()) continue;
+      const SimLink link = link_between(i, to);
+      if (dropped(i, to, link.loss)) continue;
+      std::normal_distribution<double> jitter(0.0, link.jitter_ms);
+      const double delay = std::max(0.05, link.latency_ms + (link.jitter_ms > 0 ? jitter(rng_) : 0.0));
       push({now_ + delay, 0, Action::Kind::deliver, to, 0, n.id, std::move(send.body), 0});
     }
     schedule_timer(i);
@@ -159,10 +161,21 @@ class Sim {
     return total;
   }
 
-  bool dropped(int from, int to) {
+  /// The link between two nodes' regions, or the scenario's default one.
+  SimLink link_between(int a, int b) const {
+    const SimLink fallback{s_.latency_ms, s_.jitter_ms, s_.loss};
+    if (s_.regions.empty()) return fallback;
+    std::string ra = s_.regions[static_cast<size_t>(a) % s_.regions.size()],
+                rb = s_.regions[static_cast<size_t>(b) % s_.regions.size()];
+    if (rb < ra) std::swap(ra, rb);
+    auto it = s_.links.find({ra, rb});
+    return it == s_.links.end() ? fallback : it->second;
+  }
+
+  bool dropped(int from, int to, double loss) {
     for (const auto& [start, end, side] : partitions_)
       if (now_ >= start && now_ < end && side.count(from) != side.count(to)) return true;
-    return s_.loss > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < s_.loss;
+    return loss > 0 && std::uniform_real_distribution<double>(0, 1)(rng_) < loss;
   }
 
   void deliver(Action& a) {

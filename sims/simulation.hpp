@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <expected>
 #include <filesystem>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -27,12 +28,21 @@ struct Fault {
   int count = 0;                ///< join: this many new nodes
 };
 
+/// One simulated link between two regions (both ways).
+struct SimLink {
+  double latency_ms = 1, jitter_ms = 0, loss = 0;  ///< links not listed below
+  std::vector<std::string> regions;  ///< node i is in regions[i mod size]; empty: one region
+  std::map<std::pair<std::string, std::string>, SimLink> links;  ///< key: the pair, sorted
+};
+
 struct Scenario {
   std::string name;
   int nodes = 10;
   double duration_s = 60;
   gossip::swim::Config swim = gossip::swim::Config::lan();
-  double latency_ms = 1, jitter_ms = 0, loss = 0;
+  double latency_ms = 1, jitter_ms = 0, loss = 0;  ///< links not listed below
+  std::vector<std::string> regions;  ///< node i is in regions[i mod size]; empty: one region
+  std::map<std::pair<std::string, std::string>, SimLink> links;  ///< key: the pair, sorted
   std::vector<Fault> faults;
   // Invariants to check at the end.
   bool converge = true;            ///< live nodes agree on who is live

@@ -37,7 +37,7 @@ nlohmann::json report(const std::string& scenario, int seed) {
 }  // namespace
 
 TEST_CASE("the fast scenarios hold every invariant", "[sims]") {
-  for (const char* s : {"kill_one_of_100.toml", "churn.toml", "partition_heals.toml"}) {
+  for (const char* s : {"kill_one_of_100.toml", "churn.toml", "partition_heals.toml", "three_regions.toml", "pause.toml"}) {
     INFO(s);
     const auto r = report(s, 1);
     CHECK(r["broken"].empty());
