@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -104,6 +105,15 @@ suspicion_mult = 2
   return path.string();
 }
 
+/// A sync job on synthetic data that runs until it is stopped, started once it is training.
+std::unique_ptr<Child> training_run(const TempDir& dir, const std::string& nodes) {
+  auto run = std::make_unique<Child>(std::vector<std::string>{
+      TEPDIST_BINARY, "run", job_file(dir), "--mode", "sync", "--nodes", nodes, "--epochs", "1000", "--set",
+      "data.dataset=\"synthetic\"", "--out", (dir.path / "out").string()});
+  REQUIRE(run->wait_for("samples/s", std::chrono::seconds(60)));
+  return run;
+}
+
 }  // namespace
 
 TEST_CASE("sync: three nodes learn what one process at three times the batch learns, and leave nothing behind",
@@ -167,29 +177,23 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
 
 TEST_CASE("a node killed during a sync job stops it with an error naming the node", "[integration][run]") {
   TempDir dir;
-  const std::string job = job_file(dir);
-  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--epochs", "1000", "--set",
-             "data.dataset=\"synthetic\"", "--out", (dir.path / "out").string()});
-  REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));
+  auto run = training_run(dir, "3");
   const auto victim = processes_mentioning(dir.path.string(), "--name node-01");
   REQUIRE(victim.size() == 1);
   ::kill(victim[0], SIGKILL);
-  const auto failed = run.wait_for("the job failed", std::chrono::seconds(30));
+  const auto failed = run->wait_for("the job failed", std::chrono::seconds(30));
   REQUIRE(failed);
   CHECK_THAT(*failed, Catch::Contains("node-01"));
-  CHECK(run.wait() == 1);
+  CHECK(run->wait() == 1);
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
 TEST_CASE("a launcher killed with SIGKILL takes its nodes with it", "[integration][run]") {
   TempDir dir;
-  const std::string job = job_file(dir);
-  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "2", "--epochs", "1000", "--set",
-             "data.dataset=\"synthetic\"", "--out", (dir.path / "out").string()});
-  REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));
+  auto run = training_run(dir, "2");
   REQUIRE(processes_mentioning(dir.path.string()).size() >= 3);  // the launcher and its two nodes
-  run.signal(SIGKILL);
-  run.wait();
+  run->signal(SIGKILL);
+  run->wait();
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
