@@ -30,9 +30,7 @@ struct Fault {
 
 /// One simulated link between two regions (both ways).
 struct SimLink {
-  double latency_ms = 1, jitter_ms = 0, loss = 0;  ///< links not listed below
-  std::vector<std::string> regions;  ///< node i is in regions[i mod size]; empty: one region
-  std::map<std::pair<std::string, std::string>, SimLink> links;  ///< key: the pair, sorted
+  double latency_ms = 1, jitter_ms = 0, loss = 0;
 };
 
 struct Scenario {
