@@ -105,6 +105,14 @@ suspicion_mult = 2
   return path.string();
 }
 
+/// Writes a secret file readable by its owner only; returns the --set that points a node at it.
+std::string secret_setting(const TempDir& dir, const std::string& name, const std::string& secret) {
+  const auto path = dir.path / name;
+  std::ofstream(path) << secret << "\n";
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+  return "cluster.secret_file=\"" + path.string() + "\"";
+}
+
 /// A sync job on synthetic data that runs until it is stopped, started once it is training.
 std::unique_ptr<Child> training_run(const TempDir& dir, const std::string& nodes) {
   auto run = std::make_unique<Child>(std::vector<std::string>{
@@ -218,10 +226,7 @@ TEST_CASE("an invalid job is refused before any node starts, naming the key", "[
 TEST_CASE("run joins a running cluster through its seeds, submits, and leaves it running", "[integration][run]") {
   TempDir dir;
   const std::string job = job_file(dir);
-  const auto secret = dir.path / "secret";
-  std::ofstream(secret) << "a secret for this test\n";
-  fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write);
-  const std::string secret_key = "cluster.secret_file=\"" + secret.string() + "\"";
+  const std::string secret_key = secret_setting(dir, "secret", "a secret for this test");
   Child a({TEPDIST_BINARY, "node", job, "--name", "a", "--set", secret_key});
   const auto ready = a.wait_for("node_ready");
   REQUIRE(ready);
@@ -250,28 +255,22 @@ TEST_CASE("run joins a running cluster through its seeds, submits, and leaves it
 TEST_CASE("run says why it cannot join: a wrong secret, a seed nobody listens on", "[integration][run]") {
   TempDir dir;
   const std::string job = job_file(dir);
-  const auto secret = dir.path / "secret";
-  std::ofstream(secret) << "the right secret\n";
-  fs::permissions(secret, fs::perms::owner_read | fs::perms::owner_write);
-  const auto wrong = dir.path / "wrong";
-  std::ofstream(wrong) << "the wrong secret\n";
-  fs::permissions(wrong, fs::perms::owner_read | fs::perms::owner_write);
-  Child a({TEPDIST_BINARY, "node", job, "--name", "a", "--set", "cluster.secret_file=\"" + secret.string() + "\""});
+  const std::string right = secret_setting(dir, "secret", "the right secret");
+  const std::string wrong = secret_setting(dir, "wrong", "the wrong secret");
+  Child a({TEPDIST_BINARY, "node", job, "--name", "a", "--set", right});
   const auto ready = a.wait_for("node_ready");
   REQUIRE(ready);
   const std::string seed = tepdist::test::field(*ready, "address");
-  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--set", "cluster.join_timeout_s=3", "--set",
-             "cluster.secret_file=\"" + wrong.string() + "\"",
-             "--set", "cluster.seeds=[\"" + seed + "\"]", "--out", (dir.path / "out").string()});
+  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--set", "cluster.join_timeout_s=3", "--set", wrong, "--set",
+             "cluster.seeds=[\"" + seed + "\"]", "--out", (dir.path / "out").string()});
   const auto why = run.wait_for("could not join", std::chrono::seconds(20));
   REQUIRE(why);
   CHECK_THAT(*why, Catch::Contains(seed));
   CHECK(run.wait() == 1);
 
   // Port 1 on loopback: nobody listens there.
-  Child nowhere({TEPDIST_BINARY, "run", job, "--mode", "sync", "--set", "cluster.join_timeout_s=2", "--set",
-                 "cluster.secret_file=\"" + secret.string() + "\"", "--set", "cluster.seeds=[\"127.0.0.1:1\"]", "--out",
-                 (dir.path / "out2").string()});
+  Child nowhere({TEPDIST_BINARY, "run", job, "--mode", "sync", "--set", "cluster.join_timeout_s=2", "--set", right,
+                 "--set", "cluster.seeds=[\"127.0.0.1:1\"]", "--out", (dir.path / "out2").string()});
   const auto unreachable = nowhere.wait_for("could not join", std::chrono::seconds(20));
   REQUIRE(unreachable);
   CHECK_THAT(*unreachable, Catch::Contains("127.0.0.1:1"));
