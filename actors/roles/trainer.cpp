@@ -96,7 +96,6 @@ struct TrainerState {
   std::vector<std::pair<std::string, gossip::RingChunk>> stash;
   size_t stash_bytes = 0;
   uint64_t last_job = 0;
-  std::string submitter_id;  // of the job this node coordinates
   std::optional<gossip::JobStart> pending;  // submitted, waiting for this view to hold its workers
   std::string pending_from;
   Clock::time_point pending_since;
@@ -450,11 +449,11 @@ void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip
   s.pending.reset();
   auto assigned = elastic::assign_job(request, s.view, s.o.self_id, s.o.incarnation);
   if (!assigned) return fail_start(self, request, assigned.error());
+  assigned->submitter_id = submitter_peer;  // who sent it, not who it says it is
   node_events().info("job_assigned job={} workers={} submitter={}", assigned->job_id, assigned->workers.size(),
                      assigned->submitter);
   for (size_t i = 0; i < assigned->workers.size(); ++i)
     if (assigned->workers[i] != s.o.self_id) send_to(self, assigned->addresses[i], *assigned);
-  s.submitter_id = submitter_peer;
   on_assigned(self, s.o.self_id, *assigned);
 }
 
@@ -474,7 +473,7 @@ void on_view(Trainer* self, std::vector<gossip::Member> view) {
     return;
   }
   for (const auto& m : s.view)
-    if (m.address == s.job->start.submitter && !elastic::is_live(m)) {
+    if (m.id == s.job->start.submitter_id && !elastic::is_live(m)) {
       node_events().warn("job_abandoned job={} reason=\"the submitter {} is gone\"", s.job->start.job_id, m.id);
       drop_job(self);
       return;
@@ -513,7 +512,7 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
     return;
   }
   // From the job's submitter: the coordinator relays it to the workers.
-  if (s.job->start.coordinator != s.o.self_id || peer != s.submitter_id) return;
+  if (s.job->start.coordinator != s.o.self_id || peer != s.job->start.submitter_id) return;
   gossip::Control relay = c;
   relay.coordinator = s.o.self_id;
   relay.coordinator_incarnation = s.o.incarnation;

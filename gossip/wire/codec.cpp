@@ -106,6 +106,7 @@ struct Encoder {
             put_texts(b.initAddresses(static_cast<unsigned>(m.addresses.size())), m.addresses);
             b.setCoordinator(m.coordinator);
             b.setCoordinatorIncarnation(m.coordinator_incarnation);
+            b.setSubmitterId(m.submitter_id);
           } else if constexpr (std::is_same_v<T, RingChunk>) {
             auto b = e.initRingChunk();
             b.setJobId(m.job_id);
@@ -232,7 +233,8 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     }
     case wire::Envelope::JOB_START: {
       auto r = e.getJobStart();
-      JobStart j{r.getJobId(), r.getConfig(), r.getSubmitter(), {}, {}, r.getCoordinator(), r.getCoordinatorIncarnation()};
+      JobStart j{r.getJobId(),       r.getConfig(), r.getSubmitter(), {}, {}, r.getCoordinator(),
+                 r.getCoordinatorIncarnation(), r.getSubmitterId()};
       for (auto w : r.getWorkers()) j.workers.emplace_back(w);
       for (auto a : r.getAddresses()) j.addresses.emplace_back(a);
       if (!j.addresses.empty() && j.workers.size() != j.addresses.size())

@@ -121,6 +121,7 @@ struct JobStart {
   std::vector<std::string> workers, addresses;
   std::string coordinator;
   uint64_t coordinator_incarnation = 0;
+  std::string submitter_id;  ///< set by the coordinator from the authenticated sender
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 

@@ -165,6 +165,7 @@ struct JobStart {
   addresses @4 :List(Text);  # where each of workers listens, same order (empty in a submission)
   coordinator @5 :Text;      # who assigned it (obeyed only from the lowest live coordinator id); empty: a submission
   coordinatorIncarnation @6 :UInt64;
+  submitterId @7 :Text;      # from the coordinator: the submitter's node id, as its connection proved it
 }
 
 struct RingChunk {

@@ -54,7 +54,7 @@ std::vector<Message> every_kind() {
       Ping{1, {member(1), member(2)}}, Ack{2, {member(3)}}, PingReq{3, member(4), {member(5)}}, Join{member(6)},
       Leave{member(7)}, StateSync{{member(8), member(9)}, true, 123}, chunk, ParamPull{1, 9}, ParamPush{1, 10, chunk},
       Control{"node-0", 5, Control::Command::evaluate, 7, {1, 2, 3}}, MetricsSnapshot{{{"m", {{"k", "v"}}, 1.5}}},
-      JobStart{1, "[job]", "127.0.0.1:1", {"a"}, {"127.0.0.1:2"}, "a", 1}, RingChunk{1, 0, 0, chunk},
+      JobStart{1, "[job]", "127.0.0.1:1", {"a"}, {"127.0.0.1:2"}, "a", 1, "s"}, RingChunk{1, 0, 0, chunk},
       JobReport{1, JobReport::Kind::progress, 0, 1, 2, 0.5, 10, 2, 0, 0, 1, 64, 0, 0, "", 0, 0}};
   std::vector<Message> out;
   for (const auto& b : bodies) out.push_back({"fuzz", 1, "c1", b});

@@ -47,7 +47,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       ParamPush{7, 100, chunk},
       Control{"node-0", 5, Control::Command::evaluate, 11, {1, 2, 3}},
       MetricsSnapshot{{{"frames_in", {{"peer", "b"}}, 12.0}, {"queue_depth", {}, 3.5}}},
-      JobStart{9, "[job]\nmode = \"sync\"\n", "127.0.0.1:9000", {"a", "b"}, {"127.0.0.1:1", "127.0.0.1:2"}, "a", 4},
+      JobStart{9, "[job]\nmode = \"sync\"\n", "127.0.0.1:9000", {"a", "b"}, {"127.0.0.1:1", "127.0.0.1:2"}, "a", 4, "submitter-7"},
       RingChunk{9, 1, 2, chunk},
       JobReport{9, JobReport::Kind::done, 1, 2, 300, 0.5, 1234.5, 3, 0.88, 0.4, 12.5, 19200, 1 << 20, 0xfeed, "", 0.75, 11.5},
       JobReport{9, JobReport::Kind::failed, 0, 0, 7, 0, 0, 3, 0, 0, 0, 0, 0, 0, "node b died", 0, 0},
