@@ -132,6 +132,31 @@ struct Encoder {
             b.setError(m.error);
             b.setEvalSeconds(m.eval_seconds);
             b.setComputeSeconds(m.compute_seconds);
+            b.setStaleRejected(m.stale_rejected);
+            b.setUpdatesApplied(m.updates_applied);
+            b.setExchanges(m.exchanges);
+          } else if constexpr (std::is_same_v<T, ShardUpdate>) {
+            auto b = e.initShardUpdate();
+            b.setJobId(m.job_id);
+            b.setShard(m.shard);
+            b.setKind(static_cast<wire::ShardUpdate::Kind>(m.kind));
+            b.setVersion(m.version);
+            b.setLr(m.lr);
+            put_chunk(b.initChunk(), m.chunk);
+          } else if constexpr (std::is_same_v<T, ShardState>) {
+            auto b = e.initShardState();
+            b.setJobId(m.job_id);
+            b.setShard(m.shard);
+            b.setVersion(m.version);
+            b.setRejected(m.rejected);
+            b.setStaleness(m.staleness);
+            put_chunk(b.initChunk(), m.chunk);
+          } else if constexpr (std::is_same_v<T, GossipAverage>) {
+            auto b = e.initGossipAverage();
+            b.setJobId(m.job_id);
+            b.setExchange(m.exchange);
+            b.setReply(m.reply);
+            put_chunk(b.initChunk(), m.chunk);
           } else if constexpr (std::is_same_v<T, MetricsSnapshot>) {
             auto list = e.initMetrics().initEntries(static_cast<unsigned>(m.entries.size()));
             for (unsigned i = 0; i < m.entries.size(); ++i) {
@@ -225,7 +250,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::CONTROL: {
       auto r = e.getControl();
       const auto command = r.getCommand();
-      if (command > wire::Control::Command::EVALUATE)
+      if (command > wire::Control::Command::JOB_FINISHED)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown control command {}", static_cast<int>(command))};
       const auto arg = r.getArgument();
       return Control{r.getCoordinator(), r.getCoordinatorIncarnation(), static_cast<Control::Command>(command),
@@ -259,7 +284,25 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
                        r.getTrainSeconds(), r.getSamples(),
                        r.getBytesSent(),    r.getChecksum(),
                        r.getError(),        r.getEvalSeconds(),
-                       r.getComputeSeconds()};
+                       r.getComputeSeconds(), r.getStaleRejected(),
+                       r.getUpdatesApplied(), r.getExchanges()};
+    }
+    case wire::Envelope::SHARD_UPDATE: {
+      auto r = e.getShardUpdate();
+      const auto kind = r.getKind();
+      if (kind > wire::ShardUpdate::Kind::PULL)
+        throw WireError{WireErrc::unknown_kind, fmt::format("unknown shard update kind {}", static_cast<int>(kind))};
+      return ShardUpdate{r.getJobId(), r.getShard(), static_cast<ShardUpdate::Kind>(kind), r.getVersion(), r.getLr(),
+                         get_chunk(r.getChunk(), owner)};
+    }
+    case wire::Envelope::SHARD_STATE: {
+      auto r = e.getShardState();
+      return ShardState{r.getJobId(),     r.getShard(),     r.getVersion(),
+                        r.getRejected(),  r.getStaleness(), get_chunk(r.getChunk(), owner)};
+    }
+    case wire::Envelope::GOSSIP_AVERAGE: {
+      auto r = e.getGossipAverage();
+      return GossipAverage{r.getJobId(), r.getExchange(), r.getReply(), get_chunk(r.getChunk(), owner)};
     }
     case wire::Envelope::METRICS: {
       MetricsSnapshot s;
@@ -372,7 +415,8 @@ WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits)
 const char* kind_name(const Body& body) {
   static constexpr const char* names[] = {"ping",         "ack",        "ping_req",   "join",    "leave",  "state_sync",
                                           "tensor_chunk", "param_pull", "param_push", "control", "metrics",
-                                          "job_start",    "ring_chunk", "job_report"};
+                                          "job_start",    "ring_chunk", "job_report", "shard_update", "shard_state",
+                                          "gossip_average"};
   return names[body.index()];
 }
 

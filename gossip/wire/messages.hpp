@@ -92,7 +92,7 @@ struct ParamPush {
 };
 
 struct Control {
-  enum class Command : uint8_t { start_job, stop_job, epoch_boundary, evaluate };
+  enum class Command : uint8_t { start_job, stop_job, epoch_boundary, evaluate, worker_finished, job_finished };
   std::string coordinator;
   uint64_t coordinator_incarnation = 0;
   Command command = Command::start_job;
@@ -148,11 +148,45 @@ struct JobReport {
   std::string error;
   double eval_seconds = 0;
   double compute_seconds = 0;
+  uint64_t stale_rejected = 0, updates_applied = 0, exchanges = 0;
   friend bool operator==(const JobReport&, const JobReport&) = default;
 };
 
+/// Async mode: a gradient for one parameter shard, its replication, or a request for its values
+/// (elastic/async_shards.hpp).
+struct ShardUpdate {
+  enum class Kind : uint8_t { push, replicate, pull };
+  uint64_t job_id = 0;
+  uint32_t shard = 0;
+  Kind kind = Kind::push;
+  uint64_t version = 0;  ///< push: computed on; replicate: the version it makes
+  float lr = 0;
+  TensorChunk chunk;
+  friend bool operator==(const ShardUpdate&, const ShardUpdate&) = default;
+};
+
+/// Async mode: a shard's values at a version, answering a push or a pull.
+struct ShardState {
+  uint64_t job_id = 0;
+  uint32_t shard = 0;
+  uint64_t version = 0;
+  bool rejected = false;
+  uint64_t staleness = 0;
+  TensorChunk chunk;
+  friend bool operator==(const ShardState&, const ShardState&) = default;
+};
+
+/// Gossip mode: one piece of a pairwise averaging (gossip/collective/gossip_average.hpp).
+struct GossipAverage {
+  uint64_t job_id = 0;
+  uint64_t exchange = 0;
+  bool reply = false;
+  TensorChunk chunk;
+  friend bool operator==(const GossipAverage&, const GossipAverage&) = default;
+};
+
 using Body = std::variant<Ping, Ack, PingReq, Join, Leave, StateSync, TensorChunk, ParamPull, ParamPush, Control,
-                          MetricsSnapshot, JobStart, RingChunk, JobReport>;
+                          MetricsSnapshot, JobStart, RingChunk, JobReport, ShardUpdate, ShardState, GossipAverage>;
 
 /// Everything after the handshake: who sent it and what.
 struct Message {

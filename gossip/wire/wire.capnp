@@ -54,6 +54,9 @@ struct Envelope {
     jobStart @14 :JobStart;
     ringChunk @15 :RingChunk;
     jobReport @16 :JobReport;
+    shardUpdate @17 :ShardUpdate;
+    shardState @18 :ShardState;
+    gossipAverage @19 :GossipAverage;
   }
 }
 
@@ -139,6 +142,8 @@ struct Control {
     stopJob @1;
     epochBoundary @2;
     evaluate @3;
+    workerFinished @4;     # async: a worker has applied all its updates (to rank 0)
+    jobFinished @5;        # async and gossip: rank 0 has the final model; shards may go
   }
 }
 
@@ -193,10 +198,48 @@ struct JobReport {
   error @14 :Text;              # failed: what went wrong, naming the node
   evalSeconds @15 :Float64;
   computeSeconds @16 :Float64;  # done: this worker's time in forward and backward passes
+  staleRejected @17 :UInt64;    # done, async: this worker's pushes refused as too stale
+  updatesApplied @18 :UInt64;   # done, async: updates the shards this node is primary for applied
+  exchanges @19 :UInt64;        # done, gossip: parameter averagings this worker took part in
   enum Kind {
     progress @0;
     evaluation @1;
     done @2;
     failed @3;
   }
+}
+
+# -- async: sharded parameters (elastic/async_shards.hpp) --
+
+struct ShardUpdate {
+  jobId @0 :UInt64;
+  shard @1 :UInt32;
+  kind @2 :Kind;
+  version @3 :UInt64;        # push: the shard version the gradient was computed on; replicate: the version it makes
+  lr @4 :Float32;            # push: the worker's learning rate; replicate: the rate the primary applied
+  chunk @5 :TensorChunk;     # push and replicate: the gradient of the whole shard; pull: empty
+  enum Kind {
+    push @0;                 # worker -> primary
+    replicate @1;            # primary -> each replica, in version order
+    pull @2;                 # anyone in the job -> primary: answered with a ShardState
+  }
+}
+
+struct ShardState {
+  # The primary's answer to a push or a pull: the shard's values at version.
+  jobId @0 :UInt64;
+  shard @1 :UInt32;
+  version @2 :UInt64;
+  rejected @3 :Bool;         # the push was too stale and not applied
+  staleness @4 :UInt64;      # of the push answered
+  chunk @5 :TensorChunk;
+}
+
+# -- gossip: pairwise parameter averaging (gossip/collective/gossip_average.hpp) --
+
+struct GossipAverage {
+  jobId @0 :UInt64;
+  exchange @1 :UInt64;       # chosen by the active side; the reply repeats it
+  reply @2 :Bool;            # false: an active worker's parameters; true: the passive one's, before it averaged
+  chunk @3 :TensorChunk;     # offset and total place it in the parameter buffer
 }

@@ -1,0 +1,158 @@
+#pragma once
+// The async mode's shard protocol, sans-IO: parameter servers without a server (Li et al., "Scaling
+// Distributed Machine Learning with the Parameter Server", 2014; Downpour SGD), with bounded
+// staleness and staleness-damped learning rates (Zhang et al., "Staleness-aware Async-SGD", 2016).
+//
+// The flat parameter buffer is cut into S contiguous shards (shard_range). Rendezvous hashing
+// (placement.hpp) puts each on r workers: the primary holds it with its optimiser state and applies
+// updates; the r - 1 replicas apply the same updates in the same order, so they hold bit-identical
+// copies.
+//
+//   worker --ShardUpdate push (gradient, version it was computed on, lr)--> primary
+//   primary --ShardState (values at the new version, or rejected)--> worker
+//   primary --ShardUpdate replicate (gradient, version it makes, lr applied)--> each replica
+//
+// Staleness = the shard's version when the push arrives - the version the gradient was computed
+// on. A push staler than max_staleness is not applied: it is counted and answered with the current
+// values (rejected), and the worker recomputes those batches on them. An accepted push is applied
+// with lr / (1 + staleness).
+//
+// A worker never waits for all shards at once: each shard has at most `window` pushes in flight
+// from it, and gradients for a shard whose window is full are summed until a slot frees. So a far
+// or paused primary slows only the pushes to it; the worker waits only when a shard has left
+// max_lag_steps of its steps unanswered.
+//
+// Neither class owns a socket, thread or clock: they take messages in and append the messages to
+// send. Anything that does not fit (another job, another shard, a wrong size, a non-finite value,
+// a version from the future, an answer with nothing in flight) is refused with a reason, and
+// changes nothing.
+
+#include <cstdint>
+#include <deque>
+#include <expected>
+#include <map>
+#include <optional>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compute/optimizer.hpp"
+#include "gossip/wire/messages.hpp"
+
+namespace tepdist::elastic {
+
+struct ShardRange {
+  size_t begin = 0, end = 0;
+  size_t size() const { return end - begin; }
+};
+
+/// Shard s of a buffer of `elements` cut into `shards` contiguous ranges whose sizes differ by at
+/// most one.
+ShardRange shard_range(size_t elements, uint32_t shards, uint32_t s);
+
+/// A message and the address it goes to.
+template <class M>
+using Outgoing = std::vector<std::pair<std::string, M>>;
+
+/// One shard as its primary or a replica holds it.
+class ShardServer {
+ public:
+  struct Options {
+    uint64_t job_id = 0;
+    uint32_t shard = 0;
+    uint64_t max_staleness = 16;
+    std::vector<std::string> replicas;  ///< addresses the primary forwards updates to
+  };
+
+  /// `values`: the shard's initial values; `optimizer`: sized for them.
+  ShardServer(Options options, std::vector<float> values, std::unique_ptr<compute::Optimizer> optimizer);
+
+  /// Primary: a worker's push. Returns the answer for the worker; appends the replicas' updates.
+  std::expected<gossip::ShardState, std::string> on_push(const gossip::ShardUpdate& push,
+                                                          Outgoing<gossip::ShardUpdate>& to_replicas);
+
+  /// Replica: the primary's update. Applied in version order: one from ahead waits (up to
+  /// max_held_updates) until those before it have come.
+  std::expected<void, std::string> on_replicate(const gossip::ShardUpdate& update);
+
+  /// The values now (a pull's answer, also the shard's part of the final model).
+  gossip::ShardState state() const;
+
+  uint64_t version() const { return version_; }
+  uint64_t applied() const { return applied_; }
+  uint64_t rejected() const { return rejected_; }
+  std::span<const float> values() const { return values_; }
+
+  static constexpr size_t max_held_updates = 256;
+
+ private:
+  std::expected<void, std::string> check(const gossip::ShardUpdate& u) const;
+  void apply(std::span<const float> gradient, float lr);
+
+  Options o_;
+  std::vector<float> values_;
+  std::unique_ptr<compute::Optimizer> optimizer_;
+  uint64_t version_ = 0, applied_ = 0, rejected_ = 0;
+  std::map<uint64_t, gossip::ShardUpdate> held_;  // replica: updates from ahead, by version
+};
+
+/// A worker's side: which batches to compute, what to push where, and the answers installed.
+class AsyncWorker {
+ public:
+  struct Options {
+    uint64_t job_id = 0;
+    size_t elements = 0;
+    uint32_t shards = 1;
+    std::vector<std::string> primaries;  ///< address of each shard's primary
+    uint32_t window = 2;                 ///< pushes in flight per shard
+    uint64_t max_lag_steps = 16;         ///< steps a shard may leave unanswered before the worker waits
+  };
+
+  /// What to compute: a batch, for every shard, or (a rejected push recomputed) for one.
+  struct Work {
+    uint64_t batch = 0;
+    int64_t only_shard = -1;
+  };
+
+  explicit AsyncWorker(Options options);
+
+  /// Whether the worker may compute another step now (no shard lags max_lag_steps behind).
+  bool may_step() const;
+  /// A rejected batch to recompute, before any fresh one.
+  std::optional<Work> take_redo();
+  /// The gradient of `work`, computed on the parameters as they are now: summed into each shard's
+  /// pending push, and pushed where the window allows.
+  void on_gradient(const Work& work, std::span<const float> gradient, float lr, Outgoing<gossip::ShardUpdate>& out);
+  /// A primary's answer (the caller checks it came from that primary): its values go into
+  /// params; a push waiting for the window goes out.
+  std::expected<void, std::string> on_state(const gossip::ShardState& state, std::span<float> params,
+                                            Outgoing<gossip::ShardUpdate>& out);
+
+  /// Every gradient applied or refused and recomputed: nothing pending, in flight or to redo.
+  bool idle() const;
+  uint64_t pushes() const { return pushes_; }
+  uint64_t rejected() const { return rejected_; }
+  uint64_t version(uint32_t shard) const { return shards_[shard].version; }
+
+ private:
+  struct Shard {
+    ShardRange range;
+    uint64_t version = 0;                         // of the values this worker holds
+    std::deque<std::vector<uint64_t>> in_flight;  // the batches each push covers, oldest first
+    std::vector<float> pending;                   // summed gradients not yet pushed
+    std::vector<uint64_t> pending_batches;
+    uint64_t pending_base = 0;                    // version the oldest of them was computed on
+    float pending_lr = 0;
+    uint64_t unanswered_steps = 0;                // steps since the last answer, while pushes are in flight
+  };
+  void try_push(uint32_t s, Outgoing<gossip::ShardUpdate>& out);
+
+  Options o_;
+  std::vector<Shard> shards_;
+  std::deque<Work> redo_;
+  uint64_t pushes_ = 0, rejected_ = 0;
+};
+
+}  // namespace tepdist::elastic
