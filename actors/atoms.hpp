@@ -16,6 +16,7 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using leave_atom = caf::atom_constant<caf::atom("leave")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
 using job_atom = caf::atom_constant<caf::atom("job")>;    ///< (job_atom, actor): where the router sends job frames
+using shards_atom = caf::atom_constant<caf::atom("shards")>;  ///< (shards_atom, actor): where ShardUpdate frames go
 using view_atom = caf::atom_constant<caf::atom("view")>;  ///< (view_atom, members): the membership, on every change
 
 }  // namespace tepdist::actors

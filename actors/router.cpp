@@ -131,8 +131,27 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
     node_events().info("param_push_received from={} shard={} version={} elements={} sum={:.6g}", peer, push->shard,
                        push->version, push->chunk.data.size(), sum);
   }
+  // Async jobs' gradients and pulls: the shard host, so they never wait behind a training step.
+  if (const auto* u = std::get_if<gossip::ShardUpdate>(&m.body)) {
+    if (s.shards) {
+      caf::anon_send(s.shards, wire_atom::value, peer, address, m);
+      return;
+    }
+    // A worker that started the job sooner may push before this node's host exists: keep its
+    // updates (bounded) for the host to come.
+    const size_t bytes = u->chunk.data.size_bytes() + 64;
+    if (s.early_shard_bytes + bytes > RouterState::early_shard_limit) {
+      node_events().warn("message_dropped from={} kind=shard_update reason=\"no shard host, and {} MiB already wait\"",
+                         peer, s.early_shard_bytes >> 20);
+      return;
+    }
+    s.early_shard_bytes += bytes;
+    s.early_shards.push_back({peer, address, m});
+    return;
+  }
   // Jobs: the trainer (a worker node) or the submitter (tepdist run) takes them.
-  if (std::holds_alternative<gossip::JobStart>(m.body) || std::holds_alternative<gossip::RingChunk>(m.body) ||
+  if (std::holds_alternative<gossip::ShardState>(m.body) || std::holds_alternative<gossip::GossipAverage>(m.body) ||
+      std::holds_alternative<gossip::JobStart>(m.body) || std::holds_alternative<gossip::RingChunk>(m.body) ||
       std::holds_alternative<gossip::JobReport>(m.body) || std::holds_alternative<gossip::Control>(m.body) ||
       std::holds_alternative<gossip::ParamPush>(m.body)) {
     if (s.job) caf::anon_send(s.job, wire_atom::value, peer, address, m);
@@ -201,6 +220,14 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
           gossip::swim::Output out;
           self->state.swim->tick(now_ms(self), out);
           apply(self, out);
+        },
+        [self](shards_atom, const caf::actor& host) {
+          auto& s = self->state;
+          s.shards = host;
+          if (!host) return;
+          for (auto& [peer, address, m] : s.early_shards) caf::anon_send(host, wire_atom::value, peer, address, std::move(m));
+          s.early_shards.clear();
+          s.early_shard_bytes = 0;
         },
         [self](job_atom, const caf::actor& job) {
           self->state.job = job;

@@ -31,7 +31,16 @@ struct RouterState {
   gossip::Transport* transport = nullptr;
   std::string cluster_id;
   caf::actor supervisor;
-  caf::actor job;  ///< the trainer or submitter: job frames and views go there
+  caf::actor job;     ///< the trainer or submitter: job frames and views go there
+  caf::actor shards;  ///< the async job's shard host: ShardUpdate frames go there
+  /// ShardUpdate frames that came while no host was registered, for the next one.
+  struct Early {
+    std::string peer, address;
+    gossip::Message message;
+  };
+  std::vector<Early> early_shards;
+  size_t early_shard_bytes = 0;
+  static constexpr size_t early_shard_limit = 256u << 20;
   std::unique_ptr<gossip::swim::Swim> swim;
   std::mt19937_64 random;
   std::chrono::steady_clock::time_point start;
@@ -43,7 +52,8 @@ struct RouterState {
 /// Takes (init_atom, RouterInit) first (frames arriving before it wait), then frames
 /// (wire_atom, peer id, peer address, Message), peer news (peer_atom, up, id, detail), its own
 /// timer (tick_atom), (job_atom, actor) from the trainer or submitter that takes job frames and
-/// membership views, and (leave_atom) -> true once the leave is announced.
+/// membership views, (shards_atom, actor) from the trainer: the shard host of its async job, and
+/// (leave_atom) -> true once the leave is announced.
 caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id);
 
 /// The node's event stream on stdout: one line per event, key=value fields.

@@ -228,10 +228,10 @@ int run_run_command(const RunArgs& args) {
                             : elastic::parse_config(quickstart_toml, "(built-in configs/quickstart.toml)", overrides);
   if (!loaded) return usage_error(loaded.error().message);
   const elastic::JobConfig& c = *loaded;
-  if (c.job.mode != "sync")
-    return usage_error(fmt::format("{}: job.mode = \"{}\": `tepdist run` trains on a cluster (mode \"sync\"); "
-                                   "`tepdist train` trains in one process",
-                                   c.source, c.job.mode));
+  if (c.job.mode == "single")
+    return usage_error(fmt::format("{}: job.mode = \"single\": `tepdist run` trains on a cluster (mode \"sync\", "
+                                   "\"async\" or \"gossip\"); `tepdist train` trains in one process",
+                                   c.source));
   const int64_t local = c.cluster.local_nodes;
   if (local == 0 && c.cluster.seeds.empty())
     return usage_error(fmt::format("{}: cluster.local_nodes is 0 and cluster.seeds is empty: set local_nodes to start "
@@ -340,9 +340,9 @@ int run_run_command(const RunArgs& args) {
       const std::string accuracy = collected->evaluations.empty()
                                        ? std::string("-")
                                        : fmt::format("{:.4f}", collected->evaluations.back().test_accuracy);
-      fmt::print("{}epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s members {} mode sync accuracy {}{}",
+      fmt::print("{}epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s members {} mode {} accuracy {}{}",
                  tty ? "\r\033[K" : "", std::min<int64_t>(r.epoch + 1, c.job.epochs), c.job.epochs, r.step, total, r.loss,
-                 r.samples_per_second, r.members, accuracy, tty ? "" : "\n");
+                 r.samples_per_second, r.members, c.job.mode, accuracy, tty ? "" : "\n");
     } else if (r.kind == K::evaluation) {
       collected->evaluations.push_back(r);
       fmt::print("{}eval  epoch {} step {}: test accuracy {:.4f}, test loss {:.4f} (at {:.1f} s of training)\n",
@@ -399,20 +399,39 @@ int run_run_command(const RunArgs& args) {
                            {"test_accuracy", e.test_accuracy}, {"test_loss", e.test_loss}});
     if (!time_to_target && e.test_accuracy >= c.job.target_accuracy) time_to_target = e.train_seconds;
   }
+  const bool sync = c.job.mode == "sync";
   nlohmann::json workers = nlohmann::json::array();
-  uint64_t samples = 0;
+  uint64_t samples = 0, stale_rejected = 0, updates_applied = 0, exchanges = 0, staleness_sum = 0;
+  double wall = rank0->train_seconds;
   for (const auto& d : collected->done) {
-    workers.push_back({{"rank", d.rank}, {"samples", d.samples}, {"ring_bytes_sent", d.bytes_sent},
-                       {"ring_bytes_per_step", d.step ? d.bytes_sent / d.step : 0},
-                       {"parameter_checksum", fmt::format("{:016x}", d.checksum)}});
+    nlohmann::json w = {{"rank", d.rank},
+                        {"steps", d.step},
+                        {"samples", d.samples},
+                        {"bytes_sent", d.bytes_sent},
+                        {"bytes_per_step", d.step ? d.bytes_sent / d.step : 0},
+                        {"train_seconds", d.train_seconds},
+                        {"parameter_checksum", fmt::format("{:016x}", d.checksum)}};
+    if (sync) w["ring_bytes_sent"] = d.bytes_sent;
+    if (c.job.mode == "async") {
+      w["stale_rejected"] = d.stale_rejected;
+      w["updates_applied"] = d.updates_applied;
+    }
+    if (c.job.mode == "gossip") w["exchanges"] = d.exchanges;
+    workers.push_back(std::move(w));
     samples += d.samples;
+    stale_rejected += d.stale_rejected;
+    updates_applied += d.updates_applied;
+    staleness_sum += d.staleness_sum;
+    exchanges += d.exchanges;
+    // Without a barrier workers end at different times: the job took as long as the slowest.
+    if (!sync) wall = std::max(wall, d.train_seconds);
   }
-  const double wall = rank0->train_seconds;
   double compute_per_step = 0;
   for (const auto& d : collected->done)
     if (d.step > 0) compute_per_step = std::max(compute_per_step, d.compute_seconds / static_cast<double>(d.step));
   const double step_seconds = rank0->step ? wall / static_cast<double>(rank0->step) : 0.0;
-  const auto bound = ring_bounds(c, collected->done.size(),
+  // Sync only: the other modes have no ring to bound (a worker count of 0 gives no bound).
+  const auto bound = ring_bounds(c, sync ? collected->done.size() : 0,
                                         model ? static_cast<double>(model->parameters().size() + 3) * sizeof(float) : 0.0,
                                         compute_per_step);
   const fs::path model_path = out / "model.safetensors";
@@ -424,7 +443,7 @@ int run_run_command(const RunArgs& args) {
     model_file = fs::absolute(model_path).string();
   }
   const nlohmann::json result = {
-      {"mode", "sync"},
+      {"mode", c.job.mode},
       {"nodes", collected->members},
       {"epochs", rank0->epoch},
       {"steps", rank0->step},
@@ -432,7 +451,7 @@ int run_run_command(const RunArgs& args) {
       {"wall_seconds", wall},
       {"startup_seconds", std::max(0.0, startup_seconds)},
       {"eval_seconds", rank0->eval_seconds},
-      {"samples_per_second", rank0->samples_per_second},
+      {"samples_per_second", sync ? rank0->samples_per_second : wall > 0 ? static_cast<double>(samples) / wall : 0.0},
       {"test_accuracy", rank0->test_accuracy},
       {"test_loss", rank0->test_loss},
       {"target_accuracy", c.job.target_accuracy},
@@ -448,14 +467,25 @@ int run_run_command(const RunArgs& args) {
       {"compute_seconds_per_step", compute_per_step},
       {"ring_bound_formula_seconds", bound ? nlohmann::json(bound->formula_s) : nlohmann::json(nullptr)},
       {"ring_bound_critical_path_seconds", bound ? nlohmann::json(bound->critical_path_s) : nlohmann::json(nullptr)},
+      {"stale_rejected", c.job.mode == "async" ? nlohmann::json(stale_rejected) : nlohmann::json(nullptr)},
+      {"updates_applied", c.job.mode == "async" ? nlohmann::json(updates_applied) : nlohmann::json(nullptr)},
+      {"mean_staleness", c.job.mode == "async" && updates_applied > 0
+                             ? nlohmann::json(static_cast<double>(staleness_sum) / static_cast<double>(updates_applied))
+                             : nlohmann::json(nullptr)},
+      {"gossip_exchanges", c.job.mode == "gossip" ? nlohmann::json(exchanges) : nlohmann::json(nullptr)},
       {"workers", workers},
       {"evaluations", evaluations},
   };
   if (auto ok = compute::write_file_atomically(out / "result.json", result.dump(2) + "\n"); !ok)
     return runtime_error(ok.error().message);
-  fmt::print("{}done: {} workers, {} epochs, {} steps in {:.1f} s ({:.0f} samples/s), test accuracy {:.4f}\n",
-             tty ? "\r\033[K" : "", collected->members, rank0->epoch, rank0->step, wall, rank0->samples_per_second,
-             rank0->test_accuracy);
+  fmt::print("{}done: {} workers, mode {}, {} epochs, {} steps in {:.1f} s ({:.0f} samples/s), test accuracy {:.4f}\n",
+             tty ? "\r\033[K" : "", collected->members, c.job.mode, rank0->epoch, rank0->step, wall,
+             result["samples_per_second"].get<double>(), rank0->test_accuracy);
+  if (c.job.mode == "async")
+    fmt::print("async: {} updates applied (mean staleness {:.1f}), {} pushes refused as staler than {} (recomputed)\n",
+               updates_applied, updates_applied ? static_cast<double>(staleness_sum) / static_cast<double>(updates_applied) : 0.0,
+               stale_rejected, c.job.max_staleness);
+  if (c.job.mode == "gossip") fmt::print("gossip: {} pairwise averagings, then one final average\n", exchanges);
   if (bound)
     fmt::print("step time {:.0f} ms (compute {:.0f} ms): {:.2f}x the ring formula's {:.0f} ms (2(N-1) x largest latency "
                "+ 2(N-1)/N x bytes / narrowest bandwidth + compute), {:.2f}x the critical path's {:.0f} ms (slowest "

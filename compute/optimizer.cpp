@@ -18,19 +18,24 @@ namespace {
 #define TEPDIST_VECTOR_CLONES
 #endif
 
+// Below this many parameters one thread is faster than waking a team (and an async shard host
+// updating its small shards must not leave a team spinning). Each element is updated on its own,
+// so the results do not depend on the thread count.
+constexpr size_t parallel_min = size_t{1} << 18;
+
 TEPDIST_VECTOR_CLONES
 void sgd_update(float* p, const float* grad, float* buf, size_t n, float lr, float wd, float mu, bool nesterov) {
   if (mu == 0.0f) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= parallel_min)
     for (size_t i = 0; i < n; ++i) p[i] -= lr * (grad[i] + wd * p[i]);
   } else if (!nesterov) {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= parallel_min)
     for (size_t i = 0; i < n; ++i) {
       buf[i] = mu * buf[i] + grad[i] + wd * p[i];
       p[i] -= lr * buf[i];
     }
   } else {
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= parallel_min)
     for (size_t i = 0; i < n; ++i) {
       const float g = grad[i] + wd * p[i];
       buf[i] = mu * buf[i] + g;
@@ -45,7 +50,7 @@ void adam_update(float* p, const float* grad, float* m, float* v, size_t n, floa
   const float decay = decoupled ? 1.0f - lr * wd : 1.0f;
   const float l2 = decoupled ? 0.0f : wd;
   const float inv_c1 = 1.0f / c1, inv_c2 = 1.0f / c2;
-#pragma omp parallel for simd schedule(static)
+#pragma omp parallel for simd schedule(static) if (n >= parallel_min)
   for (size_t i = 0; i < n; ++i) {
     const float g = grad[i] + l2 * p[i];
     m[i] = b1 * m[i] + (1.0f - b1) * g;

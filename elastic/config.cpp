@@ -62,9 +62,11 @@ const std::vector<Key>& keys() {
   static const std::vector<Key> k = {
       // [job]
       {{"job", "mode", KeyType::string, "\"single\"",
-        "How the job trains: \"single\" (`tepdist train`, one process) or \"sync\" (`tepdist run`: every "
-        "step the workers sum gradients by a ring all-reduce and apply the same update)."},
-       -inf, inf, false, false, {"single", "sync"}, assign<&J::job, &J::Job::mode>},
+        "How the job trains: \"single\" (`tepdist train`, one process); with `tepdist run`, \"sync\" (every "
+        "step the workers sum gradients by a ring all-reduce and apply the same update), \"async\" (workers push "
+        "gradients to sharded parameters and pull them back, no barrier; see [elastic]) or \"gossip\" (every "
+        "worker keeps a replica and averages it with a random peer every gossip_every steps)."},
+       -inf, inf, false, false, {"single", "sync", "async", "gossip"}, assign<&J::job, &J::Job::mode>},
       {{"job", "epochs", KeyType::integer, "3", "Passes over the training data; 1 to 10000."},
        1, 10000, false, false, {}, assign<&J::job, &J::Job::epochs>},
       {{"job", "max_steps", KeyType::integer, "0", "Stop after this many optimiser steps; 0 means no cap."},
@@ -92,6 +94,15 @@ const std::vector<Key>& keys() {
         "sync: a step that waits this long for the previous worker in the ring fails the job, naming that "
         "worker (a membership change fails it sooner). Seconds, (0, 86400]."},
        0, 86400, true, false, {}, assign<&J::job, &J::Job::step_timeout_s>},
+      {{"job", "max_staleness", KeyType::integer, "16",
+        "async: a push computed on a shard version more than this many updates old is refused (counted as "
+        "stale_rejected) and its batch recomputed; accepted pushes use lr / (1 + staleness). Also the steps a "
+        "worker goes on without an answer from a shard before it waits. 0 to 1000000."},
+       0, 1e6, false, false, {}, assign<&J::job, &J::Job::max_staleness>},
+      {{"job", "gossip_every", KeyType::integer, "4",
+        "gossip: local steps between an active worker's parameter averagings with a random passive peer. "
+        "Fewer averages more often (more traffic, replicas closer together). 1 to 1000000."},
+       1, 1e6, false, false, {}, assign<&J::job, &J::Job::gossip_every>},
       // [model]
       {{"model", "preset", KeyType::string, "\"lenet\"",
         "A built-in model: \"lenet\" (conv 1->20 5x5, pool 2, relu, conv 20->50 5x5, pool 2, relu, "
@@ -205,6 +216,19 @@ const std::vector<Key>& keys() {
         "epoch), between = [A, B]. Streams wait for the partition to heal; datagrams are lost."},
        -inf, inf, false, false, {}, apply_partitions},
       // [membership]
+      // [elastic]
+      {{"elastic", "shards", KeyType::integer, "0",
+        "async: parameter shards, placed on the workers by rendezvous hashing; 0: twice the workers. More "
+        "shards spread the load more evenly, at more messages per step. 0 to 65536."},
+       0, 65536, false, false, {}, assign<&J::elastic, &J::Elastic::shards>},
+      {{"elastic", "replication", KeyType::integer, "2",
+        "async: workers holding each shard, the primary included; the primary forwards every applied update "
+        "to the others in version order. 1 to 16 (at most the workers)."},
+       1, 16, false, false, {}, assign<&J::elastic, &J::Elastic::replication>},
+      {{"elastic", "push_window", KeyType::integer, "2",
+        "async: pushes a worker keeps in flight to one shard; gradients for a shard whose window is full are "
+        "summed and sent when an answer frees a slot. 1 to 64."},
+       1, 64, false, false, {}, assign<&J::elastic, &J::Elastic::push_window>},
       {{"membership", "profile", KeyType::string, "\"lan\"",
         "SWIM defaults: \"lan\" (probe every 200 ms, ack timeout 100 ms, suspicion at least 3 x log10(N) "
         "intervals) or \"wan\" (1 s, 500 ms, 4 x log10(N): round trips up to about 250 ms); the keys below "

@@ -3,7 +3,7 @@
 // file (unknown sections or keys, wrong types and out-of-range values are errors that name the
 // file, line and key) and then uses the sections it needs.
 //
-// Sections so far: [job] [model] [data] [optimizer] [compute] [cluster] [network] [membership]. docs/config.md lists every key; a
+// Sections so far: [job] [model] [data] [optimizer] [compute] [cluster] [network] [elastic] [membership]. docs/config.md lists every key; a
 // test keeps it in step with schema().
 
 #include <cstdint>
@@ -34,6 +34,8 @@ struct JobConfig {
     int64_t log_every_steps = 50;
     int64_t ring_chunk_kb = 256;
     double step_timeout_s = 60;
+    int64_t max_staleness = 16;
+    int64_t gossip_every = 4;
     friend bool operator==(const Job&, const Job&) = default;
   } job;
   struct Model {
@@ -79,6 +81,13 @@ struct JobConfig {
     friend bool operator==(const Network&, const Network&) = default;
   } network;
 
+  struct Elastic {
+    int64_t shards = 0;  ///< 0: twice the workers
+    int64_t replication = 2;
+    int64_t push_window = 2;
+    friend bool operator==(const Elastic&, const Elastic&) = default;
+  } elastic;
+
   struct Membership {
     std::string profile = "lan";
     double probe_interval_ms = 0;  ///< 0: the profile's
@@ -99,7 +108,8 @@ struct JobConfig {
   /// Equal settings, wherever they came from (source is not compared).
   bool same_settings(const JobConfig& o) const {
     return job == o.job && model == o.model && data == o.data && optimizer == o.optimizer && compute == o.compute &&
-           cluster == o.cluster && network == o.network && membership == o.membership;
+           cluster == o.cluster && network == o.network && elastic == o.elastic &&
+           membership == o.membership;
   }
 };
 

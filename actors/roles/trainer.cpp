@@ -9,6 +9,8 @@
 #include <chrono>
 #include <numeric>
 #include <optional>
+#include <random>
+#include <set>
 
 #include "actors/atoms.hpp"
 #include "actors/router.hpp"
@@ -17,6 +19,10 @@
 #include "compute/train.hpp"
 #include "elastic/coordination.hpp"
 #include "elastic/job.hpp"
+#include "actors/roles/shard_host.hpp"
+#include "elastic/async_shards.hpp"
+#include "elastic/placement.hpp"
+#include "gossip/collective/gossip_average.hpp"
 #include "gossip/collective/ring_allreduce.hpp"
 
 namespace tepdist::actors {
@@ -53,9 +59,12 @@ caf::behavior evaluator(caf::event_based_actor*, std::shared_ptr<EvalKit> kit) {
   }};
 }
 
+enum class Mode { sync, async, gossip };
+
 struct Job {
   gossip::JobStart start;
   elastic::JobConfig config;
+  Mode mode = Mode::sync;
   uint32_t rank = 0, world = 1;
   std::string prev_id, next_address;
   elastic::JobData data;
@@ -63,9 +72,28 @@ struct Job {
   std::unique_ptr<compute::Backend> backend;
   std::unique_ptr<compute::Optimizer> optimizer;
   std::optional<compute::LrSchedule> schedule;
-  std::optional<gossip::collective::RingAllReduce> ring;
-  std::vector<float> buffer;  // [gradient x samples, loss x samples, samples, stop votes]
-  std::vector<int64_t> order;
+  std::optional<gossip::collective::RingAllReduce> ring;  // sync: every step; gossip: the final average
+  std::vector<float> buffer;  // sync: [gradient x samples, loss x samples, samples, stop votes]; gossip: parameters
+  std::vector<int64_t> order;  // the shuffled sample indices of epoch order_epoch
+  int64_t order_epoch = -1;
+  uint64_t tensor_bytes = 0;   // async and gossip: payload bytes sent outside the ring
+  // async
+  std::optional<elastic::AsyncWorker> async;
+  elastic::Placement placement;
+  caf::actor shard_host;
+  std::shared_ptr<ShardHostCounters> shard_counters;
+  bool blocked = false;             // waiting for a shard's answer before the next step
+  bool serving = false;             // not rank 0: all applied; holding shards until rank 0 has the model
+  std::set<std::string> finished;   // rank 0: workers whose updates are all applied
+  bool assembling = false;          // rank 0: pulling every shard for the final model
+  std::vector<uint8_t> assembled;   // per shard
+  size_t assembled_count = 0;
+  // gossip
+  std::optional<gossip::collective::GossipAveraging> gossip;
+  std::mt19937_64 random;
+  uint64_t next_exchange = 1;
+  uint32_t partner = 0;
+  bool final_average = false;
   int64_t step = 0, epoch = 0, steps_per_epoch = 0, total_steps = 0;
   uint64_t own_samples = 0, samples = 0, window_samples = 0;
   double loss = 0;
@@ -85,10 +113,14 @@ struct Job {
 
   double train_seconds() const { return first_step ? seconds_between(*first_step, last_step_end) : 0.0; }
   size_t elements() const { return model->parameters().size(); }
+  uint64_t bytes_sent() const { return (ring ? ring->bytes_sent() : 0) + tensor_bytes; }
 };
+
+const char* mode_name(Mode m) { return m == Mode::sync ? "sync" : m == Mode::async ? "async" : "gossip"; }
 
 struct TrainerState {
   TrainerOptions o;
+  caf::actor router;
   std::vector<gossip::Member> view;
   std::unique_ptr<Job> job;
   // Chunks of a job not started here yet (a faster neighbour was told first), with their senders;
@@ -110,7 +142,14 @@ void start_ticking(Trainer* self);
 /// Sends, or says it could not: the peer's send queue is full ([cluster] send_queue_mb).
 bool send_to(Trainer* self, const std::string& address, gossip::Body body) {
   auto& o = self->state.o;
-  if (o.transport->send(address, gossip::Message{o.self_id, o.incarnation, o.cluster_id, std::move(body)})) return true;
+  gossip::Message m{o.self_id, o.incarnation, o.cluster_id, std::move(body)};
+  // This node's own shards are served by its shard host, not over a connection to itself.
+  if (address == o.self_address && std::holds_alternative<gossip::ShardUpdate>(m.body) && self->state.job &&
+      self->state.job->shard_host) {
+    self->send(self->state.job->shard_host, wire_atom::value, o.self_id, o.self_address, std::move(m));
+    return true;
+  }
+  if (o.transport->send(address, m)) return true;
   node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
   return false;
 }
@@ -134,6 +173,11 @@ void drop_job(Trainer* self) {
   auto& job = self->state.job;
   // kill, not user_shutdown: it must not work through queued evaluations of a job that is over.
   if (job && job->evaluator) self->send_exit(job->evaluator, caf::exit_reason::kill);
+  if (job && job->shard_host) {
+    self->send_exit(job->shard_host, caf::exit_reason::kill);
+    // Updates for the next job wait in the router until that job's host registers.
+    caf::anon_send(self->state.router, shards_atom::value, caf::actor());
+  }
   job.reset();
 }
 
@@ -155,6 +199,15 @@ void fail_start(Trainer* self, const gossip::JobStart& start, const std::string&
   send_to(self, start.submitter, r);
 }
 
+void add_mode_counters(const Job& j, JobReport& r) {
+  if (j.async) r.stale_rejected = j.async->rejected();
+  if (j.shard_counters) {
+    r.updates_applied = j.shard_counters->applied.load();
+    r.staleness_sum = j.shard_counters->staleness_sum.load();
+  }
+  if (j.gossip) r.exchanges = j.gossip->completed() + j.gossip->answered();
+}
+
 /// Rank 0 at the end: the final model to the submitter, then its done report.
 void complete_rank0(Trainer* self) {
   auto& j = *self->state.job;
@@ -170,15 +223,17 @@ void complete_rank0(Trainer* self) {
   }
   JobReport r = report_of(j, JobReport::Kind::done);
   r.samples = j.own_samples;
-  r.bytes_sent = j.ring->bytes_sent();
+  r.bytes_sent = j.bytes_sent();
   r.checksum = checksum(params);
+  add_mode_counters(j, r);
   r.test_accuracy = j.last_accuracy;
   r.test_loss = j.last_test_loss;
   r.eval_seconds = j.eval_seconds;
-  r.samples_per_second = r.train_seconds > 0 ? static_cast<double>(j.samples) / r.train_seconds : 0.0;
+  const double samples = j.mode == Mode::sync ? static_cast<double>(j.samples) : static_cast<double>(j.own_samples);
+  r.samples_per_second = r.train_seconds > 0 ? samples / r.train_seconds : 0.0;
   send_to(self, j.start.submitter, r);
-  node_events().info("job_done job={} rank=0 steps={} checksum={:016x} compute_s={:.2f} ring_s={:.2f}", j.start.job_id,
-                     j.step, r.checksum, j.compute_seconds, j.ring_seconds);
+  node_events().info("job_done job={} mode={} rank=0 steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f}",
+                     j.start.job_id, mode_name(j.mode), j.step, r.checksum, j.compute_seconds, j.ring_seconds);
   drop_job(self);
 }
 
@@ -191,11 +246,12 @@ void finish_job(Trainer* self) {
   }
   JobReport r = report_of(j, JobReport::Kind::done);
   r.samples = j.own_samples;
-  r.bytes_sent = j.ring->bytes_sent();
+  r.bytes_sent = j.bytes_sent();
   r.checksum = checksum(j.model->parameters());
+  add_mode_counters(j, r);
   send_to(self, j.start.submitter, r);
-  node_events().info("job_done job={} rank={} steps={} checksum={:016x} compute_s={:.2f} ring_s={:.2f}", j.start.job_id,
-                     j.rank, j.step, r.checksum, j.compute_seconds, j.ring_seconds);
+  node_events().info("job_done job={} mode={} rank={} steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f}",
+                     j.start.job_id, mode_name(j.mode), j.rank, j.step, r.checksum, j.compute_seconds, j.ring_seconds);
   drop_job(self);
 }
 
@@ -262,41 +318,47 @@ void finish_step(Trainer* self) {
   self->send(self, step_atom::value);
 }
 
-void do_step(Trainer* self) {
-  auto* jp = self->state.job.get();
-  if (!jp || jp->finishing) return;
-  auto& j = *jp;
-  // One step at a time: a step message left over from an earlier job or step finds the ring busy.
-  if (j.ring->step() == static_cast<uint64_t>(j.step) + 1 && !j.ring->done()) return;
+/// The gradient of this worker's slice of global batch t (of epoch t / steps_per_epoch) into the
+/// model's gradients; returns the samples in the slice (0 for a short last step) and their loss.
+int64_t compute_slice(Job& j, int64_t t, float& loss) {
   const int64_t n = j.data.train.size(), batch = j.config.data.batch_size;
-  const int64_t in_epoch = j.step - j.epoch * j.steps_per_epoch;
-  if (in_epoch == 0) {
+  const int64_t epoch = t / j.steps_per_epoch, in_epoch = t % j.steps_per_epoch;
+  if (epoch != j.order_epoch) {
     if (j.config.data.shuffle) {
-      j.order = compute::shuffled_indices(n, j.config.job.seed, j.epoch);
+      j.order = compute::shuffled_indices(n, j.config.job.seed, epoch);
     } else {
       j.order.resize(static_cast<size_t>(n));
       std::iota(j.order.begin(), j.order.end(), 0);
     }
+    j.order_epoch = epoch;
   }
   const auto [begin, end] = elastic::sync_batch_slice(n, j.world, batch, in_epoch, j.rank);
+  if (end <= begin) return 0;
+  const std::span<const int64_t> idx(j.order.data() + begin, static_cast<size_t>(end - begin));
+  compute::gather_batch(j.data.train, idx, j.x, j.y);
+  loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
+  return end - begin;
+}
+
+void sync_step(Trainer* self) {
+  auto& j = *self->state.job;
+  // One step at a time: a step message left over from an earlier job or step finds the ring busy.
+  if (j.ring->step() == static_cast<uint64_t>(j.step) + 1 && !j.ring->done()) return;
   const size_t e = j.elements();
   const auto now = Clock::now();
   if (!j.first_step) j.first_step = j.window_start = now;
-  if (end > begin) {
-    const std::span<const int64_t> idx(j.order.data() + begin, static_cast<size_t>(end - begin));
-    compute::gather_batch(j.data.train, idx, j.x, j.y);
-    const float loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
-    const auto count = static_cast<float>(end - begin);
+  float loss = 0;
+  if (const int64_t samples = compute_slice(j, j.step, loss); samples > 0) {
+    const auto count = static_cast<float>(samples);
     const auto grads = j.model->gradients();
     for (size_t i = 0; i < e; ++i) j.buffer[i] = grads[i] * count;
     j.buffer[e] = loss * count;
     j.buffer[e + 1] = count;
-    j.buffer[e + 2] = j.target_reached ? 1.0f : 0.0f;
-    j.own_samples += static_cast<uint64_t>(end - begin);
+    j.own_samples += static_cast<uint64_t>(samples);
   } else {
     std::fill(j.buffer.begin(), j.buffer.end(), 0.0f);  // a short last step: nothing for this rank
-    j.buffer[e + 2] = j.target_reached ? 1.0f : 0.0f;
   }
+  j.buffer[e + 2] = j.target_reached ? 1.0f : 0.0f;
   std::vector<gossip::RingChunk> out;
   j.ring->start(static_cast<uint64_t>(j.step) + 1, j.buffer, out);
   for (auto& c : out)
@@ -306,6 +368,247 @@ void do_step(Trainer* self) {
   j.waiting_since = Clock::now();
   j.compute_seconds += seconds_between(now, j.waiting_since);
   if (j.ring->done()) finish_step(self);
+}
+
+/// Async and gossip, after each fresh local step: epoch count, and rank 0's progress reports and
+/// evaluations. A global step here is one step of every worker (world x batch samples, as in
+/// sync); rank 0's own steps stand for them, and its rate times the workers for the cluster's.
+void after_local_step(Trainer* self, int64_t samples, float loss) {
+  auto& j = *self->state.job;
+  ++j.step;
+  j.own_samples += static_cast<uint64_t>(samples);
+  j.window_samples += static_cast<uint64_t>(samples);
+  j.loss = loss;
+  j.last_step_end = Clock::now();
+  const bool epoch_end = j.step % j.steps_per_epoch == 0;
+  if (epoch_end) ++j.epoch;
+  if (j.rank != 0) return;
+  if (j.step % j.config.job.log_every_steps == 0 || j.step == j.total_steps) {
+    JobReport r = report_of(j, JobReport::Kind::progress);
+    r.samples = j.own_samples * j.world;
+    r.samples_per_second = static_cast<double>(j.window_samples * j.world) /
+                           std::max(1e-9, seconds_between(j.window_start, j.last_step_end));
+    send_to(self, j.start.submitter, r);
+    j.window_samples = 0;
+    j.window_start = j.last_step_end;
+  }
+  // The final model is evaluated once it exists (after the final average or the shard pull).
+  const auto every = j.config.job.eval_every_steps;
+  if (j.step < j.total_steps && ((every > 0 && j.step % every == 0) || epoch_end)) evaluate_snapshot(self);
+}
+
+void send_all(Trainer* self, elastic::Outgoing<gossip::ShardUpdate>& out) {
+  auto& j = *self->state.job;
+  for (auto& [address, u] : out) {
+    j.tensor_bytes += u.chunk.data.size_bytes();
+    if (!send_to(self, address, std::move(u)))
+      return fail(self, fmt::format("the send queue to {} is full; raise [cluster] send_queue_mb", address));
+    if (!self->state.job) return;
+  }
+}
+
+void finish_async(Trainer* self);
+
+/// Async: one batch (a fresh one, or a refused one again), its gradient pushed to the shards.
+void async_step(Trainer* self) {
+  auto& j = *self->state.job;
+  if (j.serving || j.assembling || j.blocked) return;
+  auto& a = *j.async;
+  if (!a.may_step()) {
+    j.blocked = true;  // an answer unblocks
+    return;
+  }
+  auto work = a.take_redo();
+  const bool fresh = !work;
+  if (fresh && j.step >= j.total_steps) return finish_async(self);
+  if (fresh) work = elastic::AsyncWorker::Work{static_cast<uint64_t>(j.step)};
+  const auto now = Clock::now();
+  if (!j.first_step) j.first_step = j.window_start = now;
+  float loss = 0;
+  const int64_t samples = compute_slice(j, static_cast<int64_t>(work->batch), loss);
+  if (samples == 0) std::fill(j.model->gradients().begin(), j.model->gradients().end(), 0.0f);
+  elastic::Outgoing<gossip::ShardUpdate> out;
+  a.on_gradient(*work, j.model->gradients(), j.schedule->at(static_cast<int64_t>(work->batch)), out);
+  j.waiting_since = Clock::now();
+  j.compute_seconds += seconds_between(now, j.waiting_since);
+  send_all(self, out);
+  if (!self->state.job) return;
+  if (fresh) after_local_step(self, samples, loss);
+  self->send(self, step_atom::value);
+}
+
+/// Rank 0, once every worker has applied all its updates: pull every shard for the final model.
+void maybe_assemble(Trainer* self) {
+  auto& j = *self->state.job;
+  if (j.assembling || j.finished.size() < j.world) return;
+  j.assembling = true;
+  j.assembled.assign(j.placement.size(), 0);
+  j.assembled_count = 0;
+  elastic::Outgoing<gossip::ShardUpdate> out;
+  for (uint32_t s = 0; s < j.placement.size(); ++s) {
+    const auto it = std::find(j.start.workers.begin(), j.start.workers.end(), j.placement[s].front());
+    out.emplace_back(j.start.addresses[static_cast<size_t>(it - j.start.workers.begin())],
+                     gossip::ShardUpdate{j.start.job_id, s, gossip::ShardUpdate::Kind::pull, 0, 0, {}});
+  }
+  send_all(self, out);
+}
+
+/// Async: every fresh batch done; once every push is answered (and refused ones redone), this
+/// worker is finished. Rank 0 then waits for the others; the others keep serving their shards.
+void finish_async(Trainer* self) {
+  auto& j = *self->state.job;
+  if (!j.async->idle() || j.serving || j.finished.contains(self->state.o.self_id)) return;
+  node_events().info("async_finished job={} rank={} steps={} pushes={} stale_rejected={}", j.start.job_id, j.rank,
+                     j.step, j.async->pushes(), j.async->rejected());
+  if (j.rank == 0) {
+    j.finished.insert(self->state.o.self_id);
+    return maybe_assemble(self);
+  }
+  j.serving = true;
+  gossip::Control finished{self->state.o.self_id, self->state.o.incarnation, gossip::Control::Command::worker_finished,
+                           j.start.job_id, {}};
+  send_to(self, j.start.addresses[0], finished);
+}
+
+void on_shard_state(Trainer* self, const std::string& peer, const gossip::ShardState& st) {
+  auto& s = self->state;
+  if (!s.job || s.job->mode != Mode::async || s.job->start.job_id != st.job_id) return;
+  auto& j = *s.job;
+  if (st.shard >= j.placement.size() || peer != j.placement[st.shard].front()) {
+    node_events().warn("shard_state_refused from={} shard={} reason=\"not the shard's primary\"", peer, st.shard);
+    return;
+  }
+  if (j.assembling) {
+    const auto range = elastic::shard_range(j.elements(), static_cast<uint32_t>(j.placement.size()), st.shard);
+    if (j.assembled[st.shard] || st.chunk.offset != 0 || st.chunk.data.size() != range.size()) {
+      node_events().warn("shard_state_refused from={} shard={} reason=\"not the pulled shard's size, or twice\"", peer,
+                         st.shard);
+      return;
+    }
+    std::copy(st.chunk.data.begin(), st.chunk.data.end(),
+              j.model->parameters().begin() + static_cast<ptrdiff_t>(range.begin));
+    j.assembled[st.shard] = 1;
+    if (++j.assembled_count < j.placement.size()) return;
+    // The final model is whole: the others may let their shards go; rank 0 evaluates and reports.
+    gossip::Control over{s.o.self_id, s.o.incarnation, gossip::Control::Command::job_finished, j.start.job_id, {}};
+    for (size_t i = 1; i < j.start.addresses.size(); ++i) send_to(self, j.start.addresses[i], over);
+    evaluate_snapshot(self);
+    return finish_job(self);
+  }
+  elastic::Outgoing<gossip::ShardUpdate> out;
+  if (auto ok = j.async->on_state(st, j.model->parameters(), out); !ok) {
+    node_events().warn("shard_state_refused from={} shard={} reason=\"{}\"", peer, st.shard, ok.error());
+    return;
+  }
+  j.waiting_since = Clock::now();
+  send_all(self, out);
+  if (!s.job) return;
+  if (j.blocked && j.async->may_step()) {
+    j.blocked = false;
+    self->send(self, step_atom::value);
+  }
+  if (j.step >= j.total_steps) {
+    if (j.async->idle()) finish_async(self);
+    else if (!j.blocked) self->send(self, step_atom::value);  // refused batches to redo
+  }
+}
+
+void start_final_average(Trainer* self);
+
+/// Gossip: the ring has summed the replicas; every worker divides the same sum the same way.
+void end_final_average(Trainer* self) {
+  auto& j = *self->state.job;
+  const auto p = j.model->parameters();
+  const float inv = 1.0f / static_cast<float>(j.world);
+  for (size_t i = 0; i < p.size(); ++i) p[i] = j.buffer[i] * inv;
+  j.ring_seconds += seconds_between(j.waiting_since, Clock::now());
+  if (j.rank == 0) evaluate_snapshot(self);
+  finish_job(self);
+}
+
+/// Gossip: a local step on this worker's replica, and now and then an averaging with a peer.
+void gossip_step(Trainer* self) {
+  auto& j = *self->state.job;
+  if (j.final_average) return;
+  if (j.step >= j.total_steps) return start_final_average(self);
+  const auto now = Clock::now();
+  if (!j.first_step) j.first_step = j.window_start = now;
+  float loss = 0;
+  const int64_t samples = compute_slice(j, j.step, loss);
+  if (samples > 0) j.optimizer->step(j.model->parameters(), j.model->gradients(), j.schedule->at(j.step));
+  if (j.gossip->after_step()) {
+    j.partner = j.gossip->partner(j.random());
+    std::vector<gossip::GossipAverage> out;
+    j.gossip->begin(j.next_exchange++, j.model->parameters(), out);
+    for (auto& m : out) {
+      j.tensor_bytes += m.chunk.data.size_bytes();
+      if (!send_to(self, j.start.addresses[j.partner], std::move(m)))
+        return fail(self, fmt::format("the send queue to worker {} is full; raise [cluster] send_queue_mb",
+                                      j.start.workers[j.partner]));
+    }
+  }
+  j.compute_seconds += seconds_between(now, Clock::now());
+  after_local_step(self, samples, loss);
+  self->send(self, step_atom::value);
+}
+
+/// Gossip, after the last local step: one ring all-reduce of the replicas; every worker ends with
+/// the same average.
+void start_final_average(Trainer* self) {
+  auto& j = *self->state.job;
+  j.final_average = true;
+  j.gossip->abandon();
+  const auto params = j.model->parameters();
+  std::copy(params.begin(), params.end(), j.buffer.begin());
+  std::vector<gossip::RingChunk> out;
+  j.ring->start(1, j.buffer, out);
+  for (auto& c : out)
+    if (!send_to(self, j.next_address, std::move(c)))
+      return fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
+                                    j.next_address));
+  j.waiting_since = Clock::now();
+  if (j.ring->done()) end_final_average(self);
+}
+
+void on_gossip(Trainer* self, const std::string& peer, const gossip::GossipAverage& m) {
+  auto& s = self->state;
+  if (!s.job || s.job->mode != Mode::gossip || s.job->start.job_id != m.job_id) return;
+  auto& j = *s.job;
+  const auto it = std::find(j.start.workers.begin(), j.start.workers.end(), peer);
+  if (it == j.start.workers.end()) {
+    node_events().warn("gossip_refused from={} reason=\"not a worker of job {}\"", peer, j.start.job_id);
+    return;
+  }
+  const auto from = static_cast<uint32_t>(it - j.start.workers.begin());
+  if (m.reply) {
+    if (from != j.partner) {
+      node_events().warn("gossip_refused from={} reason=\"not the partner of this exchange\"", peer);
+      return;
+    }
+    if (auto ok = j.gossip->on_reply(m, j.model->parameters()); !ok && !j.final_average)
+      node_events().warn("gossip_refused from={} reason=\"{}\"", peer, ok.error());
+    return;
+  }
+  if (j.final_average) return;  // the replicas are being averaged for good: no more pairs
+  std::vector<gossip::GossipAverage> out;
+  if (auto ok = j.gossip->on_request(m, j.model->parameters(), out); !ok) {
+    node_events().warn("gossip_refused from={} reason=\"{}\"", peer, ok.error());
+    return;
+  }
+  for (auto& r : out) {
+    j.tensor_bytes += r.chunk.data.size_bytes();
+    send_to(self, j.start.addresses[from], std::move(r));
+  }
+}
+
+void do_step(Trainer* self) {
+  auto* j = self->state.job.get();
+  if (!j || j->finishing) return;
+  switch (j->mode) {
+    case Mode::sync: return sync_step(self);
+    case Mode::async: return async_step(self);
+    case Mode::gossip: return gossip_step(self);
+  }
 }
 
 void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c) {
@@ -321,6 +624,7 @@ void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c
     return;
   }
   auto& j = *s.job;
+  if (!j.ring) return;  // async: no ring
   if (peer != j.prev_id) {
     node_events().warn("ring_chunk_refused from={} reason=\"not the previous worker ({})\"", peer, j.prev_id);
     return;
@@ -335,7 +639,77 @@ void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c
     if (!send_to(self, j.next_address, std::move(m)))
       return fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
                                     j.next_address));
+  if (j.mode == Mode::gossip) {
+    if (j.ring->done() && j.final_average && !j.finishing) end_final_average(self);
+    return;
+  }
   if (j.ring->done() && !j.finishing && j.ring->step() == static_cast<uint64_t>(j.step) + 1) finish_step(self);
+}
+
+/// Async: the shards, where they live, this worker's side of the protocol, and the host for the
+/// shards this node holds. Every node starts from the same initial parameters (same seed), so
+/// primaries and replicas start equal.
+std::expected<void, std::string> setup_async(Trainer* self, Job& j) {
+  auto& o = self->state.o;
+  const auto& e = j.config.elastic;
+  const auto shards = static_cast<uint32_t>(
+      std::clamp<int64_t>(e.shards > 0 ? e.shards : 2 * static_cast<int64_t>(j.world), 1, static_cast<int64_t>(j.elements())));
+  const size_t largest_kb = elastic::shard_range(j.elements(), shards, 0).size() * sizeof(float) / 1024 + 1;
+  if (static_cast<int64_t>(largest_kb) + 64 > o.max_frame_kb)
+    return std::unexpected(fmt::format("a shard of {} KiB does not fit this node's frames ([cluster] max_frame_mb = {}); "
+                                       "raise [elastic] shards",
+                                       largest_kb, o.max_frame_kb / 1024));
+  j.placement = elastic::place_shards(shards, j.start.workers, static_cast<int>(e.replication));
+  const auto address_of = [&](const std::string& id) {
+    const auto it = std::find(j.start.workers.begin(), j.start.workers.end(), id);
+    return j.start.addresses[static_cast<size_t>(it - j.start.workers.begin())];
+  };
+  std::vector<std::string> primaries;
+  for (const auto& holders : j.placement) primaries.push_back(address_of(holders.front()));
+  j.async.emplace(elastic::AsyncWorker::Options{j.start.job_id, j.elements(), shards, primaries,
+                                                static_cast<uint32_t>(e.push_window),
+                                                static_cast<uint64_t>(std::max<int64_t>(1, j.config.job.max_staleness))});
+  auto init = std::make_shared<ShardHostInit>();
+  init->transport = o.transport;
+  init->cluster_id = o.cluster_id;
+  init->self_id = o.self_id;
+  init->self_address = o.self_address;
+  init->incarnation = o.incarnation;
+  init->job_id = j.start.job_id;
+  init->workers = j.start.workers;
+  init->addresses = j.start.addresses;
+  init->placement = j.placement;
+  init->trainer = caf::actor_cast<caf::actor>(self);
+  j.shard_counters = init->counters = std::make_shared<ShardHostCounters>();
+  const auto params = j.model->parameters();
+  std::string held;
+  for (uint32_t s = 0; s < shards; ++s) {
+    const auto& holders = j.placement[s];
+    const auto me = std::find(holders.begin(), holders.end(), o.self_id);
+    if (me == holders.end()) continue;
+    const auto range = elastic::shard_range(j.elements(), shards, s);
+    auto optimizer = compute::make_optimizer(j.config.optimizer.options, range.size());
+    if (!optimizer) return std::unexpected(optimizer.error().message);
+    std::vector<std::string> replicas;
+    if (me == holders.begin())
+      for (auto r = holders.begin() + 1; r != holders.end(); ++r) replicas.push_back(address_of(*r));
+    init->shards.emplace(s, std::make_unique<elastic::ShardServer>(
+                                elastic::ShardServer::Options{j.start.job_id, s,
+                                                              static_cast<uint64_t>(j.config.job.max_staleness), replicas},
+                                std::vector<float>(params.begin() + static_cast<ptrdiff_t>(range.begin),
+                                                   params.begin() + static_cast<ptrdiff_t>(range.end)),
+                                std::move(*optimizer)));
+    held += fmt::format("{}{}{}", held.empty() ? "" : ",", s, me == holders.begin() ? "p" : "r");
+  }
+  node_events().info("shards_placed job={} shards={} replication={} held={}", j.start.job_id, shards,
+                     std::min<int64_t>(e.replication, j.world), held.empty() ? "-" : held);
+  j.shard_host = spawn_shard_host(*self, std::move(init));
+  caf::anon_send(self->state.router, shards_atom::value, j.shard_host);
+  // Should the trainer itself end, the host ends with it.
+  self->attach_functor([host = caf::actor_cast<caf::weak_actor_ptr>(j.shard_host)](const caf::error&) {
+    if (auto h = caf::actor_cast<caf::actor>(host)) caf::anon_send_exit(h, caf::exit_reason::kill);
+  });
+  return {};
 }
 
 std::expected<void, std::string> setup(Trainer* self, Job& j) {
@@ -370,8 +744,25 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
     return std::unexpected(fmt::format("job.ring_chunk_kb = {} does not fit this node's frames ([cluster] max_frame_mb "
                                        "= {})",
                                        j.config.job.ring_chunk_kb, o.max_frame_kb / 1024));
-  j.ring.emplace(gossip::collective::RingAllReduce::Options{j.start.job_id, j.rank, j.world, j.elements() + 3, chunk});
-  j.buffer.assign(j.elements() + 3, 0.0f);
+  const auto& mode = j.config.job.mode;
+  if (mode == "sync") {
+    j.mode = Mode::sync;
+    j.ring.emplace(gossip::collective::RingAllReduce::Options{j.start.job_id, j.rank, j.world, j.elements() + 3, chunk});
+    j.buffer.assign(j.elements() + 3, 0.0f);
+  } else if (mode == "gossip") {
+    j.mode = Mode::gossip;
+    j.ring.emplace(gossip::collective::RingAllReduce::Options{j.start.job_id, j.rank, j.world, j.elements(), chunk});
+    j.buffer.assign(j.elements(), 0.0f);
+    const auto every = static_cast<uint64_t>(j.config.job.gossip_every);
+    j.gossip.emplace(gossip::collective::GossipAveraging::Options{j.start.job_id, j.rank, j.world, j.elements(), chunk,
+                                                                  every, std::max<uint64_t>(16, 4 * every)});
+    j.random.seed(j.config.job.seed * 1000003 + j.rank);
+  } else if (mode == "async") {
+    j.mode = Mode::async;
+    if (auto ok = setup_async(self, j); !ok) return ok;
+  } else {
+    return std::unexpected(fmt::format("job.mode = \"{}\" is not a cluster mode (sync, async or gossip)", mode));
+  }
   if (j.rank == 0) {
     auto kit = std::make_shared<EvalKit>();
     auto eval_model = elastic::build_job_model(j.config, j.data.train);
@@ -412,8 +803,8 @@ void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart&
   job->prev_id = start.workers[(job->rank + job->world - 1) % job->world];
   job->next_address = start.addresses[(job->rank + 1) % job->world];
   if (auto ok = setup(self, *job); !ok) return fail_start(self, start, ok.error());
-  node_events().info("job_started job={} mode=sync rank={} workers={} steps={} steps_per_epoch={}", start.job_id,
-                     job->rank, job->world, job->total_steps, job->steps_per_epoch);
+  node_events().info("job_started job={} mode={} rank={} workers={} steps={} steps_per_epoch={}", start.job_id,
+                     mode_name(job->mode), job->rank, job->world, job->total_steps, job->steps_per_epoch);
   s.job = std::move(job);
   // Chunks that came before the job did.
   s.last_job = std::max(s.last_job, start.job_id);
@@ -469,7 +860,9 @@ void on_view(Trainer* self, std::vector<gossip::Member> view) {
   if (!changes.empty()) {
     std::string names;
     for (const auto& c : changes) names += (names.empty() ? "" : ", ") + c;
-    fail(self, fmt::format("the cluster changed during a sync job: {}; sync jobs need a fixed membership", names));
+    fail(self, fmt::format("the cluster changed during a {} job: {}; jobs need a fixed membership until training "
+                           "through membership changes arrives",
+                           mode_name(s.job->mode), names));
     return;
   }
   for (const auto& m : s.view)
@@ -487,11 +880,15 @@ void on_tick(Trainer* self) {
     s.pending.reset();
     fail_start(self, request, "the workers the submitter saw did not all reach the coordinator within 30 s");
   }
-  if (s.job && !s.job->finishing &&
-      seconds_between(s.job->waiting_since, Clock::now()) > s.job->config.job.step_timeout_s) {
+  if (s.job && !s.job->finishing && seconds_between(s.job->waiting_since, Clock::now()) > s.job->config.job.step_timeout_s) {
     auto& j = *s.job;
-    fail(self, fmt::format("step {} waited {:.0f} s for worker {} (the previous one in the ring)", j.step + 1,
-                           j.config.job.step_timeout_s, j.prev_id));
+    const auto limit = j.config.job.step_timeout_s;
+    if (j.mode == Mode::sync || (j.mode == Mode::gossip && j.final_average))
+      fail(self, fmt::format("{} {} waited {:.0f} s for worker {} (the previous one in the ring)",
+                             j.mode == Mode::sync ? "step" : "the final average after step", j.step + 1, limit, j.prev_id));
+    else if (j.mode == Mode::async && !j.serving && !j.assembling && (j.blocked || j.step >= j.total_steps) &&
+             !j.finished.contains(s.o.self_id))
+      fail(self, fmt::format("step {} waited {:.0f} s for answers from shard primaries", j.step + 1, limit));
   }
   if (s.pending || s.job) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
   else s.ticking = false;
@@ -506,7 +903,20 @@ void start_ticking(Trainer* self) {
 
 void on_control(Trainer* self, const std::string& peer, const gossip::Control& c) {
   auto& s = self->state;
-  if (c.command != gossip::Control::Command::stop_job || !s.job || s.job->start.job_id != c.job_id) return;
+  if (!s.job || s.job->start.job_id != c.job_id) return;
+  auto& j = *s.job;
+  using Command = gossip::Control::Command;
+  if (c.command == Command::worker_finished && j.mode == Mode::async && j.rank == 0) {
+    if (std::find(j.start.workers.begin(), j.start.workers.end(), peer) == j.start.workers.end()) return;
+    j.finished.insert(peer);
+    return maybe_assemble(self);
+  }
+  if (c.command == Command::job_finished && j.mode == Mode::async && j.rank != 0 && peer == j.start.workers[0]) {
+    // Rank 0 has the final model: every update has been applied, so the counts are final.
+    j.serving = false;
+    return finish_job(self);
+  }
+  if (c.command != Command::stop_job) return;
   if (peer == s.job->start.coordinator) {
     fail(self, "stopped by the submitter");
     return;
@@ -523,11 +933,14 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
 
 caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) {
   self->state.o = std::move(options);
+  self->state.router = router;
   caf::anon_send(router, job_atom::value, caf::actor_cast<caf::actor>(self));
   return {
       [self](view_atom, std::vector<gossip::Member> view) { on_view(self, std::move(view)); },
       [self](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {
         if (const auto* chunk = std::get_if<gossip::RingChunk>(&m.body)) on_chunk(self, peer, *chunk);
+        else if (const auto* state = std::get_if<gossip::ShardState>(&m.body)) on_shard_state(self, peer, *state);
+        else if (const auto* average = std::get_if<gossip::GossipAverage>(&m.body)) on_gossip(self, peer, *average);
         else if (const auto* start = std::get_if<gossip::JobStart>(&m.body))
           start->coordinator.empty() ? on_submitted(self, peer, *start) : on_assigned(self, peer, *start);
         else if (const auto* control = std::get_if<gossip::Control>(&m.body)) on_control(self, peer, *control);

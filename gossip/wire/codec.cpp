@@ -135,6 +135,7 @@ struct Encoder {
             b.setStaleRejected(m.stale_rejected);
             b.setUpdatesApplied(m.updates_applied);
             b.setExchanges(m.exchanges);
+            b.setStalenessSum(m.staleness_sum);
           } else if constexpr (std::is_same_v<T, ShardUpdate>) {
             auto b = e.initShardUpdate();
             b.setJobId(m.job_id);
@@ -285,7 +286,8 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
                        r.getBytesSent(),    r.getChecksum(),
                        r.getError(),        r.getEvalSeconds(),
                        r.getComputeSeconds(), r.getStaleRejected(),
-                       r.getUpdatesApplied(), r.getExchanges()};
+                       r.getUpdatesApplied(), r.getExchanges(),
+                       r.getStalenessSum()};
     }
     case wire::Envelope::SHARD_UPDATE: {
       auto r = e.getShardUpdate();

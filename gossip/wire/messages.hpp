@@ -148,7 +148,7 @@ struct JobReport {
   std::string error;
   double eval_seconds = 0;
   double compute_seconds = 0;
-  uint64_t stale_rejected = 0, updates_applied = 0, exchanges = 0;
+  uint64_t stale_rejected = 0, updates_applied = 0, exchanges = 0, staleness_sum = 0;
   friend bool operator==(const JobReport&, const JobReport&) = default;
 };
 

@@ -201,6 +201,7 @@ struct JobReport {
   staleRejected @17 :UInt64;    # done, async: this worker's pushes refused as too stale
   updatesApplied @18 :UInt64;   # done, async: updates the shards this node is primary for applied
   exchanges @19 :UInt64;        # done, gossip: parameter averagings this worker took part in
+  stalenessSum @20 :UInt64;     # done, async: the staleness of every update those shards applied, summed
   enum Kind {
     progress @0;
     evaluation @1;

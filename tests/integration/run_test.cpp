@@ -153,7 +153,7 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
   double total = 0, most = 0;
   for (const auto& w : workers) {
     CHECK(w["parameter_checksum"] == workers[0]["parameter_checksum"]);
-    const double per_step = w["ring_bytes_per_step"].get<double>();
+    const double per_step = w["bytes_per_step"].get<double>();
     CHECK(per_step == Approx(2.0 * 2 / 3 * model_bytes).epsilon(0.15));
     total += per_step;
     most = std::max(most, per_step);
