@@ -276,3 +276,110 @@ TEST_CASE("run says why it cannot join: a wrong secret, a seed nobody listens on
   CHECK_THAT(*unreachable, Catch::Contains("127.0.0.1:1"));
   CHECK(nowhere.wait() == 1);
 }
+
+TEST_CASE("gossip: three nodes end with one averaged model that learned what one process learns",
+          "[integration][run][fashion]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  Child single({TEPDIST_BINARY, "train", job, "--set", "data.batch_size=192", "--out", (dir.path / "single").string()});
+  REQUIRE(single.wait() == 0);
+  const auto reference = read_json(dir.path / "single" / "result.json");
+  Child run({TEPDIST_BINARY, "run", job, "--mode", "gossip", "--nodes", "3", "--out", (dir.path / "gossip").string()});
+  const int status = run.wait();
+  INFO(run.all());
+  REQUIRE(status == 0);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+  const auto result = read_json(dir.path / "gossip" / "result.json");
+  CHECK(result["mode"] == "gossip");
+  CHECK(result["samples"] == 2 * 6144);
+  CHECK(result["gossip_exchanges"].get<int>() > 0);
+  // The final average is one ring all-reduce: every replica ends bit-identical.
+  for (const auto& w : result["workers"]) CHECK(w["parameter_checksum"] == result["workers"][0]["parameter_checksum"]);
+  // Replicas that drift apart between averagings learn a little less per sample than one model.
+  CHECK(result["test_accuracy"].get<double>() >= reference["test_accuracy"].get<double>() - 0.05);
+  CHECK(fs::exists(dir.path / "gossip" / "model.safetensors"));
+}
+
+TEST_CASE("async: pushes beyond max_staleness are refused, counted and recomputed, and the job completes",
+          "[integration][run][fashion]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  for (const auto* bound : {"16", "0"}) {
+    INFO("max_staleness " << bound);
+    const auto out = dir.path / (std::string("async-") + bound);
+    Child run({TEPDIST_BINARY, "run", job, "--mode", "async", "--nodes", "3", "--epochs", "1", "--set",
+               std::string("job.max_staleness=") + bound, "--out", out.string()});
+    const int status = run.wait();
+    INFO(run.all());
+    REQUIRE(status == 0);
+    const auto result = read_json(out / "result.json");
+    CHECK(result["mode"] == "async");
+    CHECK(result["samples"] == 6144);  // every batch trained on, refused ones again
+    const auto applied = result["updates_applied"].get<uint64_t>();
+    const auto rejected = result["stale_rejected"].get<uint64_t>();
+    // Every step of every worker pushes to each of the 6 shards, or folds into a later push.
+    CHECK(applied <= 3 * 32 * 6);
+    CHECK(applied >= 6);
+    if (std::string(bound) == "0") {
+      // Three workers pushing at once: staleness 0 cannot hold for all of them.
+      CHECK(rejected > 0);
+      CHECK(result["mean_staleness"].get<double>() == 0.0);
+    } else {
+      CHECK(result["mean_staleness"].get<double>() > 0.0);
+      CHECK(result["test_accuracy"].get<double>() > 0.2);  // it learned (chance is 0.1)
+    }
+    CHECK(fs::exists(out / "model.safetensors"));
+  }
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+namespace {
+
+/// The global step of a progress line ("epoch 1/1000 step 40/...").
+int64_t step_of(const std::string& line) {
+  const auto at = line.find(" step ");
+  return at == std::string::npos ? -1 : std::stoll(line.substr(at + 6));
+}
+
+}  // namespace
+
+TEST_CASE("a worker stopped for 3 s: async training goes on without it, sync waits for it", "[integration][run]") {
+  for (const auto* mode : {"async", "sync"}) {
+    INFO(mode);
+    TempDir dir;
+    // Slow probes: a 3 s pause must not be taken for a death (that is the membership tests' job).
+    Child run({TEPDIST_BINARY, "run", job_file(dir), "--mode", mode, "--nodes", "3", "--epochs", "1000", "--set",
+               "data.dataset=\"synthetic\"", "--set", "job.log_every_steps=4", "--set", "job.max_staleness=100000",
+               "--set", "membership.probe_interval_ms=2000", "--set", "membership.probe_timeout_ms=1000", "--set",
+               "membership.suspicion_mult=8", "--out", (dir.path / "out").string()});
+    REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));
+    const auto victim = processes_mentioning(dir.path.string(), "--name node-01");
+    REQUIRE(victim.size() == 1);
+    ::kill(victim[0], SIGSTOP);
+    // Progress lines already in the pipe were written before the stop; from here on a line whose
+    // step is past every one seen so far is progress made while node-01 is stopped.
+    const std::string so_far = run.all();
+    const auto last = so_far.rfind(" step ");
+    const int64_t at_stop = last == std::string::npos ? 0 : std::stoll(so_far.substr(last + 6));
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(3);
+    int64_t during = at_stop;
+    while (std::chrono::steady_clock::now() < deadline) {
+      const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      const auto line = run.wait_for("samples/s", left);
+      if (line) during = std::max(during, step_of(*line));
+    }
+    ::kill(victim[0], SIGCONT);
+    if (std::string(mode) == "async") {
+      CHECK(during >= at_stop + 8);  // rank 0 went on for at least two progress lines
+    } else {
+      CHECK(during <= at_stop + 4);  // at most the step that was under way
+      // ... and it resumes once node-01 does.
+      const auto resumed = run.wait_for("samples/s", std::chrono::seconds(30));
+      REQUIRE(resumed);
+    }
+    CHECK(run.wait_for("samples/s", std::chrono::seconds(30)));  // still training, nobody declared dead
+    run.signal(SIGINT);
+    CHECK(run.wait() == 130);
+    CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+  }
+}
