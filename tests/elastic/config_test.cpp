@@ -223,3 +223,21 @@ TEST_CASE("the cluster secret comes from a file only its owner can read", "[elas
   inline_secret.secret = "abc";
   CHECK(load_secret(inline_secret).value() == "abc");
 }
+
+TEST_CASE("configs/async.toml and configs/gossip.toml load and say their modes", "[elastic][config]") {
+  auto a = load_config(std::string(TEPDIST_SOURCE_DIR) + "/configs/async.toml");
+  INFO((a ? std::string() : a.error().message));
+  REQUIRE(a);
+  CHECK(a->job.mode == "async");
+  CHECK(a->elastic.replication == 2);
+  CHECK(a->cluster.local_nodes == 4);
+  auto g = load_config(std::string(TEPDIST_SOURCE_DIR) + "/configs/gossip.toml");
+  INFO((g ? std::string() : g.error().message));
+  REQUIRE(g);
+  CHECK(g->job.mode == "gossip");
+  CHECK(g->job.gossip_every == 4);
+  // The modes differ in how they train, not in what: same model, batch and learning rate.
+  CHECK(a->optimizer == g->optimizer);
+  CHECK(a->data == g->data);
+  CHECK(a->model == g->model);
+}

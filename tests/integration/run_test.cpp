@@ -307,26 +307,31 @@ TEST_CASE("async: pushes beyond max_staleness are refused, counted and recompute
   for (const auto* bound : {"16", "0"}) {
     INFO("max_staleness " << bound);
     const auto out = dir.path / (std::string("async-") + bound);
-    Child run({TEPDIST_BINARY, "run", job, "--mode", "async", "--nodes", "3", "--epochs", "1", "--set",
+    const bool refuse_all = std::string(bound) == "0";
+    const int epochs = refuse_all ? 1 : 2;
+    Child run({TEPDIST_BINARY, "run", job, "--mode", "async", "--nodes", "3", "--epochs", std::to_string(epochs), "--set",
                std::string("job.max_staleness=") + bound, "--out", out.string()});
     const int status = run.wait();
     INFO(run.all());
     REQUIRE(status == 0);
     const auto result = read_json(out / "result.json");
     CHECK(result["mode"] == "async");
-    CHECK(result["samples"] == 6144);  // every batch trained on, refused ones again
+    CHECK(result["samples"] == epochs * 6144);  // every batch trained on, refused ones again
     const auto applied = result["updates_applied"].get<uint64_t>();
     const auto rejected = result["stale_rejected"].get<uint64_t>();
     // Every step of every worker pushes to each of the 6 shards, or folds into a later push.
-    CHECK(applied <= 3 * 32 * 6);
+    CHECK(applied <= 3 * 32 * static_cast<uint64_t>(epochs) * 6);
     CHECK(applied >= 6);
-    if (std::string(bound) == "0") {
+    if (refuse_all) {
       // Three workers pushing at once: staleness 0 cannot hold for all of them.
       CHECK(rejected > 0);
       CHECK(result["mean_staleness"].get<double>() == 0.0);
     } else {
       CHECK(result["mean_staleness"].get<double>() > 0.0);
-      CHECK(result["test_accuracy"].get<double>() > 0.2);  // it learned (chance is 0.1)
+      // It learned: an untrained model's test loss is ln 10 = 2.30. (Damped by lr / (1 + staleness),
+      // async learns far less per sample than sync here: about 1.8 after two epochs.)
+      CHECK(result["test_loss"].get<double>() < 2.1);
+      CHECK(result["test_accuracy"].get<double>() > 0.15);
     }
     CHECK(fs::exists(out / "model.safetensors"));
   }
