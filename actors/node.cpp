@@ -74,6 +74,14 @@ int run_node(const NodeOptions& o) {
   sigemptyset(&signals);
   for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&signals, s);
   pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A program may run several nodes one after another (tepdist::Trainer runs one submitter per
+  // epoch): the SIGUSR1 that ended the last one must not end this one.
+  sigset_t wake;
+  sigemptyset(&wake);
+  sigaddset(&wake, SIGUSR1);
+  const timespec now_only{0, 0};
+  while (sigtimedwait(&wake, nullptr, &now_only) == SIGUSR1) {
+  }
 
   const uint64_t incarnation = unix_ms();  // above any incarnation an earlier run of this id used
   gossip::MetricsRegistry metrics;  // before the actors: the monitor role reads it until they are gone

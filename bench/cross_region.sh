@@ -8,7 +8,7 @@
 # reports its final accuracy there; a run that never reaches 85% is reported as "not reached".
 #
 # Usage: bench/cross_region.sh [--quick] [BUILD_DIR]
-#   full:    3 seeds per mode, EPOCHS (default 3) epochs each
+#   full:    3 seeds per mode (SEEDS="1 2 3"), EPOCHS (default 3) epochs each
 #   --quick: 1 seed per mode, capped at QUICK_STEPS (default 250) global steps, and a target of
 #            QUICK_TARGET (default 0.75), which a capped run can reach: for development
 set -euo pipefail
@@ -17,7 +17,7 @@ quick=0
 if [[ ${1:-} == --quick ]]; then quick=1; shift; fi
 build=${1:-build}
 epochs=${EPOCHS:-3}
-seeds=(1 2 3)
+read -r -a seeds <<< "${SEEDS:-1 2 3}"
 cap=()
 target=0.85
 if ((quick)); then seeds=(1); cap=(--set "job.max_steps=${QUICK_STEPS:-250}"); target=${QUICK_TARGET:-0.75}; fi

@@ -86,6 +86,8 @@ class LocalNodes {
       if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took hold
       ::dup2(fd, STDOUT_FILENO);
       ::dup2(fd, STDERR_FILENO);
+      // A program built on tepdist::Trainer relaunches itself as the node: this marks the relaunch.
+      ::setenv("TEPDIST_RELAUNCHED_NODE", "1", 1);
       sigset_t none;
       sigemptyset(&none);
       ::sigprocmask(SIG_SETMASK, &none, nullptr);

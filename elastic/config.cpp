@@ -106,8 +106,13 @@ const std::vector<Key>& keys() {
       // [model]
       {{"model", "preset", KeyType::string, "\"lenet\"",
         "A built-in model: \"lenet\" (conv 1->20 5x5, pool 2, relu, conv 20->50 5x5, pool 2, relu, "
-        "linear 800->500, relu, linear 500->10) or \"mlp\" (flatten, linear ->256, relu, linear ->10)."},
-       -inf, inf, false, false, {"lenet", "mlp"}, assign<&J::model, &J::Model::preset>},
+        "linear 800->500, relu, linear 500->10), \"mlp\" (flatten, linear ->256, relu, linear ->10), or "
+        "\"program\": the model class the running program registered (tepdist::Trainer does; elsewhere an error)."},
+       -inf, inf, false, false, {"lenet", "mlp", "program"}, assign<&J::model, &J::Model::preset>},
+      {{"model", "init_file", KeyType::string, "\"\"",
+        "A .safetensors file the model starts from instead of its seeded initialisation (every tensor by "
+        "name and shape); empty: the seed's parameters. tepdist::Trainer hands each job its model this way."},
+       -inf, inf, false, false, {}, assign<&J::model, &J::Model::init_file>},
       {{"model", "layers", KeyType::layers, "[]",
         "A model of your own instead of the preset: a list of inline tables, each with type "
         "(conv2d, max_pool2d, relu, flatten, linear, dropout), an optional name and its arguments: "

@@ -41,6 +41,7 @@ struct JobConfig {
   struct Model {
     std::string preset = "lenet";
     std::vector<compute::LayerSpec> layers;  ///< non-empty: used instead of the preset
+    std::string init_file;                   ///< non-empty: parameters to start from
     friend bool operator==(const Model&, const Model&) = default;
   } model;
   struct Data {

@@ -4,9 +4,20 @@
 
 #include <numeric>
 
+#include "compute/io/checkpoint.hpp"
 #include "compute/presets.hpp"
 
 namespace tepdist::elastic {
+namespace {
+
+ModelFactory& program_model() {
+  static ModelFactory factory;
+  return factory;
+}
+
+}  // namespace
+
+void set_program_model(ModelFactory factory) { program_model() = std::move(factory); }
 
 compute::Result<JobData> load_job_data(const JobConfig::Data& d, uint64_t seed) {
   if (d.dataset == "synthetic") {
@@ -28,14 +39,28 @@ compute::Result<JobData> load_job_data(const JobConfig::Data& d, uint64_t seed) 
 }
 
 compute::Result<std::unique_ptr<compute::Model>> build_job_model(const JobConfig& c, const compute::Dataset& train) {
-  auto model = c.model.layers.empty() ? compute::make_preset(c.model.preset) : compute::make_model(c.model.layers);
   auto fail = [&](const std::string& why) {
     return std::unexpected(compute::Error{compute::Errc::invalid_argument, fmt::format("{}: {}", c.source, why)});
   };
+  compute::Result<std::unique_ptr<compute::Model>> model = std::unique_ptr<compute::Model>();
+  if (c.model.preset == "program") {
+    if (!program_model())
+      return fail("model.preset = \"program\" names the model class of a program built with tepdist::Trainer; this "
+                  "program registered none");
+    model = program_model()();
+    if (!*model) return fail("the program's model factory returned no model");
+  } else if (!c.model.layers.empty()) {
+    model = compute::make_model(c.model.layers);
+  } else {
+    model = compute::make_preset(c.model.preset);
+  }
   if (!model) return fail(model.error().message);
   if (auto ok = (*model)->build(train.sample_shape(), c.job.seed); !ok) return fail(ok.error().message);
   if ((*model)->classes() < train.classes)
     return fail(fmt::format("the model outputs {} classes but the data has {}", (*model)->classes(), train.classes));
+  if (!c.model.init_file.empty())
+    if (auto ok = compute::import_safetensors(c.model.init_file, **model); !ok)
+      return fail(fmt::format("model.init_file: {}", ok.error().message));
   return std::move(*model);
 }
 

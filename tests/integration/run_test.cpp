@@ -388,3 +388,27 @@ TEST_CASE("a worker stopped for 3 s: async training goes on without it, sync wai
     CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
   }
 }
+
+TEST_CASE("examples/lenet_async: a user's model class trained by tepdist::Trainer on two node processes",
+          "[integration][run][fashion][example]") {
+  TempDir dir;
+  const auto out = dir.path / "example";
+  Child example({TEPDIST_EXAMPLE_LENET, "--epochs", "2", "--train-samples", "4096", "--test-samples", "1000", "--out",
+                 out.string()});
+  const int status = example.wait();
+  INFO(example.all());
+  REQUIRE(status == 0);
+  // Really distributed: each epoch was a job of two relaunched copies of the example.
+  const auto second = example.seen("epoch 2: members 2");
+  REQUIRE(second);
+  CHECK(fs::exists(out / "epoch-1" / "logs" / "node-1.log"));
+  const auto result = read_json(out / "epoch-1" / "result.json");
+  CHECK(result["mode"] == "async");
+  CHECK(result["nodes"] == 2);
+  // The second epoch started from the first one's model, and the saved model is the last one.
+  const auto first_out = tensor_data(out / "epoch-0" / "model.safetensors");
+  const auto second_in = tensor_data(out / "epoch-1" / "init.safetensors");
+  CHECK(first_out == second_in);
+  CHECK(tensor_data(out / "lenet_async.safetensors") == tensor_data(out / "epoch-1" / "model.safetensors"));
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
