@@ -73,15 +73,34 @@ int run_node(const NodeOptions& o) {
   sigset_t signals;
   sigemptyset(&signals);
   for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&signals, s);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
   // A program may run several nodes one after another (tepdist::Trainer runs one submitter per
-  // epoch): the SIGUSR1 that ended the last one must not end this one.
-  sigset_t wake;
-  sigemptyset(&wake);
-  sigaddset(&wake, SIGUSR1);
-  const timespec now_only{0, 0};
-  while (sigtimedwait(&wake, nullptr, &now_only) == SIGUSR1) {
-  }
+  // epoch): the caller's mask comes back when this returns (declared first, so after teardown),
+  // and no signal meant for one node is left for the next.
+  struct SignalScope {
+    sigset_t signals, previous;
+    explicit SignalScope(const sigset_t& s) : signals(s) {
+      pthread_sigmask(SIG_BLOCK, &signals, &previous);
+      drain(true);
+    }
+    ~SignalScope() {
+      drain(false);
+      pthread_sigmask(SIG_SETMASK, &previous, nullptr);
+    }
+    /// Consumes pending SIGUSR1 (and, leaving, SIGINT and SIGTERM too).
+    void drain(bool wakes_only) const {
+      sigset_t pending = signals;
+      if (wakes_only) {
+        sigemptyset(&pending);
+        sigaddset(&pending, SIGUSR1);
+      }
+      const timespec now_only{0, 0};
+      while (sigtimedwait(&pending, nullptr, &now_only) > 0) {
+      }
+    }
+  } signal_scope(signals);
+  // Wakes this thread, not the process: a program whose other threads do not block SIGUSR1
+  // must not be killed by it.
+  const pthread_t waiter = pthread_self();
 
   const uint64_t incarnation = unix_ms();  // above any incarnation an earlier run of this id used
   gossip::MetricsRegistry metrics;  // before the actors: the monitor role reads it until they are gone
@@ -122,7 +141,7 @@ int run_node(const NodeOptions& o) {
       outcome_status = status;
       outcome = why;
     }
-    ::kill(::getpid(), SIGUSR1);
+    pthread_kill(waiter, SIGUSR1);
   };
   caf::actor router_actor;
   std::mutex router_mutex;  // the transport thread reads router_actor; it is set once, below

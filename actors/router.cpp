@@ -224,7 +224,11 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
         [self](shards_atom, const caf::actor& host) {
           auto& s = self->state;
           s.shards = host;
-          if (!host) return;
+          if (!host) {  // the job is over: what waits is its stragglers' or junk
+            s.early_shards.clear();
+            s.early_shard_bytes = 0;
+            return;
+          }
           for (auto& [peer, address, m] : s.early_shards) caf::anon_send(host, wire_atom::value, peer, address, std::move(m));
           s.early_shards.clear();
           s.early_shard_bytes = 0;

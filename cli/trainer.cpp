@@ -107,11 +107,12 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
   fs::create_directories(data, ec);
   fs::create_directories(run, ec);
   if (ec) return compute::fail(Errc::io, fmt::format("cannot create {}: {}", run.string(), ec.message()));
-  if (!data_written_ || written_ != &train_data) {
+  if (!data_written_ || written_ != &train_data || written_size_ != train_data.size()) {
     if (auto ok = write_split(data, "train", train_data); !ok) return std::unexpected(ok.error());
     if (auto ok = write_split(data, "t10k", train_data.head(1000)); !ok) return std::unexpected(ok.error());
     data_written_ = true;
     written_ = &train_data;
+    written_size_ = train_data.size();
   }
   const fs::path init = run / "init.safetensors";
   if (auto ok = compute::export_safetensors(init, model); !ok) return std::unexpected(ok.error());
@@ -136,6 +137,7 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
   };
   for (auto& s : optimizer_overrides(optimizer)) args.overrides.push_back(std::move(s));
   for (const auto& s : o_.overrides) args.overrides.push_back(s);
+  fs::remove(run / "model.safetensors", ec);  // a file from an earlier run must not pass for this one's
   if (const int status = cli::run_run_command(args); status != 0)
     return compute::fail(Errc::invalid_argument,
                          fmt::format("tepdist::Trainer: the {} job of epoch {} failed (status {}); see {}", o_.mode, epoch,

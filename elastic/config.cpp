@@ -91,8 +91,10 @@ const std::vector<Key>& keys() {
         "finely, at more messages per step. 1 to 65536."},
        1, 65536, false, false, {}, assign<&J::job, &J::Job::ring_chunk_kb>},
       {{"job", "step_timeout_s", KeyType::number, "60",
-        "sync: a step that waits this long for the previous worker in the ring fails the job, naming that "
-        "worker (a membership change fails it sooner). Seconds, (0, 86400]."},
+        "A step that waits this long fails the job, naming what it waited for: in sync the previous worker "
+        "in the ring; in async the shard primaries' answers (once max_staleness steps are unanswered, or at "
+        "the end); in gossip the previous worker in the final average, once that one has started it. A "
+        "membership change fails it sooner. Seconds, (0, 86400]."},
        0, 86400, true, false, {}, assign<&J::job, &J::Job::step_timeout_s>},
       {{"job", "max_staleness", KeyType::integer, "16",
         "async: a push computed on a shard version more than this many updates old is refused (counted as "

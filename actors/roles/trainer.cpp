@@ -6,7 +6,9 @@
 #include <caf/stateful_actor.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -94,6 +96,7 @@ struct Job {
   uint64_t next_exchange = 1;
   uint32_t partner = 0;
   bool final_average = false;
+  bool heard_final = false;  // a chunk of the final average came: the previous worker is done stepping
   int64_t step = 0, epoch = 0, steps_per_epoch = 0, total_steps = 0;
   uint64_t own_samples = 0, samples = 0, window_samples = 0;
   double loss = 0;
@@ -205,7 +208,7 @@ void add_mode_counters(const Job& j, JobReport& r) {
     r.updates_applied = j.shard_counters->applied.load();
     r.staleness_sum = j.shard_counters->staleness_sum.load();
   }
-  if (j.gossip) r.exchanges = j.gossip->completed() + j.gossip->answered();
+  if (j.gossip) r.exchanges = j.gossip->completed();  // the active side's count: each exchange once
 }
 
 /// Rank 0 at the end: the final model to the submitter, then its done report.
@@ -426,15 +429,33 @@ void async_step(Trainer* self) {
   if (!j.first_step) j.first_step = j.window_start = now;
   float loss = 0;
   const int64_t samples = compute_slice(j, static_cast<int64_t>(work->batch), loss);
-  if (samples == 0) std::fill(j.model->gradients().begin(), j.model->gradients().end(), 0.0f);
+  const auto grads = j.model->gradients();
+  if (samples > 0 && !std::all_of(grads.begin(), grads.end(), [](float g) { return std::isfinite(g); }))
+    return fail(self, fmt::format("the gradient of batch {} is not finite: the model diverged (lower optimizer.lr)",
+                                  work->batch));
   elastic::Outgoing<gossip::ShardUpdate> out;
-  a.on_gradient(*work, j.model->gradients(), j.schedule->at(static_cast<int64_t>(work->batch)), out);
+  // A short last slice with no samples of this rank's has nothing to push.
+  if (samples > 0) a.on_gradient(*work, grads, j.schedule->at(static_cast<int64_t>(work->batch)), out);
   j.waiting_since = Clock::now();
   j.compute_seconds += seconds_between(now, j.waiting_since);
   send_all(self, out);
   if (!self->state.job) return;
   if (fresh) after_local_step(self, samples, loss);
   self->send(self, step_atom::value);
+}
+
+/// Rank 0: pulls every shard not assembled yet from its primary (again on each tick, should an
+/// answer be lost).
+void pull_missing(Trainer* self) {
+  auto& j = *self->state.job;
+  elastic::Outgoing<gossip::ShardUpdate> out;
+  for (uint32_t s = 0; s < j.placement.size(); ++s) {
+    if (j.assembled[s]) continue;
+    const auto it = std::find(j.start.workers.begin(), j.start.workers.end(), j.placement[s].front());
+    out.emplace_back(j.start.addresses[static_cast<size_t>(it - j.start.workers.begin())],
+                     gossip::ShardUpdate{j.start.job_id, s, gossip::ShardUpdate::Kind::pull, 0, 0, {}});
+  }
+  send_all(self, out);
 }
 
 /// Rank 0, once every worker has applied all its updates: pull every shard for the final model.
@@ -444,13 +465,7 @@ void maybe_assemble(Trainer* self) {
   j.assembling = true;
   j.assembled.assign(j.placement.size(), 0);
   j.assembled_count = 0;
-  elastic::Outgoing<gossip::ShardUpdate> out;
-  for (uint32_t s = 0; s < j.placement.size(); ++s) {
-    const auto it = std::find(j.start.workers.begin(), j.start.workers.end(), j.placement[s].front());
-    out.emplace_back(j.start.addresses[static_cast<size_t>(it - j.start.workers.begin())],
-                     gossip::ShardUpdate{j.start.job_id, s, gossip::ShardUpdate::Kind::pull, 0, 0, {}});
-  }
-  send_all(self, out);
+  pull_missing(self);
 }
 
 /// Async: every fresh batch done; once every push is answered (and refused ones redone), this
@@ -480,9 +495,9 @@ void on_shard_state(Trainer* self, const std::string& peer, const gossip::ShardS
   }
   if (j.assembling) {
     const auto range = elastic::shard_range(j.elements(), static_cast<uint32_t>(j.placement.size()), st.shard);
-    if (j.assembled[st.shard] || st.chunk.offset != 0 || st.chunk.data.size() != range.size()) {
-      node_events().warn("shard_state_refused from={} shard={} reason=\"not the pulled shard's size, or twice\"", peer,
-                         st.shard);
+    if (j.assembled[st.shard]) return;  // a pull repeated while the first answer travelled
+    if (st.chunk.offset != 0 || st.chunk.data.size() != range.size()) {
+      node_events().warn("shard_state_refused from={} shard={} reason=\"not the pulled shard's size\"", peer, st.shard);
       return;
     }
     std::copy(st.chunk.data.begin(), st.chunk.data.end(),
@@ -640,6 +655,7 @@ void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c
       return fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
                                     j.next_address));
   if (j.mode == Mode::gossip) {
+    j.heard_final = true;
     if (j.ring->done() && j.final_average && !j.finishing) end_final_average(self);
     return;
   }
@@ -704,7 +720,6 @@ std::expected<void, std::string> setup_async(Trainer* self, Job& j) {
   node_events().info("shards_placed job={} shards={} replication={} held={}", j.start.job_id, shards,
                      std::min<int64_t>(e.replication, j.world), held.empty() ? "-" : held);
   j.shard_host = spawn_shard_host(*self, std::move(init));
-  caf::anon_send(self->state.router, shards_atom::value, j.shard_host);
   // Should the trainer itself end, the host ends with it.
   self->attach_functor([host = caf::actor_cast<caf::weak_actor_ptr>(j.shard_host)](const caf::error&) {
     if (auto h = caf::actor_cast<caf::actor>(host)) caf::anon_send_exit(h, caf::exit_reason::kill);
@@ -802,7 +817,12 @@ void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart&
   job->rank = static_cast<uint32_t>(me - start.workers.begin());
   job->prev_id = start.workers[(job->rank + job->world - 1) % job->world];
   job->next_address = start.addresses[(job->rank + 1) % job->world];
-  if (auto ok = setup(self, *job); !ok) return fail_start(self, start, ok.error());
+  if (auto ok = setup(self, *job); !ok) {
+    if (job->shard_host) self->send_exit(job->shard_host, caf::exit_reason::kill);
+    return fail_start(self, start, ok.error());
+  }
+  // Only a job that is set up takes shard updates (the router holds them until then).
+  if (job->shard_host) caf::anon_send(s.router, shards_atom::value, job->shard_host);
   node_events().info("job_started job={} mode={} rank={} workers={} steps={} steps_per_epoch={}", start.job_id,
                      mode_name(job->mode), job->rank, job->world, job->total_steps, job->steps_per_epoch);
   s.job = std::move(job);
@@ -873,6 +893,25 @@ void on_view(Trainer* self, std::vector<gossip::Member> view) {
     }
 }
 
+/// Every tick while a job ends without a barrier: rank 0 tells the submitter it is alive (its
+/// last step may come long before the slowest worker's), a finished async worker repeats that it
+/// is finished (rank 0 may not have had the job yet), and rank 0 repeats its missing pulls.
+void keep_ending(Trainer* self) {
+  auto& s = self->state;
+  auto& j = *s.job;
+  if (j.finishing) return;
+  const bool async_done = j.mode == Mode::async && (j.serving || j.finished.contains(s.o.self_id));
+  if (j.rank == 0 && (async_done || j.final_average)) {
+    JobReport r = report_of(j, JobReport::Kind::progress);
+    r.samples = j.own_samples * j.world;
+    send_to(self, j.start.submitter, r);
+  }
+  if (j.mode == Mode::async && j.serving)
+    send_to(self, j.start.addresses[0], gossip::Control{s.o.self_id, s.o.incarnation,
+                                                         gossip::Control::Command::worker_finished, j.start.job_id, {}});
+  if (j.mode == Mode::async && j.assembling) pull_missing(self);
+}
+
 void on_tick(Trainer* self) {
   auto& s = self->state;
   if (s.pending && seconds_between(s.pending_since, Clock::now()) > 30) {
@@ -883,13 +922,16 @@ void on_tick(Trainer* self) {
   if (s.job && !s.job->finishing && seconds_between(s.job->waiting_since, Clock::now()) > s.job->config.job.step_timeout_s) {
     auto& j = *s.job;
     const auto limit = j.config.job.step_timeout_s;
-    if (j.mode == Mode::sync || (j.mode == Mode::gossip && j.final_average))
+    // Gossip: workers end their local steps at different times, so the final average waits for
+    // the previous worker without a limit until its first chunk comes (a dead one is membership's).
+    if (j.mode == Mode::sync || (j.mode == Mode::gossip && j.final_average && j.heard_final))
       fail(self, fmt::format("{} {} waited {:.0f} s for worker {} (the previous one in the ring)",
                              j.mode == Mode::sync ? "step" : "the final average after step", j.step + 1, limit, j.prev_id));
     else if (j.mode == Mode::async && !j.serving && !j.assembling && (j.blocked || j.step >= j.total_steps) &&
              !j.finished.contains(s.o.self_id))
       fail(self, fmt::format("step {} waited {:.0f} s for answers from shard primaries", j.step + 1, limit));
   }
+  if (s.job) keep_ending(self);
   if (s.pending || s.job) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
   else s.ticking = false;
 }

@@ -143,7 +143,7 @@ struct Control {
     epochBoundary @2;
     evaluate @3;
     workerFinished @4;     # async: a worker has applied all its updates (to rank 0)
-    jobFinished @5;        # async and gossip: rank 0 has the final model; shards may go
+    jobFinished @5;        # async: rank 0 has the final model; shards may go
   }
 }
 

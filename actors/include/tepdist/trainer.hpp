@@ -91,7 +91,8 @@ class Trainer {
  private:
   TrainerOptions o_;
   bool data_written_ = false;
-  const compute::Dataset* written_ = nullptr;
+  const compute::Dataset* written_ = nullptr;  // the data set under out/data (by address and size)
+  int64_t written_size_ = 0;
 };
 
 }  // namespace tepdist
