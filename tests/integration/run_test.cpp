@@ -105,6 +105,25 @@ suspicion_mult = 2
   return path.string();
 }
 
+/// One process at batch 3 x 64 on the job: the reference three workers at 64 are held to,
+/// measured in the test that uses it. Its result.json.
+nlohmann::json single_process_reference(const TempDir& dir, const std::string& job) {
+  Child single({TEPDIST_BINARY, "train", job, "--set", "data.batch_size=192", "--out", (dir.path / "single").string()});
+  REQUIRE(single.wait() == 0);
+  return read_json(dir.path / "single" / "result.json");
+}
+
+/// Runs `tepdist run job --mode mode --nodes 3` into dir/mode; its result.json. Checks that it
+/// succeeded and left no process behind.
+nlohmann::json three_node_run(const TempDir& dir, const std::string& job, const std::string& mode) {
+  Child run({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "3", "--out", (dir.path / mode).string()});
+  const int status = run.wait();
+  INFO(run.all());
+  REQUIRE(status == 0);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+  return read_json(dir.path / mode / "result.json");
+}
+
 /// Writes a secret file readable by its owner only; returns the --set that points a node at it.
 std::string secret_setting(const TempDir& dir, const std::string& name, const std::string& secret) {
   const auto path = dir.path / name;
@@ -128,17 +147,8 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
           "[integration][run][fashion]") {
   TempDir dir;
   const std::string job = job_file(dir);
-  // One process, batch 3 x 64: the reference, measured here.
-  Child single({TEPDIST_BINARY, "train", job, "--set", "data.batch_size=192", "--out", (dir.path / "single").string()});
-  REQUIRE(single.wait() == 0);
-  const auto reference = read_json(dir.path / "single" / "result.json");
-
-  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--out", (dir.path / "sync").string()});
-  const int status = run.wait();
-  INFO(run.all());
-  REQUIRE(status == 0);
-  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
-  const auto result = read_json(dir.path / "sync" / "result.json");
+  const auto reference = single_process_reference(dir, job);
+  const auto result = three_node_run(dir, job, "sync");
   CHECK(result["mode"] == "sync");
   CHECK(result["nodes"] == 3);
   CHECK(result["steps"] == 64);
@@ -281,15 +291,8 @@ TEST_CASE("gossip: three nodes end with one averaged model that learned what one
           "[integration][run][fashion]") {
   TempDir dir;
   const std::string job = job_file(dir);
-  Child single({TEPDIST_BINARY, "train", job, "--set", "data.batch_size=192", "--out", (dir.path / "single").string()});
-  REQUIRE(single.wait() == 0);
-  const auto reference = read_json(dir.path / "single" / "result.json");
-  Child run({TEPDIST_BINARY, "run", job, "--mode", "gossip", "--nodes", "3", "--out", (dir.path / "gossip").string()});
-  const int status = run.wait();
-  INFO(run.all());
-  REQUIRE(status == 0);
-  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
-  const auto result = read_json(dir.path / "gossip" / "result.json");
+  const auto reference = single_process_reference(dir, job);
+  const auto result = three_node_run(dir, job, "gossip");
   CHECK(result["mode"] == "gossip");
   CHECK(result["samples"] == 2 * 6144);
   CHECK(result["gossip_exchanges"].get<int>() > 0);
