@@ -116,7 +116,7 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
     // An empty, unanswered sync from someone who is not a member is a status query
     // (`tepdist status`): answer with the whole view, and do not take the asker for a member.
     if (sync->members.empty() && !sync->reply) {
-      send(self, address, gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms});
+      send(self, address, gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms, s.placement});
       return;
     }
   }
@@ -221,9 +221,10 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
           self->state.swim->tick(now_ms(self), out);
           apply(self, out);
         },
-        [self](shards_atom, const caf::actor& host) {
+        [self](shards_atom, const caf::actor& host, std::vector<gossip::ShardHolders> placement) {
           auto& s = self->state;
           s.shards = host;
+          s.placement = std::move(placement);
           if (!host) {  // the job is over: what waits is its stragglers' or junk
             s.early_shards.clear();
             s.early_shard_bytes = 0;

@@ -33,6 +33,7 @@ struct RouterState {
   caf::actor supervisor;
   caf::actor job;     ///< the trainer or submitter: job frames and views go there
   caf::actor shards;  ///< the async job's shard host: ShardUpdate frames go there
+  std::vector<gossip::ShardHolders> placement;  ///< that job's shards, for status answers
   /// ShardUpdate frames that came while no host was registered, for the next one.
   struct Early {
     std::string peer, address;
@@ -52,7 +53,8 @@ struct RouterState {
 /// Takes (init_atom, RouterInit) first (frames arriving before it wait), then frames
 /// (wire_atom, peer id, peer address, Message), peer news (peer_atom, up, id, detail), its own
 /// timer (tick_atom), (job_atom, actor) from the trainer or submitter that takes job frames and
-/// membership views, (shards_atom, actor) from the trainer: the shard host of its async job, and
+/// membership views, (shards_atom, actor, placement) from the trainer: the shard host of its async
+/// job and where that job's shards live (an empty actor when the job ends), and
 /// (leave_atom) -> true once the leave is announced.
 caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id);
 
@@ -68,3 +70,4 @@ bool node_events_to_file(const std::string& path);
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::gossip::Message)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::actors::RouterInit)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tepdist::gossip::Member>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tepdist::gossip::ShardHolders>)

@@ -74,22 +74,39 @@ int run_status_command(const StatusArgs& args) {
     fmt::print(stderr, "tepdist status: {} refused: {}\n", args.peer, *refused);
     return 1;
   }
+  // Each member's shards of the running async job, if the answering node has one: "0p 3r" is
+  // primary of shard 0 and replica of shard 3.
+  const auto shards_of = [&](const std::string& id) {
+    std::vector<std::pair<uint32_t, bool>> held;
+    for (const auto& s : view->shards)
+      for (size_t k = 0; k < s.holders.size(); ++k)
+        if (s.holders[k] == id) held.emplace_back(s.shard, k == 0);
+    return held;
+  };
   if (args.json) {
     nlohmann::json out = {{"peer", args.peer}, {"epoch_unix_ms", view->epoch_unix_ms}, {"members", nlohmann::json::array()}};
-    for (const auto& m : view->members)
+    for (const auto& m : view->members) {
+      nlohmann::json shards = nlohmann::json::array();
+      for (const auto& [shard, primary] : shards_of(m.id)) shards.push_back({{"shard", shard}, {"primary", primary}});
       out["members"].push_back({{"id", m.id},
                                 {"state", state_name(m.state)},
                                 {"incarnation", m.incarnation},
                                 {"address", m.address},
                                 {"region", m.region},
-                                {"roles", m.roles}});
+                                {"roles", m.roles},
+                                {"shards", shards}});
+    }
     fmt::print("{}\n", out.dump(2));
     return 0;
   }
-  fmt::print("{:<16} {:<8} {:>15} {:<22} {:<10} {}\n", "ID", "STATE", "INCARNATION", "ADDRESS", "REGION", "ROLES");
-  for (const auto& m : view->members)
-    fmt::print("{:<16} {:<8} {:>15} {:<22} {:<10} {}\n", m.id, state_name(m.state), m.incarnation, m.address, m.region,
-               join(m.roles));
+  fmt::print("{:<16} {:<8} {:>15} {:<22} {:<10} {:<40} {}\n", "ID", "STATE", "INCARNATION", "ADDRESS", "REGION", "ROLES",
+             "SHARDS");
+  for (const auto& m : view->members) {
+    std::string shards;
+    for (const auto& [shard, primary] : shards_of(m.id)) shards += fmt::format("{}{}{}", shards.empty() ? "" : " ", shard, primary ? "p" : "r");
+    fmt::print("{:<16} {:<8} {:>15} {:<22} {:<10} {:<40} {}\n", m.id, state_name(m.state), m.incarnation, m.address,
+               m.region, join(m.roles), shards.empty() ? "-" : shards);
+  }
   fmt::print("{} members as {} sees them\n", view->members.size(), args.peer);
   return 0;
 }

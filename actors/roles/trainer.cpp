@@ -179,7 +179,7 @@ void drop_job(Trainer* self) {
   if (job && job->shard_host) {
     self->send_exit(job->shard_host, caf::exit_reason::kill);
     // Updates for the next job wait in the router until that job's host registers.
-    caf::anon_send(self->state.router, shards_atom::value, caf::actor());
+    caf::anon_send(self->state.router, shards_atom::value, caf::actor(), std::vector<gossip::ShardHolders>());
   }
   job.reset();
 }
@@ -822,7 +822,11 @@ void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart&
     return fail_start(self, start, ok.error());
   }
   // Only a job that is set up takes shard updates (the router holds them until then).
-  if (job->shard_host) caf::anon_send(s.router, shards_atom::value, job->shard_host);
+  if (job->shard_host) {
+    std::vector<gossip::ShardHolders> placement;
+    for (uint32_t i = 0; i < job->placement.size(); ++i) placement.push_back({i, job->placement[i]});
+    caf::anon_send(s.router, shards_atom::value, job->shard_host, std::move(placement));
+  }
   node_events().info("job_started job={} mode={} rank={} workers={} steps={} steps_per_epoch={}", start.job_id,
                      mode_name(job->mode), job->rank, job->world, job->total_steps, job->steps_per_epoch);
   s.job = std::move(job);

@@ -79,6 +79,11 @@ struct Encoder {
             put_members(b.initMembers(static_cast<unsigned>(m.members.size())), m.members);
             b.setReply(m.reply);
             b.setEpochUnixMs(m.epoch_unix_ms);
+            auto shards = b.initShards(static_cast<unsigned>(m.shards.size()));
+            for (unsigned i = 0; i < m.shards.size(); ++i) {
+              shards[i].setShard(m.shards[i].shard);
+              put_texts(shards[i].initHolders(static_cast<unsigned>(m.shards[i].holders.size())), m.shards[i].holders);
+            }
           } else if constexpr (std::is_same_v<T, TensorChunk>) {
             put_chunk(e.initTensorChunk(), m);
           } else if constexpr (std::is_same_v<T, ParamPull>) {
@@ -237,7 +242,13 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::LEAVE: return Leave{get_member(e.getLeave().getMember())};
     case wire::Envelope::STATE_SYNC: {
       auto r = e.getStateSync();
-      return StateSync{get_members(r.getMembers()), r.getReply(), r.getEpochUnixMs()};
+      StateSync s{get_members(r.getMembers()), r.getReply(), r.getEpochUnixMs()};
+      for (auto h : r.getShards()) {
+        ShardHolders holders{h.getShard(), {}};
+        for (auto id : h.getHolders()) holders.holders.emplace_back(id);
+        s.shards.push_back(std::move(holders));
+      }
+      return s;
     }
     case wire::Envelope::TENSOR_CHUNK: return get_chunk(e.getTensorChunk(), owner);
     case wire::Envelope::PARAM_PULL: {

@@ -55,10 +55,18 @@ struct Leave {
   friend bool operator==(const Leave&, const Leave&) = default;
 };
 
+/// Where one parameter shard of an async job lives: member ids, primary first.
+struct ShardHolders {
+  uint32_t shard = 0;
+  std::vector<std::string> holders;
+  friend bool operator==(const ShardHolders&, const ShardHolders&) = default;
+};
+
 struct StateSync {
   std::vector<Member> members;
   bool reply = false;
   uint64_t epoch_unix_ms = 0;
+  std::vector<ShardHolders> shards = {};  ///< status answers: the running async job's placement
   friend bool operator==(const StateSync&, const StateSync&) = default;
 };
 

@@ -106,6 +106,12 @@ struct StateSync {
   members @0 :List(Member);  # push-pull anti-entropy and the joiner's first view
   reply @1 :Bool;
   epochUnixMs @2 :UInt64;    # the cluster epoch: link-emulator times count from it
+  shards @3 :List(ShardHolders);  # status answers only: where the running async job's shards live
+}
+
+struct ShardHolders {
+  shard @0 :UInt32;
+  holders @1 :List(Text);    # member ids, primary first
 }
 
 # -- tensors and parameters --

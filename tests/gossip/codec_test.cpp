@@ -42,6 +42,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       Join{member("f")},
       Leave{member("g", Member::State::left)},
       StateSync{{member("h"), member("i")}, true, 1700000000000},
+      StateSync{{member("h")}, true, 17, {{0, {"h", "i"}}, {1, {"i"}}}},
       chunk,
       ParamPull{7, 99},
       ParamPush{7, 100, chunk},

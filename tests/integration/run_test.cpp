@@ -10,6 +10,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -413,5 +414,35 @@ TEST_CASE("examples/lenet_async: a user's model class trained by tepdist::Traine
   const auto second_in = tensor_data(out / "epoch-1" / "init.safetensors");
   CHECK(first_out == second_in);
   CHECK(tensor_data(out / "lenet_async.safetensors") == tensor_data(out / "epoch-1" / "model.safetensors"));
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+TEST_CASE("tepdist status shows where a running async job's shards live", "[integration][run]") {
+  TempDir dir;
+  const auto out = dir.path / "out";
+  Child run({TEPDIST_BINARY, "run", job_file(dir), "--mode", "async", "--nodes", "3", "--epochs", "1000", "--set",
+             "data.dataset=\"synthetic\"", "--out", out.string()});
+  const auto see = run.wait_for("see them:", std::chrono::seconds(60));
+  REQUIRE(see);
+  REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));
+  const std::string seed = see->substr(see->rfind(' ') + 1);
+  Child status({TEPDIST_BINARY, "status", (out / "cluster.toml").string(), "--peer", seed, "--json"});
+  REQUIRE(status.wait() == 0);
+  const auto view = nlohmann::json::parse(status.all());
+  // Six shards (twice the workers): each has exactly one primary and one replica, on workers.
+  std::map<int, int> primaries, holders;
+  for (const auto& m : view["members"]) {
+    const bool worker = m["id"].get<std::string>().starts_with("node-");
+    if (worker) CHECK_FALSE(m["shards"].empty());
+    for (const auto& s : m["shards"]) {
+      CHECK(worker);
+      ++holders[s["shard"].get<int>()];
+      if (s["primary"].get<bool>()) ++primaries[s["shard"].get<int>()];
+    }
+  }
+  CHECK(primaries == std::map<int, int>{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}});
+  CHECK(holders == std::map<int, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}, {4, 2}, {5, 2}});
+  run.signal(SIGINT);
+  CHECK(run.wait() == 130);
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
