@@ -5,6 +5,8 @@
 #include <caf/stateful_actor.hpp>
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <optional>
 #include <set>
 
 #include "actors/atoms.hpp"
@@ -19,8 +21,9 @@ struct SubmitterState {
   SubmitterOptions o;
   std::shared_ptr<Submission> submission;
   std::vector<gossip::Member> view;
-  std::string coordinator_address;
+  std::string coordinator_address, coordinator_id;
   gossip::JobStart sent;  // workers: the live workers when it was submitted
+  std::optional<gossip::JobStart> assigned;  // the coordinator's copy of the assignment: the ring order
   bool submitted = false, ended = false, heard = false;
   std::chrono::steady_clock::time_point submitted_at, last_report, started_at = std::chrono::steady_clock::now();
   std::string trouble;  // the last connection problem, for a join that does not happen
@@ -64,21 +67,46 @@ void on_view(Submitter* self, std::vector<gossip::Member> view) {
     if (elastic::is_live(m) && elastic::has_role(m, "worker")) s.sent.workers.push_back(m.id);
   const gossip::JobStart& request = s.sent;  // workers: those it waits for; the coordinator decides the ring
   s.coordinator_address = coordinator->address;
+  s.coordinator_id = coordinator->id;
   send_to(self, coordinator->address, request);
   s.submitted = true;
   s.submitted_at = std::chrono::steady_clock::now();
   node_events().info("job_submitted job={} coordinator={} workers={}", request.job_id, coordinator->id, workers);
 }
 
-void on_frame(Submitter* self, const gossip::Message& m) {
+/// The rank `peer` has in the job: its place in the assignment once the coordinator's copy has
+/// come; before that, only whether it is one of the workers submitted to (-1: not of this job).
+int64_t rank_of(const SubmitterState& s, const std::string& peer) {
+  const auto& workers = s.assigned ? s.assigned->workers : s.sent.workers;
+  const auto it = std::find(workers.begin(), workers.end(), peer);
+  if (it == workers.end()) return -1;
+  return s.assigned ? it - workers.begin() : INT64_MAX;
+}
+
+void on_frame(Submitter* self, const std::string& peer, const gossip::Message& m) {
   auto& s = self->state;
   if (s.ended) return;
+  if (const auto* start = std::get_if<gossip::JobStart>(&m.body)) {
+    if (s.submitted && !start->coordinator.empty() && peer == s.coordinator_id && start->job_id == s.sent.job_id)
+      s.assigned = *start;
+    return;
+  }
   if (const auto* push = std::get_if<gossip::ParamPush>(&m.body)) {
+    // The final model comes from rank 0, and only from it.
+    if (rank_of(s, peer) != 0) {
+      node_events().warn("param_push_refused from={} reason=\"not rank 0 of job {}\"", peer, s.sent.job_id);
+      return;
+    }
     if (push->shard == 0 && push->chunk.total > 0) s.submission->on_params(push->chunk);
     return;
   }
   const auto* r = std::get_if<gossip::JobReport>(&m.body);
   if (!r || r->job_id != s.sent.job_id) return;
+  if (const int64_t rank = rank_of(s, peer); rank < 0 || (rank != INT64_MAX && rank != r->rank)) {
+    node_events().warn("job_report_refused from={} rank={} reason=\"not that worker of job {}\"", peer, r->rank,
+                       s.sent.job_id);
+    return;
+  }
   s.heard = true;
   s.last_report = std::chrono::steady_clock::now();
   s.submission->on_report(*r);
@@ -97,7 +125,9 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
   self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);  // watches the join
   return {
       [self](view_atom, std::vector<gossip::Member> view) { on_view(self, std::move(view)); },
-      [self](wire_atom, const std::string&, const std::string&, const gossip::Message& m) { on_frame(self, m); },
+      [self](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {
+        on_frame(self, peer, m);
+      },
       [self](peer_atom, const std::string& peer, const std::string& detail) {
         self->state.trouble = fmt::format("{}: {}", peer, detail);
       },

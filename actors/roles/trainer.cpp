@@ -869,6 +869,8 @@ void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip
                      assigned->submitter);
   for (size_t i = 0; i < assigned->workers.size(); ++i)
     if (assigned->workers[i] != s.o.self_id) send_to(self, assigned->addresses[i], *assigned);
+  // The submitter learns the ring order too: it takes the final model from rank 0 only.
+  send_to(self, assigned->submitter, *assigned);
   on_assigned(self, s.o.self_id, *assigned);
 }
 

@@ -312,9 +312,12 @@ TEST_CASE("async: pushes beyond max_staleness are refused, counted and recompute
     INFO("max_staleness " << bound);
     const auto out = dir.path / (std::string("async-") + bound);
     const bool refuse_all = std::string(bound) == "0";
-    const int epochs = refuse_all ? 1 : 2;
+    const int epochs = refuse_all ? 1 : 4;
+    // Plain SGD: with momentum 0.9, stale pushes make a run this short too noisy to hold to a bar
+    // (README, "The cross-region claim").
     Child run({TEPDIST_BINARY, "run", job, "--mode", "async", "--nodes", "3", "--epochs", std::to_string(epochs), "--set",
-               std::string("job.max_staleness=") + bound, "--out", out.string()});
+               std::string("job.max_staleness=") + bound, "--set", "optimizer.momentum=0.0", "--set",
+               "optimizer.lr=0.1", "--out", out.string()});
     const int status = run.wait();
     INFO(run.all());
     REQUIRE(status == 0);
@@ -332,10 +335,10 @@ TEST_CASE("async: pushes beyond max_staleness are refused, counted and recompute
       CHECK(result["mean_staleness"].get<double>() == 0.0);
     } else {
       CHECK(result["mean_staleness"].get<double>() > 0.0);
-      // It learned: an untrained model's test loss is ln 10 = 2.30. (Damped by lr / (1 + staleness),
-      // async learns far less per sample than sync here: about 1.8 after two epochs.)
-      CHECK(result["test_loss"].get<double>() < 2.1);
-      CHECK(result["test_accuracy"].get<double>() > 0.15);
+      // It learned: an untrained model's test loss is ln 10 = 2.30 and its accuracy 0.1. (Four
+      // epochs measured 0.95 to 1.18 and 57% to 62%.)
+      CHECK(result["test_loss"].get<double>() < 1.6);
+      CHECK(result["test_accuracy"].get<double>() > 0.4);
     }
     CHECK(fs::exists(out / "model.safetensors"));
   }
