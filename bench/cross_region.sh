@@ -9,6 +9,7 @@
 #
 # Usage: bench/cross_region.sh [--quick] [BUILD_DIR]
 #   full:    3 seeds per mode (SEEDS="1 2 3"), EPOCHS (default 3) epochs each
+#   SET="section.key=value ..." adds the same overrides to every run (a variant: say so with its figures)
 #   --quick: 1 seed per mode, capped at QUICK_STEPS (default 250) global steps, and a target of
 #            QUICK_TARGET (default 0.75), which a capped run can reach: for development
 set -euo pipefail
@@ -20,6 +21,8 @@ epochs=${EPOCHS:-3}
 read -r -a seeds <<< "${SEEDS:-1 2 3}"
 cap=()
 target=0.85
+extra=()
+for kv in ${SET:-}; do extra+=(--set "$kv"); done
 if ((quick)); then seeds=(1); cap=(--set "job.max_steps=${QUICK_STEPS:-250}"); target=${QUICK_TARGET:-0.75}; fi
 
 out=$(mktemp -d /tmp/tepdist-cross-region.XXXXXX)
@@ -27,7 +30,7 @@ trap 'rm -rf "$out"' EXIT
 for seed in "${seeds[@]}"; do
   for mode in sync async gossip; do
     "$build/cli/tepdist" run configs/cross_region.toml --mode "$mode" --epochs "$epochs" --set "job.seed=$seed" \
-      --set job.eval_every_steps=100 --set "job.target_accuracy=$target" "${cap[@]}" --out "$out/$mode-$seed" \
+      --set job.eval_every_steps=100 --set "job.target_accuracy=$target" "${cap[@]}" "${extra[@]}" --out "$out/$mode-$seed" \
       > "$out/$mode-$seed.log" 2>&1 || { echo "cross_region: $mode seed $seed failed:" >&2; tail -5 "$out/$mode-$seed.log" >&2; exit 1; }
     echo "$mode seed $seed: $(grep '^done:' "$out/$mode-$seed.log")" >&2
   done
