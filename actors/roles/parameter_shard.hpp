@@ -1,8 +1,8 @@
 #pragma once
-// The parameter-shard role: one shard of the model's parameters, updated by pushed gradients.
-// Async training (a later issue) adds staleness bounds and replication; what is here is the state
-// the role owns and how it survives a crash: at each commit it hands the supervisor a snapshot,
-// and a restart begins from the last one.
+// The parameter-shard role: one shard of the model's parameters, updated by pushed gradients, and
+// how it survives a crash: at each commit it hands the supervisor a snapshot, and a restart begins
+// from the last one. It holds no job's parameters: async jobs keep theirs in a shard host
+// (actors/roles/shard_host.hpp), which does not survive a crash yet.
 
 #include <caf/meta/type_name.hpp>
 #include <caf/typed_actor.hpp>

@@ -53,9 +53,8 @@ struct Host {
         elastic::Outgoing<ShardUpdate> replicas;
         auto answer = server.on_push(u, replicas);
         if (!answer) return refuse(peer, u, answer.error());
-        if (answer->rejected) {
-          ++init->counters->rejected;
-        } else {
+        // Refusals are counted where they are recomputed, by the worker (stale_rejected).
+        if (!answer->rejected) {
           ++init->counters->applied;
           init->counters->staleness_sum += answer->staleness;
         }

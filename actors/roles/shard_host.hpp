@@ -26,7 +26,6 @@ namespace tepdist::actors {
 /// What the trainer reads when the job ends (written on the host's thread).
 struct ShardHostCounters {
   std::atomic<uint64_t> applied{0};   ///< updates applied by the shards this node is primary for
-  std::atomic<uint64_t> rejected{0};  ///< pushes they refused as too stale
   std::atomic<uint64_t> staleness_sum{0};  ///< over the applied updates
 };
 

@@ -193,6 +193,18 @@ void fail(Trainer* self, const std::string& why) {
   drop_job(self);
 }
 
+/// Sends ring chunks to the next worker; false (the job failed) if its send queue is full.
+bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out) {
+  auto& j = *self->state.job;
+  for (auto& c : out)
+    if (!send_to(self, j.next_address, std::move(c))) {
+      fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
+                             j.next_address));
+      return false;
+    }
+  return true;
+}
+
 void fail_start(Trainer* self, const gossip::JobStart& start, const std::string& why) {
   node_events().warn("job_refused job={} reason=\"{}\"", start.job_id, why);
   JobReport r;
@@ -364,10 +376,7 @@ void sync_step(Trainer* self) {
   j.buffer[e + 2] = j.target_reached ? 1.0f : 0.0f;
   std::vector<gossip::RingChunk> out;
   j.ring->start(static_cast<uint64_t>(j.step) + 1, j.buffer, out);
-  for (auto& c : out)
-    if (!send_to(self, j.next_address, std::move(c)))
-      return fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
-                                    j.next_address));
+  if (!send_ring(self, out)) return;
   j.waiting_since = Clock::now();
   j.compute_seconds += seconds_between(now, j.waiting_since);
   if (j.ring->done()) finish_step(self);
@@ -577,10 +586,7 @@ void start_final_average(Trainer* self) {
   std::copy(params.begin(), params.end(), j.buffer.begin());
   std::vector<gossip::RingChunk> out;
   j.ring->start(1, j.buffer, out);
-  for (auto& c : out)
-    if (!send_to(self, j.next_address, std::move(c)))
-      return fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
-                                    j.next_address));
+  if (!send_ring(self, out)) return;
   j.waiting_since = Clock::now();
   if (j.ring->done()) end_final_average(self);
 }
@@ -650,10 +656,7 @@ void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c
     return;
   }
   j.waiting_since = Clock::now();
-  for (auto& m : out)
-    if (!send_to(self, j.next_address, std::move(m)))
-      return fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
-                                    j.next_address));
+  if (!send_ring(self, out)) return;
   if (j.mode == Mode::gossip) {
     j.heard_final = true;
     if (j.ring->done() && j.final_average && !j.finishing) end_final_average(self);

@@ -1,7 +1,9 @@
 #pragma once
-// The trainer: a worker node's training engine for the sync mode, and the coordinator's control
-// plane when this node is the coordinator. One detached actor (its own thread: a step's forward
-// and backward pass blocks it, and frames wait in its mailbox meanwhile).
+// The trainer: a worker node's training engine for the sync, async and gossip modes, and the
+// coordinator's control plane when this node is the coordinator. One detached actor (its own
+// thread: a step's forward and backward pass blocks it, and frames wait in its mailbox meanwhile).
+// What follows describes sync; async (with a shard host, actors/roles/shard_host.hpp) and gossip
+// differ in what a step does, as docs/architecture.md says ("Async and gossip training").
 //
 //   submitter --JobStart--> coordinator   (assign_job: ring order = live workers by id)
 //   coordinator --JobStart--> every worker (check_assignment: obeyed only from the coordinator)
@@ -16,8 +18,8 @@
 // parameters every [job] eval_every_steps steps and at epoch ends in a second actor, so
 // evaluation never holds up the ring.
 //
-// A ring member that dies or leaves, a worker that joins, or a step that waits step_timeout_s for
-// the previous worker fails the job with a report naming the node; the trainer then waits for the
+// A worker of the job that dies or leaves, a worker that joins, or a step that waits step_timeout_s
+// for what it needs fails the job with a report naming the node; the trainer then waits for the
 // next job. The router hands it frames as (wire_atom, peer, address, Message) and the membership
 // as (view_atom, members) on every change.
 
