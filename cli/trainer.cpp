@@ -157,9 +157,12 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
 }
 
 compute::Evaluation Trainer::test(compute::Model& model, const compute::Dataset& data) {
-  auto backend = compute::make_backend("onednn");
-  if (!backend) backend = compute::make_backend("ref");
-  return compute::evaluate(model, **backend, data);
+  if (!backend_) {  // one for the Trainer's life: the model's kernels for it are made once
+    auto made = compute::make_backend("onednn");
+    if (!made) made = compute::make_backend("ref");
+    backend_ = std::move(*made);
+  }
+  return compute::evaluate(model, *backend_, data);
 }
 
 }  // namespace tepdist

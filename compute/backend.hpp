@@ -6,6 +6,7 @@
 // All tensors are dense row-major float32; images are NCHW. Kernels overwrite their outputs
 // (gradients included: a parameter is used once per step, so nothing needs accumulating).
 
+#include <atomic>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -102,7 +103,13 @@ class NetworkPlan {
 
 class Backend {
  public:
+  Backend() : id_(next_id()) {}
+  Backend(const Backend&) = delete;
+  Backend& operator=(const Backend&) = delete;
   virtual ~Backend() = default;
+  /// Unique among every backend this process makes, unlike its address, which a later backend
+  /// may reuse: kernel and plan caches key on it, so they never run a dead backend's kernels.
+  uint64_t id() const { return id_; }
   virtual std::string_view name() const = 0;
   /// Threads for intra-op parallelism; 0 means every core.
   virtual void set_threads(int threads) = 0;
@@ -130,6 +137,13 @@ class Backend {
   /// dlogits = (probs - onehot(labels)) / n: the gradient of the mean loss.
   virtual void softmax_cross_entropy_backward(ConstTensorView probs, std::span<const int32_t> labels,
                                               TensorView dlogits) = 0;
+
+ private:
+  static uint64_t next_id() {
+    static std::atomic<uint64_t> counter{0};
+    return ++counter;
+  }
+  uint64_t id_;
 };
 
 }  // namespace tepdist::compute

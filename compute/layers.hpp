@@ -25,9 +25,9 @@ class KernelCache {
  public:
   template <class Make>
   Kernel& get(Backend& backend, const Geometry& g, Make make) {
-    if (&backend != backend_) {
+    if (backend.id() != backend_id_) {  // not the address: a new backend may reuse a dead one's
       entries_.clear();
-      backend_ = &backend;
+      backend_id_ = backend.id();
     }
     for (auto& [geometry, kernel] : entries_)
       if (geometry == g) return *kernel;
@@ -38,7 +38,7 @@ class KernelCache {
 
  private:
   static constexpr size_t max_entries = 4;
-  Backend* backend_ = nullptr;
+  uint64_t backend_id_ = 0;
   std::vector<std::pair<Geometry, std::unique_ptr<Kernel>>> entries_;
 };
 

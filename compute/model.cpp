@@ -75,9 +75,9 @@ int64_t Model::classes() const {
 }
 
 NetworkPlan* Model::plan_for(Backend& backend, int64_t batch) {
-  if (&backend != plans_backend_) {
+  if (backend.id() != plans_backend_) {
     plans_.clear();
-    plans_backend_ = &backend;
+    plans_backend_ = backend.id();
   }
   for (auto& e : plans_)
     if (e.batch == batch) return e.plan.get();

@@ -107,7 +107,7 @@ class Model {
     int64_t batch;
     std::unique_ptr<NetworkPlan> plan;  // null: the backend declined
   };
-  Backend* plans_backend_ = nullptr;
+  uint64_t plans_backend_ = 0;  ///< Backend::id() the plans were made for
   std::vector<PlanEntry> plans_;          // a few batch sizes, oldest dropped first
   NetworkPlan* last_plan_ = nullptr;      // the plan the last forward ran, if any
 

@@ -10,6 +10,7 @@
 #include <cmath>
 #include <functional>
 
+#include "compute/backends.hpp"
 #include "compute/onednn/onednn_backend.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/presets.hpp"
@@ -220,4 +221,23 @@ TEST_CASE("onednn plans LeNet, MLP and odd networks whole, and declines what it 
   with_dropout.add<Linear>(0, 10);
   REQUIRE(with_dropout.build({1, 28, 28}, 0).has_value());
   CHECK(b.fast->plan_network(layers_of(with_dropout, 5)) == nullptr);
+}
+
+TEST_CASE("a model run by one oneDNN backend after another gets the same results from each",
+          "[compute][onednn]") {
+  // Kernel and plan caches key on Backend::id(), not on the address a new backend may reuse.
+  const Dataset data = make_synthetic(300, 5);
+  auto model = make_lenet();
+  REQUIRE(model->build(data.sample_shape(), 0).has_value());
+  auto first = std::move(*make_backend("onednn"));
+  const uint64_t first_id = first->id();
+  const Evaluation reference = evaluate(*model, *first, data);
+  first.reset();
+  for (int i = 0; i < 20; ++i) {
+    auto next = std::move(*make_backend("onednn"));
+    CHECK(next->id() != first_id);
+    const Evaluation e = evaluate(*model, *next, data);
+    CHECK(e.accuracy == reference.accuracy);
+    CHECK(e.loss == Approx(reference.loss).epsilon(1e-5));
+  }
 }

@@ -34,6 +34,7 @@
 #include <string>
 #include <vector>
 
+#include "compute/backend.hpp"
 #include "compute/data/dataset.hpp"
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
@@ -93,6 +94,7 @@ class Trainer {
   bool data_written_ = false;
   const compute::Dataset* written_ = nullptr;  // the data set under out/data (by address and size)
   int64_t written_size_ = 0;
+  std::unique_ptr<compute::Backend> backend_;  // test()'s
 };
 
 }  // namespace tepdist
