@@ -484,9 +484,9 @@ int run_run_command(const RunArgs& args) {
              tty ? "\r\033[K" : "", collected->members, c.job.mode, rank0->epoch, rank0->step, wall,
              result["samples_per_second"].get<double>(), rank0->test_accuracy);
   if (c.job.mode == "async")
-    fmt::print("async: {} updates applied (mean staleness {:.1f}), {} pushes refused as staler than {} (recomputed)\n",
+    fmt::print("async: {} updates applied (mean staleness {:.1f}), {} pushes refused as staler than {} ({})\n",
                updates_applied, updates_applied ? static_cast<double>(staleness_sum) / static_cast<double>(updates_applied) : 0.0,
-               stale_rejected, c.job.max_staleness);
+               stale_rejected, c.job.max_staleness, c.elastic.local_steps > 0 ? "sent again" : "recomputed");
   if (c.job.mode == "gossip") fmt::print("gossip: {} pairwise averagings, then one final average\n", exchanges);
   if (bound)
     fmt::print("step time {:.0f} ms (compute {:.0f} ms): {:.2f}x the ring formula's {:.0f} ms (2(N-1) x largest latency "

@@ -63,7 +63,7 @@ std::expected<gossip::ShardState, std::string> ShardServer::on_push(const gossip
     answer.staleness = staleness;
     return answer;
   }
-  const float lr = push.lr / static_cast<float>(1 + staleness);
+  const float lr = std::min(o_.max_lr, push.lr / static_cast<float>(1 + staleness));
   apply(push.chunk.data, lr);
   for (const auto& replica : o_.replicas)
     to_replicas.emplace_back(replica, gossip::ShardUpdate{o_.job_id, o_.shard, gossip::ShardUpdate::Kind::replicate,
@@ -99,6 +99,7 @@ gossip::ShardState ShardServer::state() const {
 // ---- AsyncWorker ----
 
 AsyncWorker::AsyncWorker(Options options) : o_(std::move(options)) {
+  recent_staleness_ = std::max(1u, o_.workers) - 1.0;  // each of the others pushing once, until measured
   shards_.resize(o_.shards);
   for (uint32_t s = 0; s < o_.shards; ++s) {
     shards_[s].range = shard_range(o_.elements, o_.shards, s);
@@ -138,11 +139,39 @@ void AsyncWorker::on_gradient(const Work& work, std::span<const float> gradient,
   }
 }
 
+void AsyncWorker::on_update(std::span<const float> change, float outer_lr, Outgoing<gossip::ShardUpdate>& out) {
+  const uint64_t step = local_step_++;
+  for (uint32_t s = 0; s < o_.shards; ++s) {
+    auto& sh = shards_[s];
+    if (!sh.in_flight.empty()) ++sh.unanswered_steps;
+    const auto c = change.subspan(sh.range.begin, sh.range.size());
+    if (sh.pending_batches.empty()) {
+      sh.pending_base = sh.version;
+      std::transform(c.begin(), c.end(), sh.pending.begin(), [](float v) { return -v; });
+    } else {
+      for (size_t i = 0; i < c.size(); ++i) sh.pending[i] -= c[i];
+    }
+    sh.pending_batches.push_back(step);
+    sh.pending_lr = outer_lr;
+    try_push(s, out);
+  }
+}
+
+void AsyncWorker::flush(Outgoing<gossip::ShardUpdate>& out) {
+  flushing_ = true;
+  for (uint32_t s = 0; s < o_.shards; ++s) try_push(s, out);
+}
+
 void AsyncWorker::try_push(uint32_t s, Outgoing<gossip::ShardUpdate>& out) {
   auto& sh = shards_[s];
   if (sh.pending_batches.empty() || sh.in_flight.size() >= o_.window) return;
+  if (updates() && sh.pending_batches.size() < o_.local_steps && !flushing_) return;
+  if (updates()) sh.in_flight_sums.push_back(sh.pending);
+  const float lr = updates() && sh.pending_lr <= 0
+                       ? static_cast<float>((1 + recent_staleness_) / std::max(1u, o_.workers))
+                       : sh.pending_lr;
   out.emplace_back(o_.primaries[s],
-                   gossip::ShardUpdate{o_.job_id, s, gossip::ShardUpdate::Kind::push, sh.pending_base, sh.pending_lr,
+                   gossip::ShardUpdate{o_.job_id, s, gossip::ShardUpdate::Kind::push, sh.pending_base, lr,
                                        snapshot(sh.pending_base, s, sh.pending)});
   sh.in_flight.push_back(std::move(sh.pending_batches));
   sh.pending_batches.clear();
@@ -166,6 +195,32 @@ std::expected<void, std::string> AsyncWorker::on_state(const gossip::ShardState&
   const auto batches = std::move(sh.in_flight.front());
   sh.in_flight.pop_front();
   sh.unanswered_steps = 0;
+  if (!st.rejected) recent_staleness_ = 0.9 * recent_staleness_ + 0.1 * static_cast<double>(st.staleness);
+  if (updates()) {
+    auto answered = std::move(sh.in_flight_sums.front());
+    sh.in_flight_sums.pop_front();
+    if (st.rejected) {
+      // Not applied: it goes out again with what is pending, rebased on these values (the
+      // worker's copy is rebuilt on them below), so it is not refused again for the same age.
+      ++rejected_;
+      if (sh.pending_batches.empty()) {
+        sh.pending = std::move(answered);
+      } else {
+        for (size_t i = 0; i < answered.size(); ++i) sh.pending[i] += answered[i];
+      }
+      sh.pending_batches.insert(sh.pending_batches.end(), batches.begin(), batches.end());
+      sh.pending_base = st.version;
+    }
+    // The primary's values, plus this worker's change it has not applied: pushes still in flight,
+    // and what waits to be pushed (each held as minus the change).
+    const auto mine = params.subspan(sh.range.begin, sh.range.size());
+    for (const auto& sum : sh.in_flight_sums)
+      for (size_t i = 0; i < sum.size(); ++i) mine[i] -= sum[i];
+    if (!sh.pending_batches.empty())
+      for (size_t i = 0; i < sh.pending.size(); ++i) mine[i] -= sh.pending[i];
+    try_push(st.shard, out);
+    return {};
+  }
   if (st.rejected) {
     ++rejected_;
     for (auto b : batches) redo_.push_back(Work{b, static_cast<int64_t>(st.shard)});

@@ -236,6 +236,20 @@ const std::vector<Key>& keys() {
         "async: pushes a worker keeps in flight to one shard; gradients for a shard whose window is full are "
         "summed and sent when an answer frees a slot. 1 to 64."},
        1, 64, false, false, {}, assign<&J::elastic, &J::Elastic::push_window>},
+      {{"elastic", "local_steps", KeyType::integer, "4",
+        "async: H >= 1 runs the optimiser on each worker and pushes the change it made to each shard every H "
+        "steps, which the shard primaries add times outer_lr / (1 + staleness) (async local SGD): a worker's own "
+        "steps are never delayed, only the mixing of the workers' progress. 0 pushes every step's gradient for "
+        "the primaries' optimisers to apply (async SGD), which loses accuracy to staleness at high learning "
+        "rates. 0 to 10000."},
+       0, 10000, false, false, {}, assign<&J::elastic, &J::Elastic::local_steps>},
+      {{"elastic", "outer_lr", KeyType::number, "0",
+        "async with local_steps >= 1: the factor on each worker's change before the staleness damping, so a "
+        "change counts outer_lr / (1 + staleness). 0 (auto): (1 + s) / W, s the staleness the worker's own "
+        "answers reported lately, so that each worker's progress counts 1/W on average (an average of W "
+        "workers), staler pushes less; this holds however far or loaded the workers are. A fixed value "
+        "averages only at one staleness (1: at W - 1). 0 to 10."},
+       0, 10, false, false, {}, assign<&J::elastic, &J::Elastic::outer_lr>},
       {{"membership", "profile", KeyType::string, "\"lan\"",
         "SWIM defaults: \"lan\" (probe every 200 ms, ack timeout 100 ms, suspicion at least 3 x log10(N) "
         "intervals) or \"wan\" (1 s, 500 ms, 4 x log10(N): round trips up to about 250 ms); the keys below "

@@ -86,6 +86,8 @@ struct JobConfig {
     int64_t shards = 0;  ///< 0: twice the workers
     int64_t replication = 2;
     int64_t push_window = 2;
+    int64_t local_steps = 4;        ///< 0: push gradients; H: push each worker's own change every H steps
+    double outer_lr = 0;            ///< updates mode: changes count outer_lr / (1 + staleness); 0: (1 + recent staleness) / W
     friend bool operator==(const Elastic&, const Elastic&) = default;
   } elastic;
 

@@ -75,7 +75,8 @@ struct Job {
   std::unique_ptr<compute::Optimizer> optimizer;
   std::optional<compute::LrSchedule> schedule;
   std::optional<gossip::collective::RingAllReduce> ring;  // sync: every step; gossip: the final average
-  std::vector<float> buffer;  // sync: [gradient x samples, loss x samples, samples, stop votes]; gossip: parameters
+  std::vector<float> buffer;  // sync: [gradient x samples, loss x samples, samples, stop votes]; gossip: parameters;
+                              // async updates: the parameters before a step, then the step's change
   std::vector<int64_t> order;  // the shuffled sample indices of epoch order_epoch
   int64_t order_epoch = -1;
   uint64_t tensor_bytes = 0;   // async and gossip: payload bytes sent outside the ring
@@ -432,7 +433,15 @@ void async_step(Trainer* self) {
   }
   auto work = a.take_redo();
   const bool fresh = !work;
-  if (fresh && j.step >= j.total_steps) return finish_async(self);
+  if (fresh && j.step >= j.total_steps) {
+    if (j.config.elastic.local_steps > 0) {
+      elastic::Outgoing<gossip::ShardUpdate> rest;
+      a.flush(rest);
+      send_all(self, rest);
+      if (!self->state.job) return;
+    }
+    return finish_async(self);
+  }
   if (fresh) work = elastic::AsyncWorker::Work{static_cast<uint64_t>(j.step)};
   const auto now = Clock::now();
   if (!j.first_step) j.first_step = j.window_start = now;
@@ -443,8 +452,17 @@ void async_step(Trainer* self) {
     return fail(self, fmt::format("the gradient of batch {} is not finite: the model diverged (lower optimizer.lr)",
                                   work->batch));
   elastic::Outgoing<gossip::ShardUpdate> out;
-  // A short last slice with no samples of this rank's has nothing to push.
-  if (samples > 0) a.on_gradient(*work, grads, j.schedule->at(static_cast<int64_t>(work->batch)), out);
+  const float lr = j.schedule->at(static_cast<int64_t>(work->batch));
+  if (j.config.elastic.local_steps > 0 && samples > 0) {
+    // Updates mode: this worker's optimiser steps, and the change it made goes to the shards.
+    const auto params = j.model->parameters();
+    j.buffer.assign(params.begin(), params.end());
+    j.optimizer->step(params, grads, lr);
+    for (size_t i = 0; i < params.size(); ++i) j.buffer[i] = params[i] - j.buffer[i];
+    a.on_update(j.buffer, static_cast<float>(j.config.elastic.outer_lr), out);
+  } else if (samples > 0) {  // a short last slice with no samples of this rank's has nothing to push
+    a.on_gradient(*work, grads, lr, out);
+  }
   j.waiting_since = Clock::now();
   j.compute_seconds += seconds_between(now, j.waiting_since);
   send_all(self, out);
@@ -687,7 +705,8 @@ std::expected<void, std::string> setup_async(Trainer* self, Job& j) {
   for (const auto& holders : j.placement) primaries.push_back(address_of(holders.front()));
   j.async.emplace(elastic::AsyncWorker::Options{j.start.job_id, j.elements(), shards, primaries,
                                                 static_cast<uint32_t>(e.push_window),
-                                                static_cast<uint64_t>(std::max<int64_t>(1, j.config.job.max_staleness))});
+                                                static_cast<uint64_t>(std::max<int64_t>(1, j.config.job.max_staleness)),
+                                                static_cast<uint32_t>(e.local_steps), j.world});
   auto init = std::make_shared<ShardHostInit>();
   init->transport = o.transport;
   init->cluster_id = o.cluster_id;
@@ -707,14 +726,19 @@ std::expected<void, std::string> setup_async(Trainer* self, Job& j) {
     const auto me = std::find(holders.begin(), holders.end(), o.self_id);
     if (me == holders.end()) continue;
     const auto range = elastic::shard_range(j.elements(), shards, s);
-    auto optimizer = compute::make_optimizer(j.config.optimizer.options, range.size());
+    // Updates mode: the workers' optimisers have stepped already; the primary adds their changes.
+    compute::OptimizerOptions plain;
+    plain.momentum = 0;
+    auto optimizer =
+        compute::make_optimizer(e.local_steps > 0 ? plain : j.config.optimizer.options, range.size());
     if (!optimizer) return std::unexpected(optimizer.error().message);
     std::vector<std::string> replicas;
     if (me == holders.begin())
       for (auto r = holders.begin() + 1; r != holders.end(); ++r) replicas.push_back(address_of(*r));
     init->shards.emplace(s, std::make_unique<elastic::ShardServer>(
                                 elastic::ShardServer::Options{j.start.job_id, s,
-                                                              static_cast<uint64_t>(j.config.job.max_staleness), replicas},
+                                                              static_cast<uint64_t>(j.config.job.max_staleness), replicas,
+                                                              e.local_steps > 0 ? 1.0f : std::numeric_limits<float>::infinity()},
                                 std::vector<float>(params.begin() + static_cast<ptrdiff_t>(range.begin),
                                                    params.begin() + static_cast<ptrdiff_t>(range.end)),
                                 std::move(*optimizer)));
