@@ -138,11 +138,12 @@ Scenario parse(const toml::value& root) {
   }
   if (root.contains("invariants")) {
     const auto& t = root.at("invariants");
-    only(t, "invariants", {"converge", "killed_detected", "no_false_positives", "one_coordinator"});
+    only(t, "invariants", {"converge", "killed_detected", "no_false_positives", "one_coordinator", "join_rounds"});
     s.converge = boolean(t, "invariants", "converge", true);
     s.killed_detected = boolean(t, "invariants", "killed_detected", true);
     s.no_false_positives = boolean(t, "invariants", "no_false_positives", true);
     s.one_coordinator = boolean(t, "invariants", "one_coordinator", true);
+    s.join_rounds = boolean(t, "invariants", "join_rounds", false);
   }
   return s;
 }

@@ -47,6 +47,7 @@ struct Scenario {
   bool killed_detected = true;     ///< every node killed and not restarted is dead to all
   bool no_false_positives = true;  ///< no node that was never killed is declared dead
   bool one_coordinator = true;     ///< live nodes agree on the coordinator (lowest live id)
+  bool join_rounds = false;        ///< the last join is known to all within 3 log2(N) probe rounds
 };
 
 /// Reads a scenario file; errors name the file, line and key.
@@ -60,6 +61,7 @@ struct Report {
   std::vector<double> detection_s;  ///< per kill: until every live node knew
   double join_convergence_s = -1;   ///< the last join until every live node knew the joiners
   double join_convergence_rounds = -1;
+  double join_rounds_bound = -1;    ///< 3 log2(N), N the nodes running after the last join
   double heal_to_one_coordinator_s = -1;  ///< from the last partition's heal until all name one coordinator
   double heal_bound_s = -1;               ///< what the one_coordinator invariant allows for that
   int false_positives = 0;          ///< dead declarations about nodes never killed nor paused

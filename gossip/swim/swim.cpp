@@ -25,9 +25,45 @@ const char* event_name(Event::Kind k) {
   return "?";
 }
 
-Swim::Swim(Member self, Config config, std::function<uint64_t(uint64_t)> below)
-    : self_(std::move(self)), config_(config), below_(std::move(below)), awareness_(config.awareness_max_multiplier) {
+Swim::Swim(Member self, Config config, std::function<uint64_t(uint64_t)> below, std::shared_ptr<Directory> directory)
+    : self_(std::move(self)),
+      config_(config),
+      below_(std::move(below)),
+      directory_(directory ? std::move(directory) : std::make_shared<Directory>()),
+      awareness_(config.awareness_max_multiplier) {
   self_.state = State::alive;
+}
+
+Swim::Known* Swim::find(uint32_t id) {
+  return id < table_.size() && table_[id].present ? &table_[id] : nullptr;
+}
+
+const Swim::Known* Swim::find(uint32_t id) const {
+  return id < table_.size() && table_[id].present ? &table_[id] : nullptr;
+}
+
+Swim::Known* Swim::find(const std::string& id) {
+  const uint32_t n = directory_->find_id(id);
+  return n == Directory::none ? nullptr : find(n);
+}
+
+Swim::Known& Swim::add(uint32_t id) {
+  if (id >= table_.size()) {
+    // Room for the ids the directory has and a few more, not double: with thousands of cores
+    // sharing a directory, doubling each table as members join would double the memory.
+    const size_t size = std::max<size_t>(id + 1, directory_->ids());
+    if (size > table_.capacity()) table_.reserve(size + size / 64 + 16);
+    table_.resize(size);
+  }
+  Known& k = table_[id];
+  k = Known{};
+  k.present = true;
+  return k;
+}
+
+Member Swim::record(uint32_t id) const {
+  const Known& k = table_[id];
+  return directory_->member(id, k.details, k.incarnation, k.state, k.accuser);
 }
 
 // ---- membership bookkeeping ----------------------------------------------------------------
@@ -39,15 +75,44 @@ size_t Swim::live_count() const {
 }
 
 std::vector<Member> Swim::members() const {
-  std::vector<Member> out{self_};
-  for (const auto& [id, k] : members_) out.push_back(k.member);
+  std::vector<Member> out = full_state();
+  std::sort(out.begin() + 1, out.end(), [](const Member& a, const Member& b) { return a.id < b.id; });
   return out;
 }
 
-std::vector<Member> Swim::full_state() const { return members(); }
+std::vector<Member> Swim::full_state() const {
+  std::vector<Member> out{self_};
+  for (uint32_t n = 0; n < table_.size(); ++n)
+    if (table_[n].present) out.push_back(record(n));
+  return out;
+}
+
+void Swim::for_each_member(const std::function<void(const std::string& id, Member::State state)>& f) const {
+  f(self_.id, self_.state);
+  for (uint32_t n = 0; n < table_.size(); ++n)
+    if (table_[n].present) f(directory_->id(n), table_[n].state);
+}
+
+std::optional<Member::State> Swim::state_of(const std::string& id) const {
+  if (id == self_.id) return self_.state;
+  const uint32_t n = directory_->find_id(id);
+  const Known* k = n == Directory::none ? nullptr : find(n);
+  if (!k) return std::nullopt;
+  return k->state;
+}
 
 int Swim::retransmit_limit() const {
   return static_cast<int>(config_.retransmit_mult * std::ceil(std::log10(static_cast<double>(live_count()) + 1.0)));
+}
+
+double Swim::push_pull_delay_ms() {
+  // The interval grows with log2(N / 32) past 32 members, so a member's state syncs (each O(N))
+  // cost O(N log N) cluster-wide per interval rather than O(N^2). Each delay is drawn from half to
+  // one and a half intervals: members that started together (a formed cluster) do not all sync at
+  // the same moment, with N full states in flight at once.
+  const double n = static_cast<double>(live_count());
+  const double scale = n > 32 ? std::ceil(std::log2(n / 32.0)) + 1.0 : 1.0;
+  return config_.push_pull_interval_ms * scale * (0.5 + static_cast<double>(below_(1024)) / 1024.0);
 }
 
 double Swim::suspicion_min_ms() const {
@@ -59,6 +124,10 @@ std::vector<Member> Swim::piggyback() { return broadcasts_.pick(config_.gossip_b
 
 void Swim::send(Output& out, const std::string& address, Body body) { out.sends.push_back({address, std::move(body)}); }
 
+void Swim::spread(const Member& news) {
+  if (!quiet_) broadcasts_.enqueue(news);
+}
+
 void Swim::refute(const Member& claim, Output& out) {
   // Someone thinks this node is suspect or dead (or knows a newer incarnation of it): outbid them.
   self_.incarnation = std::max(self_.incarnation, claim.incarnation) + 1;
@@ -68,29 +137,32 @@ void Swim::refute(const Member& claim, Output& out) {
 }
 
 void Swim::suspect(double now_ms, Known& k, const std::string& accuser, Output& out) {
-  k.member.state = State::suspect;
-  k.member.accuser = accuser;
+  const uint32_t n = number_of(k);
+  k.state = State::suspect;
+  k.accuser = directory_->intern_id(accuser);
   k.changed_ms = now_ms;
   const double min = suspicion_min_ms();
   const int expected = std::max(0, std::min(static_cast<int>(config_.suspicion_mult) - 2,
                                             static_cast<int>(live_count()) - 2));
   suspicions_.insert_or_assign(
-      k.member.id, Suspicion(now_ms, min, expected == 0 ? min : min * config_.suspicion_max_timeout_mult,
-                             std::max(1, expected), accuser));
-  broadcasts_.enqueue(k.member);
-  out.events.push_back({Event::Kind::suspected, k.member});
+      n, Suspicion(now_ms, min, expected == 0 ? min : min * config_.suspicion_max_timeout_mult, std::max(1, expected),
+                   accuser));
+  const Member m = record(n);
+  spread(m);
+  out.events.push_back({Event::Kind::suspected, m});
 }
 
 void Swim::declare(double now_ms, Known& k, State state, Output& out) {
-  if (state == State::dead)
-    unreachable_[k.member.id] = {k.member.address, now_ms + config_.reconnect_timeout_ms};
-  if (live(k.member.state)) --live_members_;
-  k.member.state = state;
+  const uint32_t n = number_of(k);
+  if (state == State::dead) unreachable_[n] = {directory_->address(k.details), now_ms + config_.reconnect_timeout_ms};
+  if (live(k.state)) --live_members_;
+  k.state = state;
   k.changed_ms = now_ms;
-  forget_at_.emplace(now_ms + config_.dead_retention_ms, k.member.id);
-  suspicions_.erase(k.member.id);
-  broadcasts_.enqueue(k.member);
-  out.events.push_back({state == State::dead ? Event::Kind::dead : Event::Kind::left, k.member});
+  forget_at_.emplace(now_ms + config_.dead_retention_ms, n);
+  suspicions_.erase(n);
+  const Member m = record(n);
+  spread(m);
+  out.events.push_back({state == State::dead ? Event::Kind::dead : Event::Kind::left, m});
 }
 
 void Swim::merge(double now_ms, const Member& u, const std::string& from, Output& out) {
@@ -109,59 +181,68 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
     }
     return;
   }
-  auto it = members_.find(u.id);
-  if (it == members_.end()) {
+  Known* found = find(u.id);
+  if (!found) {
     // Only news that a member is there introduces it; rumours about strangers are dropped.
     if (u.state != State::alive) return;
-    Known& k = members_[u.id] = {u, now_ms};
+    const uint32_t n = directory_->intern_id(u.id);
+    Known& k = add(n);
+    k.incarnation = u.incarnation;
+    k.details = directory_->intern_details(u);
+    k.changed_ms = now_ms;
     ++live_members_;
-    broadcasts_.enqueue(k.member);
-    out.events.push_back({Event::Kind::joined, k.member});
+    const Member m = record(n);
+    spread(m);
+    out.events.push_back({Event::Kind::joined, m});
     return;
   }
-  Known& k = it->second;
-  const uint64_t inc = k.member.incarnation;
+  Known& k = *found;
+  const uint32_t n = number_of(k);
+  const uint64_t inc = k.incarnation;
   switch (u.state) {
     case State::alive: {
       // A dead or departed member comes back only with a newer incarnation (a restart); a live one
       // takes any newer incarnation (a refutation, or new details).
       if (u.incarnation <= inc) return;
-      const State was = k.member.state;
+      const State was = k.state;
       if (!live(was)) ++live_members_;
-      k.member = u;
-      k.member.accuser.clear();
+      k.incarnation = u.incarnation;
+      k.details = directory_->intern_details(u);
+      k.state = State::alive;
+      k.accuser = Directory::none;
       k.changed_ms = now_ms;
-      suspicions_.erase(u.id);
-      unreachable_.erase(u.id);
-      broadcasts_.enqueue(k.member);
+      suspicions_.erase(n);
+      unreachable_.erase(n);
+      const Member m = record(n);
+      spread(m);
       out.events.push_back({was == State::alive     ? Event::Kind::updated
                             : was == State::suspect ? Event::Kind::alive_again
                                                     : Event::Kind::joined,
-                            k.member});
+                            m});
       return;
     }
     case State::suspect: {
-      if (u.incarnation < inc || !live(k.member.state)) return;
+      if (u.incarnation < inc || !live(k.state)) return;
       const std::string& accuser = u.accuser.empty() ? from : u.accuser;
-      if (k.member.state == State::suspect) {
+      if (k.state == State::suspect) {
         // Another accuser shortens the suspicion (Lifeguard); the same accusation relayed again
         // does not.
-        auto s = suspicions_.find(u.id);
+        auto s = suspicions_.find(n);
         if (s != suspicions_.end() && s->second.confirm(accuser)) {
-          Member news = k.member;
+          Member news = record(n);
           news.accuser = accuser;
-          broadcasts_.enqueue(news);
+          spread(news);
         }
         return;
       }
-      k.member.incarnation = u.incarnation;
+      k.incarnation = u.incarnation;
       suspect(now_ms, k, accuser, out);
       return;
     }
     case State::dead:
     case State::left:
-      if (u.incarnation < inc || !live(k.member.state)) return;
-      k.member.incarnation = u.incarnation;
+      if (u.incarnation < inc || !live(k.state)) return;
+      k.incarnation = u.incarnation;
       declare(now_ms, k, u.state, out);
       return;
   }
@@ -181,10 +262,28 @@ void Swim::join(double now_ms, const std::vector<std::string>& seeds, Output& ou
   for (const auto& address : seeds) send(out, address, StateSync{{self_}, false, 0});
 }
 
-void Swim::adopt(double now_ms, const std::vector<Member>& view) {
+std::vector<Swim::Interned> Swim::intern(Directory& directory, const std::vector<Member>& view) {
+  std::vector<Interned> out;
+  out.reserve(view.size());
   for (const auto& m : view)
-    if (m.id != self_.id && m.state == State::alive)
-      live_members_ += members_.insert_or_assign(m.id, Known{m, now_ms}).second ? 1 : 0;
+    if (m.state == State::alive) out.push_back({directory.intern_id(m.id), directory.intern_details(m), m.incarnation});
+  return out;
+}
+
+void Swim::adopt(double now_ms, const std::vector<Member>& view) { adopt(now_ms, intern(*directory_, view)); }
+
+void Swim::adopt(double now_ms, std::span<const Interned> view) {
+  const uint32_t me = directory_->intern_id(self_.id);
+  for (const auto& m : view) {
+    if (m.id == me) continue;
+    if (!find(m.id)) ++live_members_;
+    else if (!live(table_[m.id].state)) ++live_members_;
+    Known& k = add(m.id);
+    k.incarnation = m.incarnation;
+    k.details = m.details;
+    k.changed_ms = now_ms;
+  }
+  next_push_pull_ms_ = now_ms + push_pull_delay_ms();  // sized for the cluster just adopted
 }
 
 void Swim::leave(double now_ms, Output& out) {
@@ -192,8 +291,8 @@ void Swim::leave(double now_ms, Output& out) {
   self_.incarnation += 1;
   self_.state = State::left;
   broadcasts_.enqueue(self_);
-  for (const Known* k : random_live(static_cast<size_t>(config_.indirect_checks), ""))
-    send(out, k->member.address, Leave{self_});
+  for (uint32_t n : random_live(static_cast<size_t>(config_.indirect_checks), Directory::none))
+    send(out, directory_->address(table_[n].details), Leave{self_});
   left_ = true;
 }
 
@@ -201,9 +300,9 @@ void Swim::on_message(double now_ms, const std::string& from, const std::string&
                       Output& out) {
   auto address_of = [&](const std::string& id) -> std::optional<std::string> {
     if (id == from && !from_address.empty()) return from_address;
-    auto it = members_.find(id);
-    if (it == members_.end()) return std::nullopt;
-    return it->second.member.address;
+    const Known* k = find(id);
+    if (!k) return std::nullopt;
+    return directory_->address(k->details);
   };
   std::visit(
       [&](const auto& m) {
@@ -215,8 +314,8 @@ void Swim::on_message(double now_ms, const std::string& from, const std::string&
             // A member that probes this node but is not live in its view: the rumour of its
             // arrival (or of its refutation) missed this node, and gossip about it may have died
             // out. Push-pull with it at once instead of waiting for the periodic one.
-            auto it = members_.find(from);
-            if (from != self_.id && (it == members_.end() || !live(it->second.member.state)))
+            const Known* k = find(from);
+            if (from != self_.id && (!k || !live(k->state)))
               send(out, *a, StateSync{full_state(), false, 0});
           }
         } else if constexpr (std::is_same_v<T, Ack>) {
@@ -239,8 +338,23 @@ void Swim::on_message(double now_ms, const std::string& from, const std::string&
           merge(now_ms, m.member, from, out);
           send(out, m.member.address, StateSync{full_state(), true, 0});
         } else if constexpr (std::is_same_v<T, StateSync>) {
-          for (const auto& u : m.members) merge(now_ms, u, from, out);
-          if (m.reply) next_join_ms_ = std::numeric_limits<double>::infinity();  // the join was answered
+          // A state sync repairs this node's view; what it brings was gossiped by whoever made the
+          // news, and a joiner re-gossiping the thousands of members it just learned would flood
+          // every message it sends. Only the sender's own record is first-hand news (a join, or
+          // a reconnect across a healed partition), and spreads.
+          for (const auto& u : m.members) {
+            quiet_ = u.id != from;
+            merge(now_ms, u, from, out);
+          }
+          quiet_ = false;
+          if (m.reply && std::isfinite(next_join_ms_)) {
+            // The join was answered. Members joining at the same time as this one, whose arrival
+            // the seed had not heard of yet, are known from gossip that may have died out before
+            // anyone knew to tell this node: one more state sync, once that gossip has spread
+            // (about retransmit_limit probe intervals), catches up on them.
+            next_join_ms_ = std::numeric_limits<double>::infinity();
+            next_push_pull_ms_ = std::min(next_push_pull_ms_, now_ms + retransmit_limit() * config_.probe_interval_ms);
+          }
           if (!m.reply)
             if (auto a = address_of(from)) send(out, *a, StateSync{full_state(), true, 0});
         } else if constexpr (std::is_same_v<T, Leave>) {
@@ -253,27 +367,26 @@ void Swim::on_message(double now_ms, const std::string& from, const std::string&
 
 // ---- timers --------------------------------------------------------------------------------
 
-std::vector<const Swim::Known*> Swim::random_live(size_t count, const std::string& except) {
-  std::vector<const Known*> pool;
-  for (const auto& [id, k] : members_)
-    if (k.member.state == State::alive && id != except) pool.push_back(&k);
+std::vector<uint32_t> Swim::random_live(size_t count, uint32_t except) {
+  std::vector<uint32_t> pool;
+  for (uint32_t n = 0; n < table_.size(); ++n)
+    if (table_[n].present && table_[n].state == State::alive && n != except) pool.push_back(n);
   for (size_t i = 0; i < pool.size() && i < count; ++i)  // partial Fisher-Yates
     std::swap(pool[i], pool[i + below_(pool.size() - i)]);
   pool.resize(std::min(pool.size(), count));
   return pool;
 }
 
-std::optional<std::string> Swim::next_probe_target() {
+std::optional<uint32_t> Swim::next_probe_target() {
   for (int pass = 0; pass < 2; ++pass) {
     while (probe_index_ < probe_order_.size()) {
-      const std::string& id = probe_order_[probe_index_++];
-      auto it = members_.find(id);
-      if (it != members_.end() && live(it->second.member.state)) return id;
+      const uint32_t n = probe_order_[probe_index_++];
+      if (const Known* k = find(n); k && live(k->state)) return n;
     }
     // A new round: every live member once, in a fresh random order.
     probe_order_.clear();
-    for (const auto& [id, k] : members_)
-      if (live(k.member.state)) probe_order_.push_back(id);
+    for (uint32_t n = 0; n < table_.size(); ++n)
+      if (table_[n].present && live(table_[n].state)) probe_order_.push_back(n);
     for (size_t i = probe_order_.size(); i > 1; --i) std::swap(probe_order_[i - 1], probe_order_[below_(i)]);
     probe_index_ = 0;
   }
@@ -295,41 +408,49 @@ void Swim::tick(double now_ms, Output& out) {
       ++it;
       continue;
     }
-    auto k = members_.find(it->first);
+    Known* k = find(it->first);
     it = suspicions_.erase(it);
-    if (k != members_.end() && k->second.member.state == State::suspect) declare(now_ms, k->second, State::dead, out);
+    if (k && k->state == State::suspect) declare(now_ms, *k, State::dead, out);
   }
   // The probe in flight.
   if (probe_) {
-    auto target = members_.find(probe_->target);
-    if (target == members_.end() || !live(target->second.member.state)) {
+    const uint32_t n = probe_->target;
+    Known* target = find(n);
+    if (!target || !live(target->state)) {
       probe_.reset();
     } else if (!probe_->indirect_sent && now_ms >= probe_->timeout_ms) {
       probe_->indirect_sent = true;
-      for (const Known* k : random_live(static_cast<size_t>(config_.indirect_checks), probe_->target))
-        send(out, k->member.address, PingReq{probe_->seq, target->second.member, piggyback()});
+      const Member about = record(n);
+      for (uint32_t via : random_live(static_cast<size_t>(config_.indirect_checks), n))
+        send(out, directory_->address(table_[via].details), PingReq{probe_->seq, about, piggyback()});
     } else if (now_ms >= probe_->interval_end_ms) {
       probe_.reset();
       awareness_.apply(1);
-      if (target->second.member.state == State::alive) {
-        suspect(now_ms, target->second, self_.id, out);
+      if (target->state == State::alive) {
+        suspect(now_ms, *target, self_.id, out);
         // Lifeguard's buddy system: tell the accused at once (the suspicion is the newest news, so
         // it rides first), so a live member can refute before its suspicion runs out.
-        send(out, target->second.member.address, Ping{++seq_, piggyback()});
+        send(out, directory_->address(table_[n].details), Ping{++seq_, piggyback()});
+      } else if (auto s = suspicions_.find(n); s != suspicions_.end() && s->second.confirm(self_.id)) {
+        // A suspect this node's own probe could not reach either: an independent confirmation,
+        // which shortens the suspicion here and, gossiped, everywhere (Lifeguard). Without it a
+        // suspicion that only one member raised runs its longest course on every node.
+        Member news = record(n);
+        news.accuser = self_.id;
+        spread(news);
       }
     }
   }
   // The next probe.
   if (!probe_ && now_ms >= next_probe_ms_) {
     next_probe_ms_ = now_ms + awareness_.scale(config_.probe_interval_ms);
-    if (auto id = next_probe_target()) {
-      const Known& k = members_.at(*id);
-      probe_ = Probe{++seq_, *id, now_ms + awareness_.scale(config_.probe_timeout_ms), next_probe_ms_};
+    if (auto n = next_probe_target()) {
+      probe_ = Probe{++seq_, *n, now_ms + awareness_.scale(config_.probe_timeout_ms), next_probe_ms_};
       auto updates = piggyback();
       // Lifeguard's buddy system: probing a suspect always tells it so, whatever the gossip
       // budget has left, so a live member learns of its suspicion from everyone who probes it.
-      if (k.member.state == State::suspect) updates.insert(updates.begin(), k.member);
-      send(out, k.member.address, Ping{probe_->seq, std::move(updates)});
+      if (table_[*n].state == State::suspect) updates.insert(updates.begin(), record(*n));
+      send(out, directory_->address(table_[*n].details), Ping{probe_->seq, std::move(updates)});
     }
   }
   // Lifeguard's buddy system, kept up: each probe interval, one member this node suspects is told
@@ -339,20 +460,19 @@ void Swim::tick(double now_ms, Output& out) {
   if (!suspicions_.empty() && now_ms >= next_reminder_ms_) {
     next_reminder_ms_ = now_ms + awareness_.scale(config_.probe_interval_ms);
     auto s = std::next(suspicions_.begin(), static_cast<ptrdiff_t>(below_(suspicions_.size())));
-    auto k = members_.find(s->first);
-    if (k != members_.end() && k->second.member.state == State::suspect) {
+    const Known* k = find(s->first);
+    if (k && k->state == State::suspect) {
       auto updates = piggyback();
-      updates.insert(updates.begin(), k->second.member);
-      send(out, k->second.member.address, Ping{++seq_, std::move(updates)});
+      updates.insert(updates.begin(), record(s->first));
+      send(out, directory_->address(k->details), Ping{++seq_, std::move(updates)});
     }
   }
   for (auto it = relays_.begin(); it != relays_.end();) it = it->second.expires_ms <= now_ms ? relays_.erase(it) : ++it;
-  // Push-pull with one random member; the interval grows with log2(N / 32) past 32 members.
+  // Push-pull with one random member.
   if (now_ms >= next_push_pull_ms_) {
-    const double n = static_cast<double>(live_count());
-    const double scale = n > 32 ? std::ceil(std::log2(n / 32.0)) + 1.0 : 1.0;
-    next_push_pull_ms_ = now_ms + config_.push_pull_interval_ms * scale;
-    for (const Known* k : random_live(1, "")) send(out, k->member.address, StateSync{full_state(), false, 0});
+    next_push_pull_ms_ = now_ms + push_pull_delay_ms();
+    for (uint32_t n : random_live(1, Directory::none))
+      send(out, directory_->address(table_[n].details), StateSync{full_state(), false, 0});
   }
   // Reconnect: one push-pull with a member held dead, in case it is alive on the far side of a
   // partition that has healed.
@@ -371,10 +491,8 @@ void Swim::tick(double now_ms, Output& out) {
   // Forget the dead once stale gossip about them has had time to die out: in deadline order, so
   // a tick costs nothing per member. (An entry whose member came back meanwhile is skipped.)
   while (!forget_at_.empty() && forget_at_.begin()->first <= now_ms) {
-    auto k = members_.find(forget_at_.begin()->second);
-    if (k != members_.end() && !live(k->second.member.state) &&
-        k->second.changed_ms + config_.dead_retention_ms <= now_ms)
-      members_.erase(k);
+    Known* k = find(forget_at_.begin()->second);
+    if (k && !live(k->state) && k->changed_ms + config_.dead_retention_ms <= now_ms) *k = Known{};
     forget_at_.erase(forget_at_.begin());
   }
 }

@@ -18,12 +18,15 @@
 #include <functional>
 #include <limits>
 #include <map>
+#include <memory>
 #include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
 #include "gossip/swim/awareness.hpp"
 #include "gossip/swim/config.hpp"
+#include "gossip/swim/directory.hpp"
 #include "gossip/swim/dissemination.hpp"
 #include "gossip/swim/suspicion.hpp"
 #include "gossip/wire/messages.hpp"
@@ -50,14 +53,26 @@ struct Output {
 
 class Swim {
  public:
-  /// below(n): a uniform draw in [0, n), from the driver's seeded source.
-  Swim(Member self, Config config, std::function<uint64_t(uint64_t)> below);
+  /// below(n): a uniform draw in [0, n), from the driver's seeded source. directory: where member
+  /// records are interned, shared by cores driven by one thread (none: this core's own).
+  Swim(Member self, Config config, std::function<uint64_t(uint64_t)> below,
+       std::shared_ptr<Directory> directory = nullptr);
+
+  /// A live member of a view, interned: adopt() by many cores sharing one directory then costs no
+  /// string work per core.
+  struct Interned {
+    uint32_t id, details;
+    uint64_t incarnation;
+  };
+  static std::vector<Interned> intern(Directory& directory, const std::vector<Member>& view);
 
   /// Starts membership through seeds (their addresses): a state sync with each.
   void join(double now_ms, const std::vector<std::string>& seeds, Output& out);
   /// Takes `view` as already known, without gossiping it or reporting events: a cluster formed
   /// before this node's history starts (the simulator begins from steady state this way).
   void adopt(double now_ms, const std::vector<Member>& view);
+  /// The same for a view interned in this core's directory.
+  void adopt(double now_ms, std::span<const Interned> view);
   /// Announces a graceful leave: members mark this node left, not dead.
   void leave(double now_ms, Output& out);
   /// Advances timers: probes, indirect probes, suspicion timeouts, push-pull, forgetting the dead.
@@ -72,20 +87,30 @@ class Swim {
   double next_deadline_ms() const;
 
   const Member& self() const { return self_; }
-  /// Every member this node knows, itself included, dead and left ones while remembered.
+  /// Every member this node knows, itself included (first), dead and left ones while remembered;
+  /// the others in id order.
   std::vector<Member> members() const;
+  /// The same without building records: each member's id and state, in no set order.
+  void for_each_member(const std::function<void(const std::string& id, Member::State state)>& f) const;
+  /// What this node holds about one member (itself included), if it knows it.
+  std::optional<Member::State> state_of(const std::string& id) const;
   /// Alive and suspect members, itself included.
   size_t live_count() const;
   int awareness() const { return awareness_.score(); }
 
  private:
+  /// What this node holds about one member, by the member's id number in the directory.
   struct Known {
-    Member member;
+    uint64_t incarnation = 0;
     double changed_ms = 0;
+    uint32_t details = Directory::none;
+    uint32_t accuser = Directory::none;  // a suspect's: the member whose probe failed
+    Member::State state = Member::State::alive;
+    bool present = false;  // known to this node
   };
   struct Probe {
     uint64_t seq;
-    std::string target;
+    uint32_t target;
     double timeout_ms, interval_end_ms;
     bool indirect_sent = false;
   };
@@ -95,37 +120,48 @@ class Swim {
     double expires_ms;
   };
 
+  Known* find(uint32_t id);
+  const Known* find(uint32_t id) const;
+  Known* find(const std::string& id);
+  Known& add(uint32_t id);
+  Member record(uint32_t id) const;
+  uint32_t number_of(const Known& k) const { return static_cast<uint32_t>(&k - table_.data()); }
   void merge(double now_ms, const Member& update, const std::string& from, Output& out);
+  /// Queues news about another member for gossip, unless merging a state sync (quiet_).
+  void spread(const Member& news);
   void refute(const Member& claim, Output& out);
   void suspect(double now_ms, Known& k, const std::string& accuser, Output& out);
   void declare(double now_ms, Known& k, Member::State state, Output& out);
   void send(Output& out, const std::string& address, Body body);
   std::vector<Member> piggyback();
   std::vector<Member> full_state() const;
-  std::optional<std::string> next_probe_target();
-  std::vector<const Known*> random_live(size_t count, const std::string& except);
+  std::optional<uint32_t> next_probe_target();
+  std::vector<uint32_t> random_live(size_t count, uint32_t except);
   double suspicion_min_ms() const;
+  double push_pull_delay_ms();
   int retransmit_limit() const;
 
   Member self_;
   Config config_;
   std::function<uint64_t(uint64_t)> below_;
+  std::shared_ptr<Directory> directory_;
   Awareness awareness_;
   Dissemination broadcasts_;
-  std::map<std::string, Known> members_;  // by id, this node excluded
-  size_t live_members_ = 0;               // alive or suspect among members_
-  std::map<std::string, Suspicion> suspicions_;
-  std::vector<std::string> probe_order_;
+  std::vector<Known> table_;  // by id number; this node's own entry never present
+  size_t live_members_ = 0;   // alive or suspect in table_
+  std::map<uint32_t, Suspicion> suspicions_;
+  std::vector<uint32_t> probe_order_;
   size_t probe_index_ = 0;
   std::optional<Probe> probe_;
   std::map<uint64_t, Relay> relays_;
-  std::map<std::string, std::pair<std::string, double>> unreachable_;  // dead: id -> (address, try until)
-  std::multimap<double, std::string> forget_at_;  // when to forget a dead or departed member
+  std::map<uint32_t, std::pair<std::string, double>> unreachable_;  // dead: id -> (address, try until)
+  std::multimap<double, uint32_t> forget_at_;  // when to forget a dead or departed member
   uint64_t seq_ = 0;
   double next_probe_ms_ = 0, next_push_pull_ms_ = 0, next_reminder_ms_ = 0, next_reconnect_ms_ = 0;
   std::vector<std::string> seeds_;  // retried until a state sync answers (a lost join)
   double next_join_ms_ = std::numeric_limits<double>::infinity();
   bool left_ = false;
+  bool quiet_ = false;  // merging a state sync: news about others is not spread again
 };
 
 }  // namespace tepdist::gossip::swim

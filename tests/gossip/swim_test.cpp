@@ -253,3 +253,58 @@ TEST_CASE("local health awareness stretches this node's own timeouts, within bou
   a.apply(-3);
   CHECK(a.scale(500) == 2500);
 }
+
+TEST_CASE("a directory numbers each id and each set of details once, and rebuilds the records", "[gossip][swim]") {
+  Directory d;
+  const uint32_t a = d.intern_id("node-a"), b = d.intern_id("node-b");
+  CHECK(a != b);
+  CHECK(d.intern_id("node-a") == a);
+  CHECK(d.find_id("node-b") == b);
+  CHECK(d.find_id("node-c") == Directory::none);  // finding does not intern
+  CHECK(d.ids() == 2);
+  // Fields are told apart by length, not by a separator a field could hold.
+  const Member one{"x", "10.0.0.1:7000", 1, Member::State::alive, "eu", {"worker", "shard"}};
+  Member other = one;
+  other.roles = {"workers", "hard"};
+  Member split = one;
+  split.roles = {"worker" "shard"};
+  CHECK(d.intern_details(one) == d.intern_details(one));
+  CHECK(d.intern_details(one) != d.intern_details(other));
+  CHECK(d.intern_details(one) != d.intern_details(split));
+  const Member rebuilt = d.member(b, d.intern_details(one), 7, Member::State::suspect, a);
+  CHECK(rebuilt == Member{"node-b", "10.0.0.1:7000", 7, Member::State::suspect, "eu", {"worker", "shard"}, "node-a"});
+  CHECK(d.member(a, d.intern_details(one), 1, Member::State::alive, Directory::none).accuser.empty());
+}
+
+TEST_CASE("cores sharing one directory keep their own views", "[gossip][swim]") {
+  auto directory = std::make_shared<Directory>();
+  std::mt19937_64 rng(5);
+  auto below = [&](uint64_t n) { return rng() % n; };
+  const std::vector<Member> view{{"a", "a", 1, Member::State::alive, "r", {}}, {"b", "b", 1, Member::State::alive, "r", {}},
+                                 {"c", "c", 1, Member::State::alive, "r", {}}};
+  Swim a(view[0], Config::lan(), below, directory), b(view[1], Config::lan(), below, directory);
+  const auto interned = Swim::intern(*directory, view);
+  a.adopt(0, interned);
+  b.adopt(0, interned);
+  CHECK(a.live_count() == 3);
+  // b hears that c left; a does not: each core's records are its own.
+  Output out;
+  Member gone = view[2];
+  gone.incarnation = 2;
+  gone.state = Member::State::left;
+  b.on_message(10, "c", "c", Leave{gone}, out);
+  CHECK(b.state_of("c") == Member::State::left);
+  CHECK(a.state_of("c") == Member::State::alive);
+  CHECK(a.state_of("a") == Member::State::alive);  // itself
+  CHECK_FALSE(a.state_of("d"));
+  CHECK(b.live_count() == 2);
+  REQUIRE(out.events.size() == 1);
+  CHECK(out.events[0].kind == Event::Kind::left);
+  CHECK(out.events[0].member.id == "c");
+  // members(): itself first, the others in id order.
+  const auto members = b.members();
+  REQUIRE(members.size() == 3);
+  CHECK(members[0].id == "b");
+  CHECK(members[1].id == "a");
+  CHECK(members[2].id == "c");
+}
