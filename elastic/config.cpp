@@ -81,8 +81,10 @@ const std::vector<Key>& keys() {
         "Test accuracy whose first crossing is reported as time_to_target_seconds; 0 to 1."},
        0, 1, false, false, {}, assign<&J::job, &J::Job::target_accuracy>},
       {{"job", "stop_at_target", KeyType::boolean, "false",
-        "tepdist run: end the job at the first evaluation that reaches target_accuracy (every worker stops after "
-        "the same step) instead of running all epochs. For time-to-accuracy benchmarks."},
+        "tepdist run: end the job at the first evaluation that reaches target_accuracy instead of running all "
+        "epochs (sync: every worker stops after the same step; async and gossip: rank 0 tells the others, and "
+        "each stops after the step it is on, then the usual end: shards pulled, or the final average). For "
+        "time-to-accuracy benchmarks."},
        -inf, inf, false, false, {}, assign<&J::job, &J::Job::stop_at_target>},
       {{"job", "log_every_steps", KeyType::integer, "50", "Steps between progress-line updates; 1 or more."},
        1, 1e9, false, false, {}, assign<&J::job, &J::Job::log_every_steps>},

@@ -112,7 +112,8 @@ struct Job {
   int pending_evals = 0;
   int64_t last_eval_step = -1;
   double last_accuracy = 0, last_test_loss = 0, eval_seconds = 0;
-  bool target_reached = false;  // stop_at_target: rank 0 votes to stop in the next ring
+  bool target_reached = false;  // stop_at_target: rank 0 votes to stop in the next ring (sync), or tells
+                                // the workers to stop after the step under way (async, gossip)
   bool finishing = false;
 
   double train_seconds() const { return first_step ? seconds_between(*first_step, last_step_end) : 0.0; }
@@ -271,6 +272,25 @@ void finish_job(Trainer* self) {
   drop_job(self);
 }
 
+/// Async and gossip with stop_at_target: no fresh step after the one under way. What follows is
+/// the usual end (async: pushes flushed and answered, the shards pulled; gossip: the final average).
+void stop_training(Trainer* self) {
+  auto& j = *self->state.job;
+  if (j.step >= j.total_steps) return;
+  node_events().info("stop_at_target job={} rank={} step={} of={}", j.start.job_id, j.rank, j.step, j.total_steps);
+  j.total_steps = j.step;
+}
+
+/// Rank 0, async and gossip: the target is reached; every other worker is told to stop (again on
+/// each tick until the job ends, should a message be lost).
+void tell_target_reached(Trainer* self) {
+  auto& s = self->state;
+  auto& j = *s.job;
+  for (size_t i = 1; i < j.start.addresses.size(); ++i)
+    send_to(self, j.start.addresses[i],
+            gossip::Control{s.o.self_id, s.o.incarnation, gossip::Control::Command::target_reached, j.start.job_id, {}});
+}
+
 /// Rank 0: evaluates a snapshot of the parameters in the evaluator, reports it when done.
 void evaluate_snapshot(Trainer* self) {
   auto& j = *self->state.job;
@@ -288,7 +308,14 @@ void evaluate_snapshot(Trainer* self) {
         job->last_accuracy = r.test_accuracy = accuracy;
         job->last_test_loss = r.test_loss = loss;
         job->eval_seconds += seconds;
-        job->target_reached |= job->config.job.stop_at_target && accuracy >= job->config.job.target_accuracy;
+        const bool reached = job->config.job.stop_at_target && accuracy >= job->config.job.target_accuracy;
+        if (reached && !job->target_reached && job->mode != Mode::sync) {
+          job->target_reached = true;
+          tell_target_reached(self);
+          stop_training(self);
+          if (!self->state.job) return;
+        }
+        job->target_reached |= reached;
         r.eval_seconds = seconds;
         send_to(self, job->start.submitter, r);
         if (job->finishing && job->pending_evals == 0) complete_rank0(self);
@@ -943,6 +970,7 @@ void keep_ending(Trainer* self) {
     send_to(self, j.start.addresses[0], gossip::Control{s.o.self_id, s.o.incarnation,
                                                          gossip::Control::Command::worker_finished, j.start.job_id, {}});
   if (j.mode == Mode::async && j.assembling) pull_missing(self);
+  if (j.rank == 0 && j.mode != Mode::sync && j.target_reached) tell_target_reached(self);
 }
 
 void on_tick(Trainer* self) {
@@ -985,6 +1013,12 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
     if (std::find(j.start.workers.begin(), j.start.workers.end(), peer) == j.start.workers.end()) return;
     j.finished.insert(peer);
     return maybe_assemble(self);
+  }
+  if (c.command == Command::target_reached && j.mode != Mode::sync && j.rank != 0 && peer == j.start.workers[0]) {
+    stop_training(self);
+    // A worker waiting on nothing (none of its steps under way) takes the end now.
+    self->send(self, step_atom::value);
+    return;
   }
   if (c.command == Command::job_finished && j.mode == Mode::async && j.rank != 0 && peer == j.start.workers[0]) {
     // Rank 0 has the final model: every update has been applied, so the counts are final.

@@ -262,7 +262,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::CONTROL: {
       auto r = e.getControl();
       const auto command = r.getCommand();
-      if (command > wire::Control::Command::JOB_FINISHED)
+      if (command > wire::Control::Command::TARGET_REACHED)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown control command {}", static_cast<int>(command))};
       const auto arg = r.getArgument();
       return Control{r.getCoordinator(), r.getCoordinatorIncarnation(), static_cast<Control::Command>(command),

@@ -100,7 +100,15 @@ struct ParamPush {
 };
 
 struct Control {
-  enum class Command : uint8_t { start_job, stop_job, epoch_boundary, evaluate, worker_finished, job_finished };
+  enum class Command : uint8_t {
+    start_job,
+    stop_job,
+    epoch_boundary,
+    evaluate,
+    worker_finished,
+    job_finished,
+    target_reached
+  };
   std::string coordinator;
   uint64_t coordinator_incarnation = 0;
   Command command = Command::start_job;

@@ -150,6 +150,7 @@ struct Control {
     evaluate @3;
     workerFinished @4;     # async: a worker has applied all its updates (to rank 0)
     jobFinished @5;        # async: rank 0 has the final model; shards may go
+    targetReached @6;      # async, gossip with stop_at_target: rank 0's evaluation reached the target
   }
 }
 

@@ -59,6 +59,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       ShardState{9, 2, 33, true, 12, chunk},
       GossipAverage{9, 77, true, chunk},
       Control{"node-0", 5, Control::Command::job_finished, 11, {}},
+      Control{"node-0", 5, Control::Command::target_reached, 11, {}},
   };
   for (const auto& body : bodies) {
     INFO(kind_name(body));

@@ -374,6 +374,33 @@ TEST_CASE("async, updates mode: three nodes learn what one process learns, and r
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
+TEST_CASE("stop_at_target ends a job at the first evaluation that reaches the target, in every mode",
+          "[integration][run][fashion]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  for (const std::string mode : {"sync", "async", "gossip"}) {
+    INFO(mode);
+    const auto out = dir.path / ("stop-" + mode);
+    Child run({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "3", "--set", "job.stop_at_target=true", "--set",
+               "job.target_accuracy=0.4", "--set", "job.eval_every_steps=4", "--out", out.string()});
+    const int status = run.wait();
+    INFO(run.all());
+    REQUIRE(status == 0);
+    const auto result = read_json(out / "result.json");
+    // Two epochs are 64 steps. Measured: the jobs ended at step 31 (sync), 43 (async) and 47
+    // (gossip); rank 0 steps on while its evaluation of a snapshot runs beside it.
+    CHECK(result["steps"].get<int>() < 64);
+    CHECK(!result["time_to_target_seconds"].is_null());
+    bool reached = false;
+    for (const auto& e : result["evaluations"]) reached |= e["test_accuracy"].get<double>() >= 0.4;
+    CHECK(reached);
+    CHECK(fs::exists(out / "model.safetensors"));
+    if (mode == "sync")  // every worker stopped after the same step
+      for (const auto& w : result["workers"]) CHECK(w["parameter_checksum"] == result["workers"][0]["parameter_checksum"]);
+  }
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
 namespace {
 
 /// The global step of a progress line ("epoch 1/1000 step 40/...").
