@@ -166,13 +166,14 @@ void AsyncWorker::try_push(uint32_t s, Outgoing<gossip::ShardUpdate>& out) {
   auto& sh = shards_[s];
   if (sh.pending_batches.empty() || sh.in_flight.size() >= o_.window) return;
   if (updates() && sh.pending_batches.size() < o_.local_steps && !flushing_) return;
-  if (updates()) sh.in_flight_sums.push_back(sh.pending);
   const float lr = updates() && sh.pending_lr <= 0
                        ? static_cast<float>((1 + recent_staleness_) / std::max(1u, o_.workers))
                        : sh.pending_lr;
-  out.emplace_back(o_.primaries[s],
-                   gossip::ShardUpdate{o_.job_id, s, gossip::ShardUpdate::Kind::push, sh.pending_base, lr,
-                                       snapshot(sh.pending_base, s, sh.pending)});
+  auto carried = std::make_shared<const std::vector<float>>(sh.pending);
+  if (updates()) sh.in_flight_sums.push_back(carried);  // kept until answered: the buffer the message sends
+  gossip::TensorChunk chunk{sh.pending_base, s, 0, carried->size(), std::span<const float>(*carried), carried};
+  out.emplace_back(o_.primaries[s], gossip::ShardUpdate{o_.job_id, s, gossip::ShardUpdate::Kind::push, sh.pending_base,
+                                                        lr, std::move(chunk)});
   sh.in_flight.push_back(std::move(sh.pending_batches));
   sh.pending_batches.clear();
   ++pushes_;
@@ -197,16 +198,16 @@ std::expected<void, std::string> AsyncWorker::on_state(const gossip::ShardState&
   sh.unanswered_steps = 0;
   if (!st.rejected) recent_staleness_ = 0.9 * recent_staleness_ + 0.1 * static_cast<double>(st.staleness);
   if (updates()) {
-    auto answered = std::move(sh.in_flight_sums.front());
+    const auto answered = std::move(sh.in_flight_sums.front());
     sh.in_flight_sums.pop_front();
     if (st.rejected) {
       // Not applied: it goes out again with what is pending, rebased on these values (the
       // worker's copy is rebuilt on them below), so it is not refused again for the same age.
       ++rejected_;
       if (sh.pending_batches.empty()) {
-        sh.pending = std::move(answered);
+        sh.pending = *answered;
       } else {
-        for (size_t i = 0; i < answered.size(); ++i) sh.pending[i] += answered[i];
+        for (size_t i = 0; i < answered->size(); ++i) sh.pending[i] += (*answered)[i];
       }
       sh.pending_batches.insert(sh.pending_batches.end(), batches.begin(), batches.end());
       sh.pending_base = st.version;
@@ -215,7 +216,7 @@ std::expected<void, std::string> AsyncWorker::on_state(const gossip::ShardState&
     // and what waits to be pushed (each held as minus the change).
     const auto mine = params.subspan(sh.range.begin, sh.range.size());
     for (const auto& sum : sh.in_flight_sums)
-      for (size_t i = 0; i < sum.size(); ++i) mine[i] -= sum[i];
+      for (size_t i = 0; i < sum->size(); ++i) mine[i] -= (*sum)[i];
     if (!sh.pending_batches.empty())
       for (size_t i = 0; i < sh.pending.size(); ++i) mine[i] -= sh.pending[i];
     try_push(st.shard, out);

@@ -172,7 +172,7 @@ class AsyncWorker {
     ShardRange range;
     uint64_t version = 0;                         // of the values this worker holds
     std::deque<std::vector<uint64_t>> in_flight;  // the batches (or local steps) each push covers, oldest first
-    std::deque<std::vector<float>> in_flight_sums;  // updates mode: what each push carries
+    std::deque<std::shared_ptr<const std::vector<float>>> in_flight_sums;  // updates mode: what each push carries
     std::vector<float> pending;                   // summed gradients (or minus changes) not yet pushed
     std::vector<uint64_t> pending_batches;
     uint64_t pending_base = 0;                    // version the oldest of them was computed on

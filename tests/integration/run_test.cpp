@@ -349,15 +349,25 @@ TEST_CASE("async, updates mode: three nodes learn what one process learns, and r
           "[integration][run][fashion]") {
   TempDir dir;
   const std::string job = job_file(dir);
-  const auto reference = single_process_reference(dir, job);
-  const auto result = three_node_run(dir, job, "async");  // local_steps 4 and momentum 0.9: the defaults
+  // A decaying rate in both: at this run's constant one the last evaluation swings by 5 points
+  // either way (the replicas drift apart between mixings), too much to hold to a close bar.
+  const std::string cosine = "optimizer.schedule=\"cosine\"";
+  Child single({TEPDIST_BINARY, "train", job, "--set", cosine, "--set", "data.batch_size=192", "--out",
+                (dir.path / "single").string()});
+  REQUIRE(single.wait() == 0);
+  const auto reference = read_json(dir.path / "single" / "result.json");
+  Child three({TEPDIST_BINARY, "run", job, "--mode", "async", "--nodes", "3", "--set", cosine, "--out",
+               (dir.path / "async").string()});
+  const int ran = three.wait();
+  INFO(three.all());
+  REQUIRE(ran == 0);
+  const auto result = read_json(dir.path / "async" / "result.json");  // local_steps 4, momentum 0.9: defaults
   CHECK(result["mode"] == "async");
   CHECK(result["samples"] == 2 * 6144);
   CHECK(result["updates_applied"].get<uint64_t>() > 0);
-  // Workers drift apart between mixings and learn less per sample, more so in a run this short (64
-  // steps each): measured 0.684 to 0.743 against one process's 0.7535 (gossip: 0.732). Mixing that
-  // lost updates would leave the initial model (0.1); counting them twice, a diverged one.
-  CHECK(result["test_accuracy"].get<double>() >= reference["test_accuracy"].get<double>() - 0.08);
+  // Measured 0.6755 to 0.6965 in five runs against one process's 0.692. Mixing that lost updates
+  // would leave the initial model (0.1); counting them twice, a diverged one.
+  CHECK(result["test_accuracy"].get<double>() >= reference["test_accuracy"].get<double>() - 0.04);
 
   // Staleness 0 refuses most updates; each goes out again on fresher values until it lands, and
   // the job still ends.
