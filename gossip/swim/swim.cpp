@@ -140,7 +140,6 @@ void Swim::suspect(double now_ms, Known& k, const std::string& accuser, Output& 
   const uint32_t n = number_of(k);
   k.state = State::suspect;
   k.accuser = directory_->intern_id(accuser);
-  k.changed_ms = now_ms;
   const double min = suspicion_min_ms();
   const int expected = std::max(0, std::min(static_cast<int>(config_.suspicion_mult) - 2,
                                             static_cast<int>(live_count()) - 2));
@@ -157,8 +156,7 @@ void Swim::declare(double now_ms, Known& k, State state, Output& out) {
   if (state == State::dead) unreachable_[n] = {directory_->address(k.details), now_ms + config_.reconnect_timeout_ms};
   if (live(k.state)) --live_members_;
   k.state = state;
-  k.changed_ms = now_ms;
-  forget_at_.emplace(now_ms + config_.dead_retention_ms, n);
+  forget_at_.emplace(now_ms + config_.dead_retention_ms, std::pair(n, k.incarnation));
   suspicions_.erase(n);
   const Member m = record(n);
   spread(m);
@@ -189,7 +187,6 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
     Known& k = add(n);
     k.incarnation = u.incarnation;
     k.details = directory_->intern_details(u);
-    k.changed_ms = now_ms;
     ++live_members_;
     const Member m = record(n);
     spread(m);
@@ -210,7 +207,6 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
       k.details = directory_->intern_details(u);
       k.state = State::alive;
       k.accuser = Directory::none;
-      k.changed_ms = now_ms;
       suspicions_.erase(n);
       unreachable_.erase(n);
       const Member m = record(n);
@@ -281,7 +277,6 @@ void Swim::adopt(double now_ms, std::span<const Interned> view) {
     Known& k = add(m.id);
     k.incarnation = m.incarnation;
     k.details = m.details;
-    k.changed_ms = now_ms;
   }
   next_push_pull_ms_ = now_ms + push_pull_delay_ms();  // sized for the cluster just adopted
 }
@@ -491,8 +486,11 @@ void Swim::tick(double now_ms, Output& out) {
   // Forget the dead once stale gossip about them has had time to die out: in deadline order, so
   // a tick costs nothing per member. (An entry whose member came back meanwhile is skipped.)
   while (!forget_at_.empty() && forget_at_.begin()->first <= now_ms) {
-    Known* k = find(forget_at_.begin()->second);
-    if (k && !live(k->state) && k->changed_ms + config_.dead_retention_ms <= now_ms) *k = Known{};
+    // Only if it is still dead at the incarnation it was declared at: one that came back since
+    // (which takes a higher incarnation) and died again has a later entry of its own.
+    const auto [n, incarnation] = forget_at_.begin()->second;
+    Known* k = find(n);
+    if (k && !live(k->state) && k->incarnation == incarnation) *k = Known{};
     forget_at_.erase(forget_at_.begin());
   }
 }

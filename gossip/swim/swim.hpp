@@ -102,12 +102,13 @@ class Swim {
   /// What this node holds about one member, by the member's id number in the directory.
   struct Known {
     uint64_t incarnation = 0;
-    double changed_ms = 0;
     uint32_t details = Directory::none;
     uint32_t accuser = Directory::none;  // a suspect's: the member whose probe failed
     Member::State state = Member::State::alive;
     bool present = false;  // known to this node
   };
+  // Every node holds one per member: a simulated cluster of N holds N^2 of them.
+  static_assert(sizeof(Known) <= 24);
   struct Probe {
     uint64_t seq;
     uint32_t target;
@@ -155,7 +156,7 @@ class Swim {
   std::optional<Probe> probe_;
   std::map<uint64_t, Relay> relays_;
   std::map<uint32_t, std::pair<std::string, double>> unreachable_;  // dead: id -> (address, try until)
-  std::multimap<double, uint32_t> forget_at_;  // when to forget a dead or departed member
+  std::multimap<double, std::pair<uint32_t, uint64_t>> forget_at_;  // when to forget (id, incarnation) dead or gone
   uint64_t seq_ = 0;
   double next_probe_ms_ = 0, next_push_pull_ms_ = 0, next_reminder_ms_ = 0, next_reconnect_ms_ = 0;
   std::vector<std::string> seeds_;  // retried until a state sync answers (a lost join)
