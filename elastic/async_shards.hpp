@@ -26,13 +26,13 @@
 //   - updates (H >= 1; async local SGD, as in FedAsync, Xie et al. 2019): each worker's own
 //     optimiser steps on its copy, and the change it made to each shard over H steps goes out as
 //     a pseudo-gradient (minus the change) for the primary to apply with plain SGD at
-//     outer_lr / (1 + staleness). A worker's own steps are never delayed; only the mixing of the
+//     min(1, outer_lr / (1 + staleness)) (max_lr 1: a change never counts more than once). A worker's own steps are never delayed; only the mixing of the
 //     workers' progress is, and the damping turns it into a weighted average. On an answer the
 //     worker takes the primary's values plus whatever of its own change the primary has not seen
 //     yet. A refused update is not lost: it goes out again, based on the answer's version.
 //     outer_lr 0 (auto) sends (1 + s) / W, s the staleness this worker's answers have reported
-//     lately: each worker's progress then counts 1/W on average, staler pushes less and fresher
-//     ones more, however far the workers are and however loaded their machines.
+//     lately: each worker's progress then counts about 1/W on average whatever its usual staleness
+//     (a far worker's as much as a near one's), and its staler pushes less than its fresher ones.
 //
 // A worker never waits for all shards at once: each shard has at most `window` pushes in flight
 // from it, and gradients for a shard whose window is full are summed until a slot frees. So a far

@@ -247,10 +247,10 @@ const std::vector<Key>& keys() {
        0, 10000, false, false, {}, assign<&J::elastic, &J::Elastic::local_steps>},
       {{"elastic", "outer_lr", KeyType::number, "0",
         "async with local_steps >= 1: the factor on each worker's change before the staleness damping, so a "
-        "change counts outer_lr / (1 + staleness). 0 (auto): (1 + s) / W, s the staleness the worker's own "
-        "answers reported lately, so that each worker's progress counts 1/W on average (an average of W "
-        "workers), staler pushes less; this holds however far or loaded the workers are. A fixed value "
-        "averages only at one staleness (1: at W - 1). 0 to 10."},
+        "change counts min(1, outer_lr / (1 + staleness)). 0 (auto): (1 + s) / W, s the staleness the worker's "
+        "own answers reported lately, so that each worker's progress counts about 1/W on average (an average "
+        "of W workers) whatever its usual staleness, and its staler pushes less. A fixed value averages only "
+        "at one staleness (1: at W - 1). 0 to 10."},
        0, 10, false, false, {}, assign<&J::elastic, &J::Elastic::outer_lr>},
       {{"membership", "profile", KeyType::string, "\"lan\"",
         "SWIM defaults: \"lan\" (probe every 200 ms, ack timeout 100 ms, suspicion at least 3 x log10(N) "

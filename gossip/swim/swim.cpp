@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <utility>
 
 namespace tepdist::gossip::swim {
 namespace {
@@ -43,6 +44,10 @@ const Swim::Known* Swim::find(uint32_t id) const {
 }
 
 Swim::Known* Swim::find(const std::string& id) {
+  return const_cast<Known*>(std::as_const(*this).find(id));
+}
+
+const Swim::Known* Swim::find(const std::string& id) const {
   const uint32_t n = directory_->find_id(id);
   return n == Directory::none ? nullptr : find(n);
 }
@@ -95,8 +100,7 @@ void Swim::for_each_member(const std::function<void(const std::string& id, Membe
 
 std::optional<Member::State> Swim::state_of(const std::string& id) const {
   if (id == self_.id) return self_.state;
-  const uint32_t n = directory_->find_id(id);
-  const Known* k = n == Directory::none ? nullptr : find(n);
+  const Known* k = find(id);
   if (!k) return std::nullopt;
   return k->state;
 }
@@ -266,14 +270,11 @@ std::vector<Swim::Interned> Swim::intern(Directory& directory, const std::vector
   return out;
 }
 
-void Swim::adopt(double now_ms, const std::vector<Member>& view) { adopt(now_ms, intern(*directory_, view)); }
-
 void Swim::adopt(double now_ms, std::span<const Interned> view) {
   const uint32_t me = directory_->intern_id(self_.id);
   for (const auto& m : view) {
     if (m.id == me) continue;
-    if (!find(m.id)) ++live_members_;
-    else if (!live(table_[m.id].state)) ++live_members_;
+    if (const Known* was = find(m.id); !was || !live(was->state)) ++live_members_;
     Known& k = add(m.id);
     k.incarnation = m.incarnation;
     k.details = m.details;

@@ -68,10 +68,9 @@ class Swim {
 
   /// Starts membership through seeds (their addresses): a state sync with each.
   void join(double now_ms, const std::vector<std::string>& seeds, Output& out);
-  /// Takes `view` as already known, without gossiping it or reporting events: a cluster formed
-  /// before this node's history starts (the simulator begins from steady state this way).
-  void adopt(double now_ms, const std::vector<Member>& view);
-  /// The same for a view interned in this core's directory.
+  /// Takes `view` (interned in this core's directory) as already known, without gossiping it or
+  /// reporting events: a cluster formed before this node's history starts (the simulator begins
+  /// from steady state this way).
   void adopt(double now_ms, std::span<const Interned> view);
   /// Announces a graceful leave: members mark this node left, not dead.
   void leave(double now_ms, Output& out);
@@ -124,6 +123,7 @@ class Swim {
   Known* find(uint32_t id);
   const Known* find(uint32_t id) const;
   Known* find(const std::string& id);
+  const Known* find(const std::string& id) const;
   Known& add(uint32_t id);
   Member record(uint32_t id) const;
   uint32_t number_of(const Known& k) const { return static_cast<uint32_t>(&k - table_.data()); }
