@@ -12,6 +12,8 @@
 // A fused ReLU is differentiated from the primitive's output (relu_use_dst_for_bwd), in place.
 
 #include "compute/onednn/network_plan.hpp"
+#include "compute/onednn/blocked_pool.hpp"
+#include "compute/onednn/first_conv.hpp"
 
 #include <cassert>
 #include <cstring>
@@ -245,6 +247,11 @@ class PoolStage final : public Stage {
     const Pool2dGeometry& g = l.pool;
     const dims dst{g.n, g.c, g.oh(), g.ow()}, kernel{g.kernel, g.kernel}, stride{g.stride, g.stride}, pad{0, 0};
     const md src_md = in.value.get_desc();
+    if (src_md == md({g.n, g.c, g.h, g.w}, dt::f32, tag::nChw8c) && BlockedMaxPool::supports(g)) {
+      direct_.emplace(g);  // 2x2 windows on nChw8c: our kernel, several times faster than oneDNN's
+      allocate_output(ctx, md(dst, dt::f32, tag::nChw8c));
+      return;
+    }
     const dnnl::pooling_forward::primitive_desc fwd_pd(
         {prop_kind::forward_training, algorithm::pooling_max, src_md, any(dst), stride, kernel, pad, pad},
         ctx.engine);
@@ -257,19 +264,61 @@ class PoolStage final : public Stage {
   }
 
   void forward(dnnl::stream& s, const float*) override {
+    if (direct_) {
+      s.wait();
+      direct_->forward(data(in_.value), data(out.value));
+      return;
+    }
     fwd_.execute(s, {{DNNL_ARG_SRC, in_.value}, {DNNL_ARG_DST, out.value}, {DNNL_ARG_WORKSPACE, workspace_}});
   }
 
   void backward(dnnl::stream& s, const float*, float*) override {
-    if (input_grad_)
-      bwd_.execute(s, {{DNNL_ARG_DIFF_DST, out.grad}, {DNNL_ARG_DIFF_SRC, in_.grad}, {DNNL_ARG_WORKSPACE, workspace_}});
+    if (!input_grad_) return;
+    if (direct_) {
+      s.wait();
+      direct_->backward(data(out.grad), data(in_.grad));
+      return;
+    }
+    bwd_.execute(s, {{DNNL_ARG_DIFF_DST, out.grad}, {DNNL_ARG_DIFF_SRC, in_.grad}, {DNNL_ARG_WORKSPACE, workspace_}});
   }
 
  private:
+  static float* data(const dnnl::memory& m) { return static_cast<float*>(m.get_data_handle()); }
+
   Activation& in_;
   bool input_grad_;
+  std::optional<BlockedMaxPool> direct_;
   dnnl::primitive fwd_, bwd_;
   dnnl::memory workspace_;
+};
+
+/// The first layer when it is a one-channel convolution followed by a 2x2 max pool and a ReLU:
+/// one direct kernel (first_conv.hpp) instead of a convolution and a pooling primitive.
+class FirstConvPoolStage final : public Stage {
+ public:
+  FirstConvPoolStage(Context& ctx, const PlannedLayer& conv, Activation& in)
+      : in_(in), kernel_(conv.conv), w_off_(conv.weight_offset), b_off_(conv.bias_offset) {
+    const Conv2dGeometry& g = conv.conv;
+    allocate_output(ctx, md({g.n, g.k, kernel_.pooled_h(), kernel_.pooled_w()}, dt::f32, tag::nChw8c));
+  }
+
+  void forward(dnnl::stream& s, const float* params) override {
+    s.wait();
+    kernel_.forward(input(), params + w_off_, params + b_off_, data(out.value));
+  }
+
+  void backward(dnnl::stream& s, const float*, float* grads) override {
+    s.wait();  // the next stage's primitives have written out.grad
+    kernel_.backward(input(), data(out.value), data(out.grad), grads + w_off_, grads + b_off_);
+  }
+
+ private:
+  static float* data(const dnnl::memory& m) { return static_cast<float*>(m.get_data_handle()); }
+  const float* input() const { return static_cast<const float*>(in_.value.get_data_handle()); }
+
+  Activation& in_;
+  FirstConvPool kernel_;
+  int64_t w_off_, b_off_;
 };
 
 class ReluStage final : public Stage {
@@ -381,6 +430,11 @@ std::unique_ptr<NetworkPlan> plan_network(Context& ctx, std::span<const PlannedL
             relu = true;
             ++i;
           } else if (is(layers, i + 1, Kind::max_pool2d) && is(layers, i + 2, Kind::relu)) {
+            if (plan->empty() && FirstConvPool::supports(l.conv, layers[i + 1].pool)) {
+              plan->add(std::make_unique<FirstConvPoolStage>(ctx, l, plan->tail()));
+              i += 2;
+              break;
+            }
             relu = true;  // relu(max(x)) == max(relu(x)): fuse into the conv, drop the later relu
             plan->add(std::make_unique<ConvStage>(ctx, l, true, plan->tail(), input_grad));
             plan->add(std::make_unique<PoolStage>(ctx, layers[i + 1], plan->tail(), true));

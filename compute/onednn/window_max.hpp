@@ -1,0 +1,57 @@
+#pragma once
+// What the direct AVX2 kernels (first_conv.cpp, blocked_pool.cpp) share: the 2x2 window maximum
+// of 8 channels at a time and the byte codes that record where it stood.
+//
+// Include only from files whose AVX2 functions carry TEPDIST_AVX2; callers check the CPU first.
+
+#include <immintrin.h>
+
+#include <cstdint>
+
+#define TEPDIST_AVX2 [[gnu::target("avx2,fma")]]
+
+namespace tepdist::compute::onednn::window {
+
+/// Lanes per vector, and channels per block of oneDNN's nChw8c layout.
+constexpr int64_t kLanes = 8;
+
+/// The largest of a window's candidates so far and its code: 2 * row + column within the window.
+struct Pick {
+  __m256 max, code;
+};
+
+/// Takes `candidate` where it is strictly greater, so the first maximum wins ties, as in the
+/// reference.
+TEPDIST_AVX2 inline void consider(Pick& p, __m256 candidate, float code) {
+  const __m256 greater = _mm256_cmp_ps(candidate, p.max, _CMP_GT_OQ);
+  p.max = _mm256_blendv_ps(p.max, candidate, greater);
+  p.code = _mm256_blendv_ps(p.code, _mm256_set1_ps(code), greater);
+}
+
+/// The maximum of four candidates in window order (0, 0), (0, 1), (1, 0), (1, 1).
+TEPDIST_AVX2 inline Pick window_max(__m256 c00, __m256 c01, __m256 c10, __m256 c11) {
+  Pick p{c00, _mm256_setzero_ps()};
+  consider(p, c01, 1.0f);
+  consider(p, c10, 2.0f);
+  consider(p, c11, 3.0f);
+  return p;
+}
+
+/// Stores 8 codes (0..3, held as floats) as 8 bytes.
+TEPDIST_AVX2 inline void store_codes(uint8_t* to, __m256 code) {
+  const __m256i c = _mm256_cvtps_epi32(code);
+  const __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+  _mm_storel_epi64(reinterpret_cast<__m128i*>(to), _mm_packus_epi16(c16, c16));
+}
+
+/// 8 stored codes as 32-bit integers.
+TEPDIST_AVX2 inline __m256i load_codes(const uint8_t* from) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(from)));
+}
+
+/// `d` where the code is q, else 0.
+TEPDIST_AVX2 inline __m256 only_at(__m256 d, __m256i code, int q) {
+  return _mm256_and_ps(d, _mm256_castsi256_ps(_mm256_cmpeq_epi32(code, _mm256_set1_epi32(q))));
+}
+
+}  // namespace tepdist::compute::onednn::window

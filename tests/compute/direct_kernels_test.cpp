@@ -1,0 +1,160 @@
+// The direct AVX2 kernels of the oneDNN plans (compute/onednn/first_conv.hpp, blocked_pool.hpp)
+// against the reference, on LeNet's shapes and on ones that exercise every code path: channel
+// counts that are not a multiple of 8 and that need one, two and three blocks per group, padding,
+// odd convolution outputs (a row and a column no window covers), kernel sizes whose tap count is
+// not a multiple of 4, and inputs full of ties (the first maximum must win, as in the reference).
+//
+// On a CPU without AVX2 the kernels are never planned; these tests then check only that.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "compute/onednn/blocked_pool.hpp"
+#include "compute/onednn/first_conv.hpp"
+#include "compute/ref/ref_backend.hpp"
+#include "compute/rng.hpp"
+#include "compute/tensor.hpp"
+
+using namespace tepdist::compute;
+using tepdist::compute::onednn::BlockedMaxPool;
+using tepdist::compute::onednn::FirstConvPool;
+
+namespace {
+
+constexpr int64_t kLanes = 8;
+
+/// Values in [-1, 1), or small integers (many equal values, exact sums) when `ties`.
+Tensor random_tensor(Shape s, uint64_t seed, bool ties) {
+  Tensor t(s);
+  Rng r(seed);
+  for (float& v : t.span()) v = ties ? static_cast<float>(r.below(3)) - 1.0f : r.uniform(-1.0f, 1.0f);
+  return t;
+}
+
+int64_t blocks(int64_t c) { return (c + kLanes - 1) / kLanes; }
+
+/// [n, c, h, w] -> nChw8c, channels past c set to `pad_value`.
+std::vector<float> to_blocked(const Tensor& t, float pad_value = 0.0f) {
+  const auto& d = t.shape().dims();
+  const int64_t n = d[0], c = d[1], hw = d[2] * d[3];
+  std::vector<float> out(static_cast<size_t>(n * blocks(c) * hw * kLanes), pad_value);
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < c; ++ch)
+      for (int64_t p = 0; p < hw; ++p)
+        out[static_cast<size_t>(((i * blocks(c) + ch / kLanes) * hw + p) * kLanes + ch % kLanes)] =
+            t.data()[(i * c + ch) * hw + p];
+  return out;
+}
+
+/// nChw8c -> [n, c, h, w]; `padding` receives the values of the channels past c.
+Tensor from_blocked(const std::vector<float>& b, Shape s, std::vector<float>* padding = nullptr) {
+  Tensor t(s);
+  const auto& d = s.dims();
+  const int64_t n = d[0], c = d[1], hw = d[2] * d[3];
+  for (int64_t i = 0; i < n; ++i)
+    for (int64_t ch = 0; ch < blocks(c) * kLanes; ++ch)
+      for (int64_t p = 0; p < hw; ++p) {
+        const float v = b[static_cast<size_t>(((i * blocks(c) + ch / kLanes) * hw + p) * kLanes + ch % kLanes)];
+        if (ch < c) t.data()[(i * c + ch) * hw + p] = v;
+        else if (padding) padding->push_back(v);
+      }
+  return t;
+}
+
+void require_close(const Tensor& got, const Tensor& want, double tolerance) {
+  REQUIRE(got.shape() == want.shape());
+  double worst = 0.0;
+  int64_t worst_at = 0;
+  for (int64_t i = 0; i < got.elements(); ++i) {
+    const double excess = std::abs(got[i] - want[i]) - tolerance * (1.0 + std::abs(want[i]));
+    if (excess > worst) worst = excess, worst_at = i;
+  }
+  INFO("worst element " << worst_at << ": direct " << got[worst_at] << ", ref " << want[worst_at]);
+  CHECK(worst == 0.0);
+}
+
+}  // namespace
+
+TEST_CASE("the fused first convolution, pool and relu agree with the reference", "[compute][onednn][direct]") {
+  const Conv2dGeometry g = GENERATE(Conv2dGeometry{8, 1, 28, 28, 20, 5, 5, 1, 0},  // LeNet conv1: one group of 3
+                                    Conv2dGeometry{3, 1, 9, 11, 13, 3, 3, 1, 1},   // 2 blocks, padded, odd output
+                                    Conv2dGeometry{2, 1, 10, 10, 30, 4, 2, 1, 0},  // 4 blocks: 3 + 1, 8 taps
+                                    Conv2dGeometry{2, 1, 6, 7, 4, 2, 3, 1, 2});    // 1 partial block, wide pad
+  const bool ties = GENERATE(false, true);
+  const Pool2dGeometry p{g.n, g.k, g.oh(), g.ow(), 2, 2};
+  CAPTURE(g.k, g.h, g.w, g.r, g.s, g.pad, ties);
+  if (!FirstConvPool::supports(g, p)) {
+    WARN("no AVX2 and FMA on this CPU: the fused kernel is not used, nothing to compare");
+    return;
+  }
+  CHECK_FALSE(FirstConvPool::supports(Conv2dGeometry{2, 3, 8, 8, 4, 3, 3, 1, 0}, p));  // 3 input channels
+  CHECK_FALSE(FirstConvPool::supports(g, Pool2dGeometry{g.n, g.k, g.oh(), g.ow(), 3, 2}));
+
+  const Tensor x = random_tensor(g.input(), 1, ties), w = random_tensor(g.weight(), 2, ties),
+               b = random_tensor({g.k}, 3, ties), dout = random_tensor(p.output(), 4, false);
+  // The reference: conv -> pool -> relu, and back.
+  auto ref = make_ref_backend();
+  auto conv = ref->make_conv2d(g);
+  auto pool = ref->make_max_pool2d(p);
+  Tensor c(g.output()), pooled(p.output()), want(p.output());
+  conv->forward(x, w, b, c);
+  pool->forward(c, pooled);
+  ref->relu_forward(pooled, want);
+  Tensor dpooled(p.output()), dc(g.output()), want_dw(g.weight()), want_db({g.k});
+  ref->relu_backward(want, dout, dpooled);
+  pool->backward(dpooled, dc);
+  conv->backward_weights(x, dc, want_dw, want_db);
+
+  FirstConvPool fused(g);
+  REQUIRE(fused.blocks() == blocks(g.k));
+  std::vector<float> y(static_cast<size_t>(g.n * blocks(g.k) * p.oh() * p.ow() * kLanes), NAN);
+  fused.forward(x.data(), w.data(), b.data(), y.data());
+  std::vector<float> padding;
+  require_close(from_blocked(y, p.output(), &padding), want, ties ? 0.0 : 1e-5);
+  for (float v : padding) CHECK(v == 0.0f);  // the next layer reads the padded channels as zeros
+
+  Tensor dw(g.weight()), db({g.k});
+  fused.backward(x.data(), y.data(), to_blocked(dout, NAN).data(), dw.data(), db.data());
+  require_close(dw, want_dw, 1e-4);
+  require_close(db, want_db, 1e-4);
+
+  // A second step with other weights: the kernel repacks them and overwrites the gradients.
+  const Tensor w2 = random_tensor(g.weight(), 7, ties);
+  conv->forward(x, w2, b, c);
+  pool->forward(c, pooled);
+  ref->relu_forward(pooled, want);
+  fused.forward(x.data(), w2.data(), b.data(), y.data());
+  require_close(from_blocked(y, p.output()), want, ties ? 0.0 : 1e-5);
+  ref->relu_backward(want, dout, dpooled);
+  pool->backward(dpooled, dc);
+  conv->backward_weights(x, dc, want_dw, want_db);
+  fused.backward(x.data(), y.data(), to_blocked(dout, NAN).data(), dw.data(), db.data());
+  require_close(dw, want_dw, 1e-4);
+}
+
+TEST_CASE("the blocked 2x2 max pool agrees with the reference", "[compute][onednn][direct]") {
+  const Pool2dGeometry g = GENERATE(Pool2dGeometry{8, 50, 8, 8, 2, 2},  // LeNet's second pool
+                                    Pool2dGeometry{3, 5, 7, 9, 2, 2});  // a partial block, odd sides
+  const bool ties = GENERATE(false, true);
+  CAPTURE(g.c, g.h, g.w, ties);
+  if (!BlockedMaxPool::supports(g)) {
+    WARN("no AVX2 and FMA on this CPU: the blocked pool is not used, nothing to compare");
+    return;
+  }
+  CHECK_FALSE(BlockedMaxPool::supports(Pool2dGeometry{1, 8, 7, 7, 3, 2}));
+
+  const Tensor x = random_tensor(g.input(), 11, ties), dy = random_tensor(g.output(), 12, false);
+  auto ref = make_ref_backend();
+  auto pool = ref->make_max_pool2d(g);
+  Tensor want(g.output()), want_dx(g.input());
+  pool->forward(x, want);
+  pool->backward(dy, want_dx);
+
+  BlockedMaxPool blocked(g);
+  std::vector<float> y(static_cast<size_t>(g.n * blocks(g.c) * g.oh() * g.ow() * kLanes), NAN);
+  blocked.forward(to_blocked(x).data(), y.data());
+  require_close(from_blocked(y, g.output()), want, 0.0);  // a maximum is picked, not computed: exact
+  std::vector<float> dx(static_cast<size_t>(g.n * blocks(g.c) * g.h * g.w * kLanes), NAN);
+  blocked.backward(to_blocked(dy).data(), dx.data());
+  require_close(from_blocked(dx, g.input()), want_dx, 0.0);  // each place gets one gradient or none
+}
