@@ -105,7 +105,9 @@ struct Job {
   compute::Tensor x;
   std::vector<int32_t> y;
   std::optional<Clock::time_point> first_step;
-  Clock::time_point last_step_end, window_start, waiting_since;
+  Clock::time_point last_step_end, window_start;
+  Clock::time_point waiting_since;  // when this worker last began waiting for others
+  Clock::time_point progress_at;    // when others last moved it on: the step timeout's mark
   double compute_seconds = 0, ring_seconds = 0;  // where the steps' time went
   // Rank 0.
   caf::actor evaluator;
@@ -405,7 +407,7 @@ void sync_step(Trainer* self) {
   std::vector<gossip::RingChunk> out;
   j.ring->start(static_cast<uint64_t>(j.step) + 1, j.buffer, out);
   if (!send_ring(self, out)) return;
-  j.waiting_since = Clock::now();
+  j.waiting_since = j.progress_at = Clock::now();
   j.compute_seconds += seconds_between(now, j.waiting_since);
   if (j.ring->done()) finish_step(self);
 }
@@ -490,7 +492,7 @@ void async_step(Trainer* self) {
   } else if (samples > 0) {  // a short last slice with no samples of this rank's has nothing to push
     a.on_gradient(*work, grads, lr, out);
   }
-  j.waiting_since = Clock::now();
+  j.waiting_since = j.progress_at = Clock::now();
   j.compute_seconds += seconds_between(now, j.waiting_since);
   send_all(self, out);
   if (!self->state.job) return;
@@ -569,7 +571,7 @@ void on_shard_state(Trainer* self, const std::string& peer, const gossip::ShardS
     node_events().warn("shard_state_refused from={} shard={} reason=\"{}\"", peer, st.shard, ok.error());
     return;
   }
-  j.waiting_since = Clock::now();
+  j.waiting_since = j.progress_at = Clock::now();
   send_all(self, out);
   if (!s.job) return;
   if (j.blocked && j.async->may_step()) {
@@ -632,7 +634,7 @@ void start_final_average(Trainer* self) {
   std::vector<gossip::RingChunk> out;
   j.ring->start(1, j.buffer, out);
   if (!send_ring(self, out)) return;
-  j.waiting_since = Clock::now();
+  j.waiting_since = j.progress_at = Clock::now();
   if (j.ring->done()) end_final_average(self);
 }
 
@@ -700,7 +702,7 @@ void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c
     node_events().warn("ring_chunk_refused from={} reason=\"{}\"", peer, ok.error());
     return;
   }
-  j.waiting_since = Clock::now();
+  j.progress_at = Clock::now();  // not waiting_since: the wait for this step goes on
   if (!send_ring(self, out)) return;
   if (j.mode == Mode::gossip) {
     j.heard_final = true;
@@ -980,7 +982,7 @@ void on_tick(Trainer* self) {
     s.pending.reset();
     fail_start(self, request, "the workers the submitter saw did not all reach the coordinator within 30 s");
   }
-  if (s.job && !s.job->finishing && seconds_between(s.job->waiting_since, Clock::now()) > s.job->config.job.step_timeout_s) {
+  if (s.job && !s.job->finishing && seconds_between(s.job->progress_at, Clock::now()) > s.job->config.job.step_timeout_s) {
     auto& j = *s.job;
     const auto limit = j.config.job.step_timeout_s;
     // Gossip: workers end their local steps at different times, so the final average waits for
