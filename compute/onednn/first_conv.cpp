@@ -79,7 +79,8 @@ TEPDIST_AVX2 void forward_group(const ForwardArgs& a) {
       const int64_t at = (pr * a.pw + pc) * kLanes;
       for (int b = 0; b < NB; ++b) {
         const window::Pick p = window::window_max(c00[b], c01[b], c10[b], c11[b]);
-        _mm256_storeu_ps(a.y + b * ystride + at, _mm256_max_ps(p.max, _mm256_setzero_ps()));
+        // max(0, m), in this order: a NaN m stays NaN, as in the reference's ReLU
+        _mm256_storeu_ps(a.y + b * ystride + at, _mm256_max_ps(_mm256_setzero_ps(), p.max));
         window::store_codes(a.where + b * ystride + at, p.code);
       }
     }
