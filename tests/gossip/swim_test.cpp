@@ -162,6 +162,26 @@ TEST_CASE("a suspected member refutes with a higher incarnation and is alive aga
   CHECK(net->saw("n4", Event::Kind::alive_again, "n2"));
 }
 
+TEST_CASE("a suspicion learned from a state sync reaches the suspect, which refutes it", "[gossip][swim]") {
+  // State syncs do not re-gossip what they carry (a joiner would flood its news of thousands of
+  // members), so nobody gossips n4's suspicion; the member that sent the sync may even have heard
+  // the refutation since. The accused must still hear of it: n4's probes and reminders to a suspect
+  // carry the suspicion whatever the gossip holds (without them this test fails: n4 declares a
+  // live n2 dead).
+  auto net = cluster(5, 3);
+  Member rumour{"n2", "n2", 1, Member::State::suspect, "local", {}};
+  rumour.accuser = "n1";
+  Output out;
+  net->nodes["n4"]->on_message(net->now, "n1", "n1", StateSync{{rumour}, true, 0}, out);
+  net->apply("n4", out);
+  REQUIRE(net->view("n4", "n2") == Member::State::suspect);
+  net->run_until(net->now + 20000);
+  CHECK(net->nodes["n2"]->self().incarnation > 1);
+  for (const auto& [observer, node] : net->nodes) CHECK(net->view(observer, "n2") == Member::State::alive);
+  CHECK(net->saw("n4", Event::Kind::alive_again, "n2"));
+  CHECK_FALSE(net->saw("n4", Event::Kind::dead, "n2"));
+}
+
 TEST_CASE("a restarted member with a higher incarnation is accepted at once", "[gossip][swim]") {
   auto net = cluster(5, 4);
   net->killed.insert("n2");
