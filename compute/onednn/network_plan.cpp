@@ -13,6 +13,7 @@
 
 #include "compute/onednn/network_plan.hpp"
 #include "compute/onednn/blocked_pool.hpp"
+#include "compute/onednn/conv_backward_data.hpp"
 #include "compute/onednn/first_conv.hpp"
 
 #include <cassert>
@@ -172,6 +173,13 @@ class WeightedStage : public Stage {
                      {DNNL_ARG_DIFF_BIAS, dbias_}});
     dw_->finish(s);
     if (!input_grad_) return;
+    if (direct_bwd_) {
+      s.wait();  // the ReLU's gradient above is written
+      direct_bwd_->run(static_cast<const float*>(out.grad.get_data_handle()), params + w_off_,
+                       static_cast<float*>(src_->grad().get_data_handle()));
+      src_->deliver_grad(s);
+      return;
+    }
     bwd_.execute(s, {{DNNL_ARG_DIFF_DST, bwd_dy_->in(s)},
                      {DNNL_ARG_WEIGHTS, w_bwd_->in(s, params + w_off_)},
                      {DNNL_ARG_DIFF_SRC, bwd_dx_->out()}});
@@ -184,7 +192,7 @@ class WeightedStage : public Stage {
       : w_off_(l.weight_offset), b_off_(l.bias_offset), input_grad_(input_grad) {}
 
   /// Creates the primitives and the memories and bridges between them and the plain buffers.
-  /// bwd_pd is used only when the stage computes its input gradient.
+  /// bwd_pd, when given, computes the input gradient (else direct_bwd_ does, or nothing).
   template <class Fwd, class Bww, class Bwd>
   void wire(Context& ctx, Activation& in, const md& wei_plain, const md& bias_md, bool relu, const Fwd& fwd_pd,
             const Bww& bww_pd, const std::optional<Bwd>& bwd_pd) {
@@ -198,7 +206,7 @@ class WeightedStage : public Stage {
     bww_src_.emplace(ctx, src_->value(), bww_pd.src_desc());
     bww_dy_.emplace(ctx, out.grad, bww_pd.diff_dst_desc());
     dw_.emplace(ctx, wei_plain, bww_pd.diff_weights_desc());
-    if (input_grad_) {
+    if (bwd_pd) {
       bwd_ = dnnl::primitive(*bwd_pd);
       w_bwd_.emplace(ctx, wei_plain, bwd_pd->weights_desc());
       bwd_dy_.emplace(ctx, out.grad, bwd_pd->diff_dst_desc());
@@ -209,6 +217,7 @@ class WeightedStage : public Stage {
 
   int64_t w_off_, b_off_;
   bool input_grad_;
+  std::optional<ConvBackwardData> direct_bwd_;  // a convolution's input gradient by our own kernel
 
  private:
   dnnl::primitive fwd_, bww_, bwd_;
@@ -233,8 +242,12 @@ class ConvStage final : public WeightedStage {
         relu_post_op(relu), ctx.engine);
     const dnnl::convolution_backward_weights::primitive_desc bww_pd(
         {direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad}, ctx.engine, fwd_pd);
+    // The input gradient by our kernel where the activations are nChw8c (AVX2), else by oneDNN's.
     std::optional<dnnl::convolution_backward_data::primitive_desc> bwd_pd;
-    if (input_grad)
+    if (input_grad && ConvBackwardData::supports(g) && fwd_pd.src_desc() == md(src, dt::f32, tag::nChw8c) &&
+        fwd_pd.dst_desc() == md(dst, dt::f32, tag::nChw8c))
+      direct_bwd_.emplace(g);
+    else if (input_grad)
       bwd_pd.emplace(dnnl::convolution_backward_data::desc{direct, any(src), any(wei), any(dst), stride, pad, pad},
                      ctx.engine, fwd_pd);
     wire(ctx, in, plain(wei, tag::oihw), bias_md, relu, fwd_pd, bww_pd, bwd_pd);

@@ -1,4 +1,5 @@
-// The direct AVX2 kernels of the oneDNN plans (compute/onednn/first_conv.hpp, blocked_pool.hpp)
+// The direct AVX2 kernels of the oneDNN plans (compute/onednn/first_conv.hpp, blocked_pool.hpp,
+// conv_backward_data.hpp)
 // against the reference, on LeNet's shapes and on ones that exercise every code path: channel
 // counts that are not a multiple of 8 and that need one, two and three blocks per group, padding,
 // odd convolution outputs (a row and a column no window covers), kernel sizes whose tap count is
@@ -10,6 +11,7 @@
 #include <cmath>
 
 #include "compute/onednn/blocked_pool.hpp"
+#include "compute/onednn/conv_backward_data.hpp"
 #include "compute/onednn/first_conv.hpp"
 #include "compute/ref/ref_backend.hpp"
 #include "compute/rng.hpp"
@@ -17,6 +19,7 @@
 
 using namespace tepdist::compute;
 using tepdist::compute::onednn::BlockedMaxPool;
+using tepdist::compute::onednn::ConvBackwardData;
 using tepdist::compute::onednn::FirstConvPool;
 
 namespace {
@@ -167,4 +170,35 @@ TEST_CASE("the blocked 2x2 max pool agrees with the reference", "[compute][onedn
   std::vector<float> dx(static_cast<size_t>(g.n * blocks(g.c) * g.h * g.w * kLanes), NAN);
   blocked.backward(to_blocked(dy).data(), dx.data());
   require_close(from_blocked(dx, g.input()), want_dx, 0.0);  // each place gets one gradient or none
+}
+
+TEST_CASE("the direct convolution input gradient agrees with the reference", "[compute][onednn][direct]") {
+  const Conv2dGeometry g = GENERATE(Conv2dGeometry{8, 20, 12, 12, 50, 5, 5, 1, 0},  // LeNet conv2
+                                    Conv2dGeometry{2, 13, 9, 7, 11, 3, 3, 1, 0},    // 2 blocks, rows of 4 + 1
+                                    Conv2dGeometry{3, 30, 6, 9, 9, 2, 4, 1, 0},     // 4 blocks: 3 + 1, rows of 4 + 2
+                                    Conv2dGeometry{1, 8, 5, 7, 16, 1, 1, 1, 0},     // 1x1, rows of 4 + 3
+                                    Conv2dGeometry{2, 3, 4, 4, 5, 4, 4, 1, 0});     // one output position
+  CAPTURE(g.c, g.k, g.h, g.w, g.r, g.s);
+  if (!cpu_has_avx2()) {
+    CHECK_FALSE(ConvBackwardData::supports(g));
+    WARN("no AVX2 and FMA on this CPU: the direct input gradient is not used, nothing to compare");
+    return;
+  }
+  REQUIRE(ConvBackwardData::supports(g));
+  CHECK_FALSE(ConvBackwardData::supports(Conv2dGeometry{g.n, g.c, g.h, g.w, g.k, g.r, g.s, 2, 0}));
+  CHECK_FALSE(ConvBackwardData::supports(Conv2dGeometry{g.n, g.c, g.h, g.w, g.k, g.r, g.s, 1, 1}));
+
+  auto ref = make_ref_backend();
+  auto conv = ref->make_conv2d(g);
+  ConvBackwardData direct(g);
+  for (uint64_t seed : {21u, 22u}) {  // twice: the weights are repacked, dx overwritten
+    const Tensor w = random_tensor(g.weight(), seed, false), dy = random_tensor(g.output(), seed + 10, false);
+    Tensor want(g.input());
+    conv->backward_data(dy, w, want);
+    std::vector<float> dx(static_cast<size_t>(g.n * blocks(g.c) * g.h * g.w * kLanes), NAN);
+    direct.run(to_blocked(dy, NAN).data(), w.data(), dx.data());  // padded channels of dy: not read
+    std::vector<float> padding;
+    require_close(from_blocked(dx, g.input(), &padding), want, 1e-4);
+    for (float v : padding) CHECK(v == 0.0f);
+  }
 }
