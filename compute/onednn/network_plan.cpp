@@ -14,6 +14,7 @@
 #include "compute/onednn/network_plan.hpp"
 #include "compute/onednn/blocked_pool.hpp"
 #include "compute/onednn/conv_backward_data.hpp"
+#include "compute/onednn/conv_backward_weights.hpp"
 #include "compute/onednn/first_conv.hpp"
 
 #include <cassert>
@@ -166,15 +167,21 @@ class WeightedStage : public Stage {
 
   void backward(dnnl::stream& s, const float* params, float* grads) override {
     if (relu_) relu_->run(s, out);
-    dbias_.set_data_handle(grads + b_off_);
-    bww_.execute(s, {{DNNL_ARG_SRC, bww_src_->in(s)},
-                     {DNNL_ARG_DIFF_DST, bww_dy_->in(s)},
-                     {DNNL_ARG_DIFF_WEIGHTS, dw_->out(grads + w_off_)},
-                     {DNNL_ARG_DIFF_BIAS, dbias_}});
-    dw_->finish(s);
+    if (direct_bww_) {
+      s.wait();  // the ReLU's gradient above is written
+      direct_bww_->run(static_cast<const float*>(src_->value().get_data_handle()),
+                       static_cast<const float*>(out.grad.get_data_handle()), grads + w_off_, grads + b_off_);
+    } else {
+      dbias_.set_data_handle(grads + b_off_);
+      bww_.execute(s, {{DNNL_ARG_SRC, bww_src_->in(s)},
+                       {DNNL_ARG_DIFF_DST, bww_dy_->in(s)},
+                       {DNNL_ARG_DIFF_WEIGHTS, dw_->out(grads + w_off_)},
+                       {DNNL_ARG_DIFF_BIAS, dbias_}});
+      dw_->finish(s);
+    }
     if (!input_grad_) return;
     if (direct_bwd_) {
-      s.wait();  // the ReLU's gradient above is written
+      s.wait();
       direct_bwd_->run(static_cast<const float*>(out.grad.get_data_handle()), params + w_off_,
                        static_cast<float*>(src_->grad().get_data_handle()));
       src_->deliver_grad(s);
@@ -192,20 +199,23 @@ class WeightedStage : public Stage {
       : w_off_(l.weight_offset), b_off_(l.bias_offset), input_grad_(input_grad) {}
 
   /// Creates the primitives and the memories and bridges between them and the plain buffers.
-  /// bwd_pd, when given, computes the input gradient (else direct_bwd_ does, or nothing).
+  /// bww_pd, when given, computes the weight gradient (else direct_bww_ does); bwd_pd the input
+  /// gradient (else direct_bwd_ does, or nothing: the first layer).
   template <class Fwd, class Bww, class Bwd>
   void wire(Context& ctx, Activation& in, const md& wei_plain, const md& bias_md, bool relu, const Fwd& fwd_pd,
-            const Bww& bww_pd, const std::optional<Bwd>& bwd_pd) {
+            const std::optional<Bww>& bww_pd, const std::optional<Bwd>& bwd_pd) {
     fwd_ = dnnl::primitive(fwd_pd);
     src_.emplace(ctx, in, fwd_pd.src_desc());
     allocate_output(ctx, fwd_pd.dst_desc());
     w_.emplace(ctx, wei_plain, fwd_pd.weights_desc());
     bias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
     dbias_ = dnnl::memory(bias_md, ctx.engine, DNNL_MEMORY_NONE);
-    bww_ = dnnl::primitive(bww_pd);
-    bww_src_.emplace(ctx, src_->value(), bww_pd.src_desc());
-    bww_dy_.emplace(ctx, out.grad, bww_pd.diff_dst_desc());
-    dw_.emplace(ctx, wei_plain, bww_pd.diff_weights_desc());
+    if (bww_pd) {
+      bww_ = dnnl::primitive(*bww_pd);
+      bww_src_.emplace(ctx, src_->value(), bww_pd->src_desc());
+      bww_dy_.emplace(ctx, out.grad, bww_pd->diff_dst_desc());
+      dw_.emplace(ctx, wei_plain, bww_pd->diff_weights_desc());
+    }
     if (bwd_pd) {
       bwd_ = dnnl::primitive(*bwd_pd);
       w_bwd_.emplace(ctx, wei_plain, bwd_pd->weights_desc());
@@ -217,7 +227,8 @@ class WeightedStage : public Stage {
 
   int64_t w_off_, b_off_;
   bool input_grad_;
-  std::optional<ConvBackwardData> direct_bwd_;  // a convolution's input gradient by our own kernel
+  std::optional<ConvBackwardWeights> direct_bww_;  // a convolution's gradients by our own kernels
+  std::optional<ConvBackwardData> direct_bwd_;
 
  private:
   dnnl::primitive fwd_, bww_, bwd_;
@@ -240,12 +251,18 @@ class ConvStage final : public WeightedStage {
     const dnnl::convolution_forward::primitive_desc fwd_pd(
         {prop_kind::forward_training, direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad},
         relu_post_op(relu), ctx.engine);
-    const dnnl::convolution_backward_weights::primitive_desc bww_pd(
-        {direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad}, ctx.engine, fwd_pd);
-    // The input gradient by our kernel where the activations are nChw8c (AVX2), else by oneDNN's.
+    // The gradients by our kernels where both activations are nChw8c (AVX2), else by oneDNN's.
+    const bool blocked =
+        fwd_pd.src_desc() == md(src, dt::f32, tag::nChw8c) && fwd_pd.dst_desc() == md(dst, dt::f32, tag::nChw8c);
+    std::optional<dnnl::convolution_backward_weights::primitive_desc> bww_pd;
+    if (blocked && ConvBackwardWeights::supports(g))
+      direct_bww_.emplace(g);
+    else
+      bww_pd.emplace(dnnl::convolution_backward_weights::desc{direct, any(src), any(wei), bias_md, any(dst), stride,
+                                                              pad, pad},
+                     ctx.engine, fwd_pd);
     std::optional<dnnl::convolution_backward_data::primitive_desc> bwd_pd;
-    if (input_grad && ConvBackwardData::supports(g) && fwd_pd.src_desc() == md(src, dt::f32, tag::nChw8c) &&
-        fwd_pd.dst_desc() == md(dst, dt::f32, tag::nChw8c))
+    if (input_grad && blocked && ConvBackwardData::supports(g))
       direct_bwd_.emplace(g);
     else if (input_grad)
       bwd_pd.emplace(dnnl::convolution_backward_data::desc{direct, any(src), any(wei), any(dst), stride, pad, pad},
@@ -375,8 +392,9 @@ class LinearStage final : public WeightedStage {
     const md bias_md = plain({g.out}, tag::x), dst_md = plain({g.n, g.out}, tag::nc);
     const dnnl::inner_product_forward::primitive_desc fwd_pd(
         {prop_kind::forward_training, any(src), any(wei), bias_md, dst_md}, relu_post_op(relu), ctx.engine);
-    const dnnl::inner_product_backward_weights::primitive_desc bww_pd({any(src), any(wei), bias_md, dst_md},
-                                                                      ctx.engine, fwd_pd);
+    const std::optional<dnnl::inner_product_backward_weights::primitive_desc> bww_pd(
+        std::in_place, dnnl::inner_product_backward_weights::desc{any(src), any(wei), bias_md, dst_md}, ctx.engine,
+        fwd_pd);
     std::optional<dnnl::inner_product_backward_data::primitive_desc> bwd_pd;
     if (input_grad)
       bwd_pd.emplace(dnnl::inner_product_backward_data::desc{any(src), any(wei), dst_md}, ctx.engine, fwd_pd);

@@ -1,5 +1,5 @@
 // The direct AVX2 kernels of the oneDNN plans (compute/onednn/first_conv.hpp, blocked_pool.hpp,
-// conv_backward_data.hpp)
+// conv_backward_data.hpp, conv_backward_weights.hpp)
 // against the reference, on LeNet's shapes and on ones that exercise every code path: channel
 // counts that are not a multiple of 8 and that need one, two and three blocks per group, padding,
 // odd convolution outputs (a row and a column no window covers), kernel sizes whose tap count is
@@ -12,6 +12,7 @@
 
 #include "compute/onednn/blocked_pool.hpp"
 #include "compute/onednn/conv_backward_data.hpp"
+#include "compute/onednn/conv_backward_weights.hpp"
 #include "compute/onednn/first_conv.hpp"
 #include "compute/ref/ref_backend.hpp"
 #include "compute/rng.hpp"
@@ -20,6 +21,7 @@
 using namespace tepdist::compute;
 using tepdist::compute::onednn::BlockedMaxPool;
 using tepdist::compute::onednn::ConvBackwardData;
+using tepdist::compute::onednn::ConvBackwardWeights;
 using tepdist::compute::onednn::FirstConvPool;
 
 namespace {
@@ -200,5 +202,33 @@ TEST_CASE("the direct convolution input gradient agrees with the reference", "[c
     std::vector<float> padding;
     require_close(from_blocked(dx, g.input(), &padding), want, 1e-4);
     for (float v : padding) CHECK(v == 0.0f);
+  }
+}
+
+TEST_CASE("the direct convolution weight gradient agrees with the reference", "[compute][onednn][direct]") {
+  const Conv2dGeometry g = GENERATE(Conv2dGeometry{8, 20, 12, 12, 50, 5, 5, 1, 0},  // LeNet conv2: 4 x 12 + 2
+                                    Conv2dGeometry{2, 13, 9, 7, 11, 3, 3, 1, 0},    // 2 blocks, k 4 + 4 + 3
+                                    Conv2dGeometry{3, 30, 6, 9, 9, 2, 4, 1, 0},     // 4 blocks: 3 + 1, k 4 + 4 + 1
+                                    Conv2dGeometry{1, 8, 5, 7, 16, 1, 1, 1, 0});    // 1x1
+  CAPTURE(g.c, g.k, g.h, g.w, g.r, g.s);
+  if (!cpu_has_avx2()) {
+    CHECK_FALSE(ConvBackwardWeights::supports(g));
+    WARN("no AVX2 and FMA on this CPU: the direct weight gradient is not used, nothing to compare");
+    return;
+  }
+  REQUIRE(ConvBackwardWeights::supports(g));
+  CHECK_FALSE(ConvBackwardWeights::supports(Conv2dGeometry{g.n, g.c, g.h, g.w, g.k, g.r, g.s, 2, 0}));
+  CHECK_FALSE(ConvBackwardWeights::supports(Conv2dGeometry{g.n, g.c, g.h, g.w, g.k, g.r, g.s, 1, 1}));
+
+  auto ref = make_ref_backend();
+  auto conv = ref->make_conv2d(g);
+  ConvBackwardWeights direct(g);
+  for (uint64_t seed : {31u, 32u}) {  // twice: the sums start again from zero
+    const Tensor x = random_tensor(g.input(), seed, false), dy = random_tensor(g.output(), seed + 10, false);
+    Tensor want_dw(g.weight()), want_db({g.k}), dw(g.weight()), db({g.k});
+    conv->backward_weights(x, dy, want_dw, want_db);
+    direct.run(to_blocked(x, NAN).data(), to_blocked(dy, NAN).data(), dw.data(), db.data());  // padding: unused
+    require_close(dw, want_dw, 1e-4);
+    require_close(db, want_db, 1e-4);
   }
 }
