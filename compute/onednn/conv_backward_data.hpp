@@ -10,7 +10,8 @@
 // accumulators summed over the output channels.
 //
 // Layouts: dy [n, ceil(k/8), oh, ow, 8] and dx [n, ceil(c/8), h, w, 8]; the weights are the
-// model's plain [k, c, r, s]. Padded channels of dx are written as zeros; those of dy are not read.
+// model's plain [k, c, r, s]. Padded channels of dx are written as zeros (while dy is finite: the
+// padded weights are zero); those of dy are not read.
 
 #include <cstdint>
 #include <vector>

@@ -122,19 +122,16 @@ void ConvBackwardWeights::run(const float* x, const float* dy, float* dw, float*
       }
     }
   }
-  // Add up the threads' sums into the plain [k, c, r, s] and [k] gradients.
-  for (int64_t k = 0; k < g_.k; ++k) {
-    for (int64_t c = 0; c < g_.c; ++c)
-      for (int64_t t = 0; t < taps; ++t) {
-        const size_t at = static_cast<size_t>(((t * g_.k + k) * cblocks_ + c / kLanes) * kLanes + c % kLanes);
-        float sum = 0.0f;
-        for (const auto& s : sums_) sum += s[at];
-        dw[(k * g_.c + c) * taps + t] = sum;
-      }
-    float sum = 0.0f;
-    for (const auto& s : sums_) sum += s[wsums + static_cast<size_t>((k / kLanes) * kLanes + k % kLanes)];
-    db[k] = sum;
-  }
+  // Add up the threads' sums (into the first's), then unpack them into the plain [k, c, r, s] and
+  // [k] gradients.
+  std::vector<float>& total = sums_.front();
+  for (size_t i = 1; i < sums_.size(); ++i)
+    for (size_t j = 0; j < need; ++j) total[j] += sums_[i][j];
+  for (int64_t t = 0; t < taps; ++t)
+    for (int64_t k = 0; k < g_.k; ++k)
+      for (int64_t c = 0; c < g_.c; ++c)
+        dw[(k * g_.c + c) * taps + t] = total[static_cast<size_t>(((t * g_.k + k) * cblocks_ + c / kLanes) * kLanes + c % kLanes)];
+  for (int64_t k = 0; k < g_.k; ++k) db[k] = total[wsums + static_cast<size_t>(k)];
 }
 
 }  // namespace tepdist::compute::onednn

@@ -7,6 +7,7 @@
 //
 // On a CPU without AVX2 the kernels are never planned; these tests then check only that.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 
@@ -209,7 +210,8 @@ TEST_CASE("the direct convolution weight gradient agrees with the reference", "[
   const Conv2dGeometry g = GENERATE(Conv2dGeometry{8, 20, 12, 12, 50, 5, 5, 1, 0},  // LeNet conv2: 4 x 12 + 2
                                     Conv2dGeometry{2, 13, 9, 7, 11, 3, 3, 1, 0},    // 2 blocks, k 4 + 4 + 3
                                     Conv2dGeometry{3, 30, 6, 9, 9, 2, 4, 1, 0},     // 4 blocks: 3 + 1, k 4 + 4 + 1
-                                    Conv2dGeometry{1, 8, 5, 7, 16, 1, 1, 1, 0});    // 1x1
+                                    Conv2dGeometry{1, 8, 5, 7, 16, 1, 1, 1, 0},     // 1x1
+                                    Conv2dGeometry{2, 5, 6, 6, 6, 3, 3, 1, 0});     // k 4 + 2
   CAPTURE(g.c, g.k, g.h, g.w, g.r, g.s);
   if (!cpu_has_avx2()) {
     CHECK_FALSE(ConvBackwardWeights::supports(g));
@@ -226,6 +228,8 @@ TEST_CASE("the direct convolution weight gradient agrees with the reference", "[
   for (uint64_t seed : {31u, 32u}) {  // twice: the sums start again from zero
     const Tensor x = random_tensor(g.input(), seed, false), dy = random_tensor(g.output(), seed + 10, false);
     Tensor want_dw(g.weight()), want_db({g.k}), dw(g.weight()), db({g.k});
+    std::fill_n(dw.data(), dw.elements(), NAN);  // every gradient must be written
+    std::fill_n(db.data(), db.elements(), NAN);
     conv->backward_weights(x, dy, want_dw, want_db);
     direct.run(to_blocked(x, NAN).data(), to_blocked(dy, NAN).data(), dw.data(), db.data());  // padding: unused
     require_close(dw, want_dw, 1e-4);

@@ -177,13 +177,15 @@ void compare_step(const std::function<std::unique_ptr<Model>()>& make, int64_t b
   require_close(logits, want);
 }
 
-/// Strided and padded convolutions, a pool first, a standalone ReLU and no fusable pattern.
+/// Strided and padded convolutions, a pool first, a standalone ReLU and no fusable pattern, and a
+/// plain convolution of 9 to 11 channels (on AVX2, its gradients by the direct kernels).
 class Awkward : public Model {
  public:
   Awkward() {
     add<MaxPool2d>(2);
     add<Relu>();
-    add<Conv2d>(0, 6, 3, 2, 1);
+    add<Conv2d>(0, 9, 3, 2, 1);
+    add<Conv2d>(0, 11, 2, 1, 0);
     add<Conv2d>(0, 4, 3, 1, 1);
     add<MaxPool2d>(3, 2);
     add<Flatten>();
