@@ -390,14 +390,22 @@ class LinearStage final : public WeightedStage {
     wei.insert(wei.end(), src.begin() + 1, src.end());
     const md wei_plain = plain(wei, wei.size() == 4 ? tag::oihw : wei.size() == 3 ? tag::oiw : tag::oi);
     const md bias_md = plain({g.out}, tag::x), dst_md = plain({g.n, g.out}, tag::nc);
+    // A blocked 4-D input makes the product want its weights blocked alike, and the plain
+    // parameters go through a reorder each step, their gradients through another. When the
+    // weights outweigh the batch's activation (LeNet's fc1: 500 outputs, batch 64) it is cheaper
+    // to hand the product a plain input (the adapter reorders the activation and its gradient)
+    // and the plain weights as they are: 0.35 ms of a 15 ms one-thread step.
+    const bool plain_weights = g.out >= g.n;
+    const md src_md = src.size() == 4 && plain_weights ? plain(src, tag::nchw) : any(src);
+    const md wei_md = plain_weights ? wei_plain : any(wei);
     const dnnl::inner_product_forward::primitive_desc fwd_pd(
-        {prop_kind::forward_training, any(src), any(wei), bias_md, dst_md}, relu_post_op(relu), ctx.engine);
+        {prop_kind::forward_training, src_md, wei_md, bias_md, dst_md}, relu_post_op(relu), ctx.engine);
     const std::optional<dnnl::inner_product_backward_weights::primitive_desc> bww_pd(
-        std::in_place, dnnl::inner_product_backward_weights::desc{any(src), any(wei), bias_md, dst_md}, ctx.engine,
+        std::in_place, dnnl::inner_product_backward_weights::desc{src_md, wei_md, bias_md, dst_md}, ctx.engine,
         fwd_pd);
     std::optional<dnnl::inner_product_backward_data::primitive_desc> bwd_pd;
     if (input_grad)
-      bwd_pd.emplace(dnnl::inner_product_backward_data::desc{any(src), any(wei), dst_md}, ctx.engine, fwd_pd);
+      bwd_pd.emplace(dnnl::inner_product_backward_data::desc{src_md, wei_md, dst_md}, ctx.engine, fwd_pd);
     wire(ctx, in, wei_plain, bias_md, relu, fwd_pd, bww_pd, bwd_pd);
   }
 };
