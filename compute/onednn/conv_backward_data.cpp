@@ -47,14 +47,7 @@ TEPDIST_AVX2 void tile(const Args& a, int64_t oy, int64_t ox) {
       }
     }
   }
-  const int64_t xstride = a.h * a.w_in * kLanes;
-#pragma GCC unroll 4
-  for (int j = 0; j < NP; ++j)
-#pragma GCC unroll 3
-    for (int b = 0; b < NB; ++b) {
-      float* to = a.dx + b * xstride + (oy * a.w_in + ox + j) * kLanes;
-      _mm256_storeu_ps(to, _mm256_add_ps(_mm256_loadu_ps(to), acc[j][b]));
-    }
+  window::add_tile(acc, a.dx + (oy * a.w_in + ox) * kLanes, kLanes, a.h * a.w_in * kLanes);
 }
 
 template <int NB>

@@ -46,13 +46,7 @@ TEPDIST_AVX2 void tile(const Args& a) {
       }
     }
   }
-#pragma GCC unroll 4
-  for (int j = 0; j < NK; ++j)
-#pragma GCC unroll 3
-    for (int b = 0; b < NB; ++b) {
-      float* to = a.dw + (j * a.cblocks + b) * kLanes;
-      _mm256_storeu_ps(to, _mm256_add_ps(_mm256_loadu_ps(to), acc[j][b]));
-    }
+  window::add_tile(acc, a.dw, a.cblocks * kLanes, kLanes);
 }
 
 template <int NB>

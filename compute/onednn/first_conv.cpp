@@ -149,13 +149,7 @@ TEPDIST_AVX2 void weight_taps(const BackwardArgs& a, int64_t first) {
       }
     }
   }
-#pragma GCC unroll 4
-  for (int j = 0; j < NT; ++j)
-#pragma GCC unroll 3
-    for (int b = 0; b < NB; ++b) {
-      float* to = a.dw + (b * taps + first + j) * kLanes;
-      _mm256_storeu_ps(to, _mm256_add_ps(_mm256_loadu_ps(to), acc[j][b]));
-    }
+  window::add_tile(acc, a.dw + first * kLanes, kLanes, taps * kLanes);  // the sums are [block][tap][8]
 }
 
 template <int NB>

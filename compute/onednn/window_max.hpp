@@ -1,6 +1,7 @@
 #pragma once
-// What the direct AVX2 kernels (first_conv.cpp, blocked_pool.cpp) share: the 2x2 window maximum
-// of 8 channels at a time and the byte codes that record where it stood.
+// What the direct AVX2 kernels (first_conv.cpp, blocked_pool.cpp, conv_backward_*.cpp) share: the
+// 2x2 window maximum of 8 channels at a time, the byte codes that record where it stood, and
+// adding a register tile of sums to memory.
 //
 // Include only from files whose AVX2 functions carry TEPDIST_AVX2; callers check the CPU first.
 
@@ -52,6 +53,20 @@ TEPDIST_AVX2 inline __m256i load_codes(const uint8_t* from) {
 /// `d` where the code is q, else 0.
 TEPDIST_AVX2 inline __m256 only_at(__m256 d, __m256i code, int q) {
   return _mm256_and_ps(d, _mm256_castsi256_ps(_mm256_cmpeq_epi32(code, _mm256_set1_epi32(q))));
+}
+
+/// Adds a register tile of accumulators to memory: to[j * row + b * block] += acc[j][b]. Inlined
+/// always, so the accumulators stay in registers in the loops that fill them.
+template <int NJ, int NB>
+[[gnu::always_inline]] TEPDIST_AVX2 inline void add_tile(const __m256 (&acc)[NJ][NB], float* to, int64_t row,
+                                                         int64_t block) {
+#pragma GCC unroll 4
+  for (int j = 0; j < NJ; ++j)
+#pragma GCC unroll 3
+    for (int b = 0; b < NB; ++b) {
+      float* at = to + j * row + b * block;
+      _mm256_storeu_ps(at, _mm256_add_ps(_mm256_loadu_ps(at), acc[j][b]));
+    }
 }
 
 }  // namespace tepdist::compute::onednn::window
