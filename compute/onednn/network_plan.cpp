@@ -27,6 +27,9 @@ namespace {
 using dnnl::algorithm;
 using dnnl::prop_kind;
 
+/// A memory's floats, for the plans' own kernels.
+float* data(const dnnl::memory& m) { return static_cast<float*>(m.get_data_handle()); }
+
 /// A value between two stages and its gradient, in one layout.
 struct Activation {
   dnnl::memory value;
@@ -169,8 +172,7 @@ class WeightedStage : public Stage {
     if (relu_) relu_->run(s, out);
     if (direct_bww_) {
       s.wait();  // the ReLU's gradient above is written
-      direct_bww_->run(static_cast<const float*>(src_->value().get_data_handle()),
-                       static_cast<const float*>(out.grad.get_data_handle()), grads + w_off_, grads + b_off_);
+      direct_bww_->run(data(src_->value()), data(out.grad), grads + w_off_, grads + b_off_);
     } else {
       dbias_.set_data_handle(grads + b_off_);
       bww_.execute(s, {{DNNL_ARG_SRC, bww_src_->in(s)},
@@ -182,8 +184,7 @@ class WeightedStage : public Stage {
     if (!input_grad_) return;
     if (direct_bwd_) {
       s.wait();
-      direct_bwd_->run(static_cast<const float*>(out.grad.get_data_handle()), params + w_off_,
-                       static_cast<float*>(src_->grad().get_data_handle()));
+      direct_bwd_->run(data(out.grad), params + w_off_, data(src_->grad()));
       src_->deliver_grad(s);
       return;
     }
@@ -313,7 +314,6 @@ class PoolStage final : public Stage {
   }
 
  private:
-  static float* data(const dnnl::memory& m) { return static_cast<float*>(m.get_data_handle()); }
 
   Activation& in_;
   bool input_grad_;
@@ -343,8 +343,7 @@ class FirstConvPoolStage final : public Stage {
   }
 
  private:
-  static float* data(const dnnl::memory& m) { return static_cast<float*>(m.get_data_handle()); }
-  const float* input() const { return static_cast<const float*>(in_.value.get_data_handle()); }
+  const float* input() const { return data(in_.value); }
 
   Activation& in_;
   FirstConvPool kernel_;
