@@ -84,8 +84,14 @@ TEST_CASE("a cluster of five detects a kill, takes the restart back, and tells a
   CHECK(c.nodes["n4"]->wait() == 0);
   for (const char* n : {"n1", "n2", "n3", "n5"}) {
     INFO(n);
-    CHECK(c.nodes[n]->seen("member_left id=n4"));
-    CHECK_THAT(c.nodes[n]->all(), !Catch::Contains("member_dead id=n4"));
+    const bool left = c.nodes[n]->seen("member_left id=n4").has_value();
+    const bool dead = c.nodes[n]->all().find("member_dead id=n4") != std::string::npos;
+    // This has failed now and then under CPU load (a live n4 suspected, then neither its
+    // refutation nor its leave heard): every node's log, n4's too, for the diagnosis.
+    if (!left || dead)
+      for (auto& [name, node] : c.nodes) UNSCOPED_INFO("--- " << name << "'s log:\n" << node->all());
+    CHECK(left);
+    CHECK_FALSE(dead);
   }
 
   // And `tepdist status` shows it all.
