@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <csignal>
 #include <limits>
 #include <cstring>
 #include <deque>
@@ -562,6 +563,10 @@ Transport::~Transport() { stop(); }
 std::expected<std::string, std::string> Transport::start() {
   Impl& i = *impl_;
   assert(!i.started);
+  // libuv writes to sockets with write(2): a peer that closes while a frame is going out would
+  // kill this whole process with SIGPIPE (exit 141, seen when a cluster's nodes stop together).
+  // Ignored, the write fails with EPIPE and only that connection goes.
+  std::signal(SIGPIPE, SIG_IGN);
   uv_loop_init(&i.loop);
   i.loop.data = &i;
   uv_async_init(&i.loop, &i.wake, [](uv_async_t* h) { static_cast<Impl*>(h->loop->data)->drain_inbox(); });
