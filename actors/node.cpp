@@ -15,6 +15,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <random>
 
 #include "actors/atoms.hpp"
 #include "actors/roles/cluster_roles.hpp"
@@ -103,6 +104,13 @@ int run_node(const NodeOptions& o) {
   const pthread_t waiter = pthread_self();
 
   const uint64_t incarnation = unix_ms();  // above any incarnation an earlier run of this id used
+  // New for each run of this process, never 0 (unknown): members tell a restart from a refutation by
+  // it, and a job assignment names its coordinator's.
+  const uint64_t boot_id = [] {
+    std::random_device device;
+    const uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
+    return id ? id : 1;
+  }();
   gossip::MetricsRegistry metrics;  // before the actors: the monitor role reads it until they are gone
   caf::actor_system_config cfg;
   // The work-sharing scheduler sleeps on a condition variable when idle; CAF's default
@@ -167,7 +175,9 @@ int run_node(const NodeOptions& o) {
   Teardown teardown(sys, transport);
   {
     std::lock_guard lock(router_mutex);
-    router_actor = sys.spawn(router, &transport, o.config.cluster.cluster_id);
+    // Detached: membership runs on a thread of its own, so its probes and acks never wait for the
+    // scheduler's two threads behind the roles' work (a late ack is a suspicion somewhere else).
+    router_actor = sys.spawn<caf::detached>(router, &transport, o.config.cluster.cluster_id);
   }
   teardown.add(router_actor);
   auto bound = transport.start();
@@ -204,7 +214,7 @@ int run_node(const NodeOptions& o) {
   auto sup = sys.spawn(supervisor, std::move(roles), SupervisorOptions{});
   teardown.add(caf::actor(sup));
   RouterInit init;
-  init.self = {id, *bound, incarnation, gossip::Member::State::alive, o.region, role_names};
+  init.self = {id, *bound, incarnation, gossip::Member::State::alive, o.region, role_names, {}, boot_id};
   init.seeds = o.join;
   init.swim = o.config.membership.swim();
   init.epoch_unix_ms = incarnation;
@@ -225,7 +235,8 @@ int run_node(const NodeOptions& o) {
     fmt::print(stderr, "tepdist node: cannot write the ready file {}\n", o.ready_file);
     return 1;
   }
-  node_events().info("node_ready id={} address={} region={} incarnation={}", id, *bound, o.region, incarnation);
+  node_events().info("node_ready id={} address={} region={} incarnation={} boot_id={:016x}", id, *bound, o.region,
+                     incarnation, boot_id);
 
   int sig = 0;
   sigwait(&signals, &sig);

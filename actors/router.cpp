@@ -86,9 +86,13 @@ void apply(Router* self, gossip::swim::Output& out) {
   bool view_changed = false;
   for (const auto& e : out.events) {
     const Member& m = e.member;
-    node_events().info("member_{} id={} address={} incarnation={} region={}", gossip::swim::event_name(e.kind), m.id,
-                       m.address, m.incarnation, m.region);
-    view_changed |= e.kind != Event::Kind::updated;
+    if (e.kind == Event::Kind::suspected || e.kind == Event::Kind::refuted)
+      node_events().info("member_{} id={} address={} incarnation={} region={} by={}", gossip::swim::event_name(e.kind),
+                         m.id, m.address, m.incarnation, m.region, m.accuser);
+    else
+      node_events().info("member_{} id={} address={} incarnation={} region={}", gossip::swim::event_name(e.kind), m.id,
+                         m.address, m.incarnation, m.region);
+    view_changed |= e.kind != Event::Kind::updated && e.kind != Event::Kind::refuted;
     if (e.kind == Event::Kind::joined && std::find(m.roles.begin(), m.roles.end(), "parameter-shard") != m.roles.end())
       send_shard(self, m);
   }
@@ -154,8 +158,18 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
       std::holds_alternative<gossip::JobStart>(m.body) || std::holds_alternative<gossip::RingChunk>(m.body) ||
       std::holds_alternative<gossip::JobReport>(m.body) || std::holds_alternative<gossip::Control>(m.body) ||
       std::holds_alternative<gossip::ParamPush>(m.body)) {
-    if (s.job) caf::anon_send(s.job, wire_atom::value, peer, address, m);
-    else node_events().debug("message_dropped from={} kind={} reason=\"no trainer\"", peer, gossip::kind_name(m.body));
+    if (s.job) {
+      caf::anon_send(s.job, wire_atom::value, peer, address, m);
+      return;
+    }
+    // The trainer or submitter has not registered yet (the supervisor starts roles after the
+    // transport): a job or its first chunks wait for it, bounded, rather than vanish.
+    if (s.early_jobs.size() >= RouterState::early_job_limit) {
+      node_events().warn("message_dropped from={} kind={} reason=\"no trainer yet, and {} frames already wait\"", peer,
+                         gossip::kind_name(m.body), s.early_jobs.size());
+      return;
+    }
+    s.early_jobs.push_back({peer, address, m});
     return;
   }
   node_events().debug("message_ignored from={} kind={}", peer, gossip::kind_name(m.body));
@@ -235,8 +249,11 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
           s.early_shard_bytes = 0;
         },
         [self](job_atom, const caf::actor& job) {
-          self->state.job = job;
-          caf::anon_send(job, view_atom::value, self->state.swim->members());
+          auto& s = self->state;
+          s.job = job;
+          caf::anon_send(job, view_atom::value, s.swim->members());
+          for (auto& [peer, address, m] : s.early_jobs) caf::anon_send(job, wire_atom::value, peer, address, std::move(m));
+          s.early_jobs.clear();
         },
         [self](leave_atom) {
           gossip::swim::Output out;

@@ -40,6 +40,8 @@ struct RouterState {
     gossip::Message message;
   };
   std::vector<Early> early_shards;
+  std::vector<Early> early_jobs;  ///< job frames that came before the trainer (or submitter) registered
+  static constexpr size_t early_job_limit = 64;
   size_t early_shard_bytes = 0;
   static constexpr size_t early_shard_limit = 256u << 20;
   std::unique_ptr<gossip::swim::Swim> swim;

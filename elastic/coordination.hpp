@@ -4,7 +4,7 @@
 // answer from the same inputs.
 //
 //   coordinator  the lowest live id among members with the coordinator role; a node obeys a job
-//                only from that id at that incarnation
+//                only from that id in the run (boot id) its view knows
 //   ring order   the live members with the worker role, sorted by id; rank k is the k-th
 //   data         every epoch all workers draw the same permutation of the training samples (seeded
 //                by job seed and epoch); global step i covers its samples [i·W·b, (i+1)·W·b), and
@@ -28,17 +28,17 @@ bool is_live(const gossip::Member& m);
 const gossip::Member* coordinator_in(const std::vector<gossip::Member>& view);
 
 /// The coordinator's answer to a submitted job: the ring order and addresses filled in, signed by
-/// `self` at `incarnation`. Fails, saying why, when this node is not the coordinator of its view or
-/// no live member has the worker role.
+/// `self` with the boot id its view holds for it. Fails, saying why, when this node is not the
+/// coordinator of its view or no live member has the worker role.
 std::expected<gossip::JobStart, std::string> assign_job(gossip::JobStart request, const std::vector<gossip::Member>& view,
-                                                        const std::string& self, uint64_t incarnation);
+                                                        const std::string& self);
 
 /// Whether a node whose view is `view` obeys this assignment: it comes from the coordinator of the
-/// view, at the incarnation the view knows.
+/// view, in the run of it (boot id) the view knows; any incarnation of that run will do.
 std::expected<void, std::string> check_assignment(const gossip::JobStart& job, const std::vector<gossip::Member>& view);
 
-/// The ring members `view` knows to be dead or left, and live workers that are not in the ring
-/// (joined since): each as "id (state)" for an error message. A ring member the view does not know
+/// The ring members `view` knows to be dead or left or to have restarted (another boot id), and
+/// live workers that are not in the ring (joined since): each as "id (state)" for an error message. A ring member the view does not know
 /// yet is no change. Empty: the ring is intact.
 std::vector<std::string> ring_changes(const gossip::JobStart& job, const std::vector<gossip::Member>& view);
 

@@ -138,6 +138,12 @@ struct TrainerState {
   std::optional<gossip::JobStart> pending;  // submitted, waiting for this view to hold its workers
   std::string pending_from;
   Clock::time_point pending_since;
+  // An assignment from a coordinator this view does not know as such yet (gossip of its arrival,
+  // or of an older coordinator's end, has not come): held until the view catches up or the
+  // deadline passes, then obeyed or refused with the reason.
+  std::optional<gossip::JobStart> held;
+  Clock::time_point held_since;
+  static constexpr double held_limit_s = 10;
   bool ticking = false;
   static inline const char* name = "tepdist.trainer";
 };
@@ -864,10 +870,24 @@ void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart&
       fail_start(self, start, fmt::format("busy with job {}", s.job->start.job_id));
     return;
   }
-  if (auto ok = elastic::check_assignment(start, s.view); !ok) return fail_start(self, start, ok.error());
+  if (auto ok = elastic::check_assignment(start, s.view); !ok) {
+    if (start.workers.empty() || start.workers.size() != start.addresses.size()) return fail_start(self, start, ok.error());
+    if (!s.held || s.held->job_id != start.job_id) {
+      node_events().info("job_held job={} from={} reason=\"{}\" wait_s={:.0f}", start.job_id, peer, ok.error(),
+                         TrainerState::held_limit_s);
+      s.held = start;
+      s.held_since = Clock::now();
+      start_ticking(self);
+    }
+    return;
+  }
+  if (s.held && s.held->job_id == start.job_id) s.held.reset();
   auto me = std::find(start.workers.begin(), start.workers.end(), s.o.self_id);
   if (me == start.workers.end()) return;  // not one of its workers
   auto job = std::make_unique<Job>();
+  // The step timeout counts from here until the first step moves it: a tick that comes before
+  // that step must not see a wait that began at the clock's epoch.
+  job->waiting_since = job->progress_at = Clock::now();
   job->start = start;
   job->world = static_cast<uint32_t>(start.workers.size());
   job->rank = static_cast<uint32_t>(me - start.workers.begin());
@@ -918,7 +938,7 @@ void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip
     }
   }
   s.pending.reset();
-  auto assigned = elastic::assign_job(request, s.view, s.o.self_id, s.o.incarnation);
+  auto assigned = elastic::assign_job(request, s.view, s.o.self_id);
   if (!assigned) return fail_start(self, request, assigned.error());
   assigned->submitter_id = submitter_peer;  // who sent it, not who it says it is
   node_events().info("job_assigned job={} workers={} submitter={}", assigned->job_id, assigned->workers.size(),
@@ -933,6 +953,10 @@ void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip
 void on_view(Trainer* self, std::vector<gossip::Member> view) {
   auto& s = self->state;
   s.view = std::move(view);
+  if (s.held) {
+    const auto start = *s.held;
+    on_assigned(self, start.coordinator, start);
+  }
   if (s.pending) {
     const auto request = *s.pending;
     on_submitted(self, s.pending_from, request);
@@ -982,6 +1006,12 @@ void on_tick(Trainer* self) {
     s.pending.reset();
     fail_start(self, request, "the workers the submitter saw did not all reach the coordinator within 30 s");
   }
+  if (s.held && seconds_between(s.held_since, Clock::now()) > TrainerState::held_limit_s) {
+    const auto start = *s.held;
+    s.held.reset();
+    if (auto ok = elastic::check_assignment(start, s.view); !ok)
+      fail_start(self, start, fmt::format("{}, still after {:.0f} s", ok.error(), TrainerState::held_limit_s));
+  }
   if (s.job && !s.job->finishing && seconds_between(s.job->progress_at, Clock::now()) > s.job->config.job.step_timeout_s) {
     auto& j = *s.job;
     const auto limit = j.config.job.step_timeout_s;
@@ -995,7 +1025,7 @@ void on_tick(Trainer* self) {
       fail(self, fmt::format("step {} waited {:.0f} s for answers from shard primaries", j.step + 1, limit));
   }
   if (s.job) keep_ending(self);
-  if (s.pending || s.job) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+  if (s.pending || s.held || s.job) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
   else s.ticking = false;
 }
 

@@ -23,16 +23,19 @@ uint32_t Directory::intern_details(const Member& m) {
   };
   add(m.address);
   add(m.region);
+  add(std::to_string(m.roles.size()));
   for (const auto& r : m.roles) add(r);
+  add(std::to_string(m.boot_id));
   const auto [it, added] = details_numbers_.try_emplace(std::move(key), static_cast<uint32_t>(details_.size()));
-  if (added) details_.push_back({m.address, m.region, m.roles});
+  if (added) details_.push_back({m.address, m.region, m.roles, m.boot_id});
   return it->second;
 }
 
 Member Directory::member(uint32_t id, uint32_t details, uint64_t incarnation, Member::State state,
                          uint32_t accuser) const {
   const Details& d = details_[details];
-  return Member{ids_[id], d.address, incarnation, state, d.region, d.roles, accuser == none ? std::string() : ids_[accuser]};
+  return Member{ids_[id], d.address, incarnation, state, d.region, d.roles,
+                accuser == none ? std::string() : ids_[accuser], d.boot_id};
 }
 
 }  // namespace tepdist::gossip::swim

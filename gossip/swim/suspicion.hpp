@@ -27,11 +27,16 @@ class Suspicion {
   double deadline_ms() const {
     const double c = static_cast<double>(accusers_.size() - 1);  // the first accuser starts it
     const double frac = std::log(c + 1.0) / std::log(static_cast<double>(k_) + 1.0);
-    return start_ + std::max(min_, max_ - (max_ - min_) * frac);
+    return std::max(not_before_, start_ + std::max(min_, max_ - (max_ - min_) * frac));
   }
+
+  /// Holds the verdict until at least until_ms: this node was not running when it came due, so a
+  /// refutation may be waiting, unread, in its queue.
+  void defer(double until_ms) { not_before_ = std::max(not_before_, until_ms); }
 
  private:
   double start_, min_, max_;
+  double not_before_ = 0;
   int k_;
   std::set<std::string> accusers_;
 };

@@ -22,6 +22,8 @@ const char* event_name(Event::Kind k) {
     case Event::Kind::dead: return "dead";
     case Event::Kind::left: return "left";
     case Event::Kind::updated: return "updated";
+    case Event::Kind::restarted: return "restarted";
+    case Event::Kind::refuted: return "refuted";
   }
   return "?";
 }
@@ -137,7 +139,9 @@ void Swim::refute(const Member& claim, Output& out) {
   self_.incarnation = std::max(self_.incarnation, claim.incarnation) + 1;
   broadcasts_.enqueue(self_);
   awareness_.apply(1);  // being suspected hints that this node is the slow one
-  (void)out;
+  Member news = self_;
+  news.accuser = claim.state == State::left ? std::string("left") : claim.accuser;  // for the log: who said it
+  out.events.push_back({Event::Kind::refuted, std::move(news)});
 }
 
 void Swim::suspect(double now_ms, Known& k, const std::string& accuser, Output& out) {
@@ -170,7 +174,9 @@ void Swim::declare(double now_ms, Known& k, State state, Output& out) {
 void Swim::merge(double now_ms, const Member& u, const std::string& from, Output& out) {
   if (u.id == self_.id) {
     if (left_) return;
-    const bool accusation = u.state == State::suspect || u.state == State::dead;
+    // A rumour that this live node left (a forged or misrouted one: only the leaver says it) is
+    // refuted like a death, or it would spread and stay.
+    const bool accusation = u.state != State::alive;
     const bool accused = accusation && u.incarnation >= self_.incarnation;
     const bool outdated = u.state == State::alive && u.incarnation > self_.incarnation;
     if (accused || outdated) {
@@ -206,6 +212,7 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
       // takes any newer incarnation (a refutation, or new details).
       if (u.incarnation <= inc) return;
       const State was = k.state;
+      const uint64_t boot_was = directory_->boot_id(k.details);
       if (!live(was)) ++live_members_;
       k.incarnation = u.incarnation;
       k.details = directory_->intern_details(u);
@@ -215,7 +222,11 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
       unreachable_.erase(n);
       const Member m = record(n);
       spread(m);
-      out.events.push_back({was == State::alive     ? Event::Kind::updated
+      // A live member with another boot id restarted between two probes: no death was seen, but
+      // whatever it held is gone, which those who work with it must know.
+      const bool restarted = live(was) && boot_was != 0 && u.boot_id != 0 && u.boot_id != boot_was;
+      out.events.push_back({restarted               ? Event::Kind::restarted
+                            : was == State::alive   ? Event::Kind::updated
                             : was == State::suspect ? Event::Kind::alive_again
                                                     : Event::Kind::joined,
                             m});
@@ -287,8 +298,11 @@ void Swim::leave(double now_ms, Output& out) {
   self_.incarnation += 1;
   self_.state = State::left;
   broadcasts_.enqueue(self_);
-  for (uint32_t n : random_live(static_cast<size_t>(config_.indirect_checks), Directory::none))
-    send(out, directory_->address(table_[n].details), Leave{self_});
+  // Every live member hears it first-hand, once: O(N) messages, once per node's life. Told to a
+  // few, a member the rumour reached late would probe a silent node meanwhile and suspect it.
+  // The leaver also goes on answering probes with its record until its process ends (on_message).
+  for (uint32_t n = 0; n < table_.size(); ++n)
+    if (table_[n].present && live(table_[n].state)) send(out, directory_->address(table_[n].details), Leave{self_});
   left_ = true;
 }
 
@@ -305,7 +319,13 @@ void Swim::on_message(double now_ms, const std::string& from, const std::string&
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, Ping>) {
           for (const auto& u : m.updates) merge(now_ms, u, from, out);
-          if (auto a = address_of(from); a && !left_) {
+          if (left_) {
+            // Gone but still running: the answer says so, and the prober marks this node left
+            // instead of suspecting a node that stopped acking.
+            if (auto a = address_of(from)) send(out, *a, Ack{m.seq_no, {self_}});
+            return;
+          }
+          if (auto a = address_of(from)) {
             send(out, *a, Ack{m.seq_no, piggyback()});
             // A member that probes this node but is not live in its view: the rumour of its
             // arrival (or of its refutation) missed this node, and gossip about it may have died
@@ -354,7 +374,9 @@ void Swim::on_message(double now_ms, const std::string& from, const std::string&
           if (!m.reply)
             if (auto a = address_of(from)) send(out, *a, StateSync{full_state(), true, 0});
         } else if constexpr (std::is_same_v<T, Leave>) {
-          merge(now_ms, m.member, from, out);
+          // Only a member itself can say it leaves: one node's Leave naming another is refused
+          // (the envelope's sender is the authenticated peer).
+          if (m.member.id == from && m.member.state == State::left) merge(now_ms, m.member, from, out);
         }
         // Tensors, parameters, control and metrics are not membership's business.
       },
@@ -389,8 +411,29 @@ std::optional<uint32_t> Swim::next_probe_target() {
   return std::nullopt;
 }
 
+void Swim::defer_verdicts(double now_ms) {
+  awareness_.apply(1);
+  // As long as a reply is given to arrive: what came while this node was not running is read
+  // within that, and an ack or a refutation among it counts before any verdict.
+  const double until = now_ms + awareness_.scale(config_.probe_timeout_ms);
+  for (auto& [n, s] : suspicions_)
+    if (s.deadline_ms() <= now_ms) s.defer(until);
+  if (!probe_) return;
+  if (!probe_->indirect_sent && probe_->timeout_ms <= now_ms) {
+    // The direct ack gets until then; the indirect probes, if still needed, their whole time after.
+    probe_->timeout_ms = until;
+    probe_->interval_end_ms = std::max(
+        probe_->interval_end_ms, until + awareness_.scale(config_.probe_interval_ms - config_.probe_timeout_ms));
+  } else if (probe_->indirect_sent && probe_->interval_end_ms <= now_ms) {
+    probe_->interval_end_ms = until;
+  }
+}
+
 void Swim::tick(double now_ms, Output& out) {
   if (left_) return;
+  // How late the driver woke this core. A healthy driver wakes it within a few ms of the deadline
+  // it asked for; a quarter of a probe timeout later, this node itself was not running.
+  if (const double late = now_ms - next_deadline_ms(); late > config_.probe_timeout_ms / 4) defer_verdicts(now_ms);
   // A join whose state sync (or its answer) was lost: ask again, each probe interval, until a
   // state sync answers. Knowing somebody is not enough: another joiner that picked this node as its
   // seed would otherwise leave the two of them an island.
@@ -416,6 +459,10 @@ void Swim::tick(double now_ms, Output& out) {
       probe_.reset();
     } else if (!probe_->indirect_sent && now_ms >= probe_->timeout_ms) {
       probe_->indirect_sent = true;
+      // The indirect probes get their whole time from when they go out, however late this is:
+      // this node's lateness is never held against the member it probes.
+      probe_->interval_end_ms =
+          std::max(probe_->interval_end_ms, now_ms + awareness_.scale(config_.probe_interval_ms - config_.probe_timeout_ms));
       const Member about = record(n);
       for (uint32_t via : random_live(static_cast<size_t>(config_.indirect_checks), n))
         send(out, directory_->address(table_[via].details), PingReq{probe_->seq, about, piggyback()});
@@ -497,10 +544,12 @@ void Swim::tick(double now_ms, Output& out) {
 }
 
 double Swim::next_deadline_ms() const {
-  double next = std::min({next_probe_ms_, next_push_pull_ms_, next_join_ms_});
+  // The next probe waits for the one in flight, whose end may lie past next_probe_ms_ (the
+  // indirect probes get their whole time).
+  double next = std::min(next_push_pull_ms_, next_join_ms_);
+  next = std::min(next, !probe_ ? next_probe_ms_ : probe_->indirect_sent ? probe_->interval_end_ms : probe_->timeout_ms);
   if (!unreachable_.empty()) next = std::min(next, next_reconnect_ms_);
   if (!suspicions_.empty()) next = std::min(next, next_reminder_ms_);
-  if (probe_) next = std::min(next, probe_->indirect_sent ? probe_->interval_end_ms : probe_->timeout_ms);
   for (const auto& [id, s] : suspicions_) next = std::min(next, s.deadline_ms());
   for (const auto& [seq, r] : relays_) next = std::min(next, r.expires_ms);
   if (!forget_at_.empty()) next = std::min(next, forget_at_.begin()->first);

@@ -34,7 +34,9 @@
 namespace tepdist::gossip::swim {
 
 struct Event {
-  enum class Kind { joined, suspected, alive_again, dead, left, updated };
+  /// restarted: a live member came back with another boot id (a new process: its state is gone);
+  /// refuted: this node outbid a suspicion, death or leave said of it (member: its new record).
+  enum class Kind { joined, suspected, alive_again, dead, left, updated, restarted, refuted };
   Kind kind;
   Member member;
 };
@@ -131,6 +133,9 @@ class Swim {
   /// Queues news about another member for gossip, unless merging a state sync (quiet_).
   void spread(const Member& news);
   void refute(const Member& claim, Output& out);
+  /// A tick this late past its deadline means this node was not running (stopped, starved of
+  /// CPU): inputs that came meanwhile may wait unread, so verdicts due now wait a little longer.
+  void defer_verdicts(double now_ms);
   void suspect(double now_ms, Known& k, const std::string& accuser, Output& out);
   void declare(double now_ms, Known& k, Member::State state, Output& out);
   void send(Output& out, const std::string& address, Body body);

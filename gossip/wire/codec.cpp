@@ -22,6 +22,7 @@ void put_member(wire::Member::Builder b, const Member& m) {
   auto roles = b.initRoles(static_cast<unsigned>(m.roles.size()));
   for (unsigned i = 0; i < m.roles.size(); ++i) roles.set(i, m.roles[i]);
   b.setAccuser(m.accuser);
+  b.setBootId(m.boot_id);
 }
 
 void put_members(capnp::List<wire::Member>::Builder list, const std::vector<Member>& members) {
@@ -110,8 +111,10 @@ struct Encoder {
             put_texts(b.initWorkers(static_cast<unsigned>(m.workers.size())), m.workers);
             put_texts(b.initAddresses(static_cast<unsigned>(m.addresses.size())), m.addresses);
             b.setCoordinator(m.coordinator);
-            b.setCoordinatorIncarnation(m.coordinator_incarnation);
+            b.setCoordinatorBootId(m.coordinator_boot_id);
             b.setSubmitterId(m.submitter_id);
+            auto boots = b.initWorkerBootIds(static_cast<unsigned>(m.worker_boot_ids.size()));
+            for (unsigned i = 0; i < m.worker_boot_ids.size(); ++i) boots.set(i, m.worker_boot_ids[i]);
           } else if constexpr (std::is_same_v<T, RingChunk>) {
             auto b = e.initRingChunk();
             b.setJobId(m.job_id);
@@ -195,6 +198,7 @@ Member get_member(wire::Member::Reader r) {
   m.region = r.getRegion();
   for (auto role : r.getRoles()) m.roles.emplace_back(role);
   m.accuser = r.getAccuser();
+  m.boot_id = r.getBootId();
   return m;
 }
 
@@ -271,12 +275,16 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::JOB_START: {
       auto r = e.getJobStart();
       JobStart j{r.getJobId(),       r.getConfig(), r.getSubmitter(), {}, {}, r.getCoordinator(),
-                 r.getCoordinatorIncarnation(), r.getSubmitterId()};
+                 r.getCoordinatorBootId(), r.getSubmitterId()};
       for (auto w : r.getWorkers()) j.workers.emplace_back(w);
       for (auto a : r.getAddresses()) j.addresses.emplace_back(a);
+      for (auto b : r.getWorkerBootIds()) j.worker_boot_ids.push_back(b);
       if (!j.addresses.empty() && j.workers.size() != j.addresses.size())
         throw WireError{WireErrc::malformed, fmt::format("job start names {} workers but {} addresses", j.workers.size(),
                                                          j.addresses.size())};
+      if (!j.worker_boot_ids.empty() && j.workers.size() != j.worker_boot_ids.size())
+        throw WireError{WireErrc::malformed, fmt::format("job start names {} workers but {} boot ids", j.workers.size(),
+                                                         j.worker_boot_ids.size())};
       return j;
     }
     case wire::Envelope::RING_CHUNK: {

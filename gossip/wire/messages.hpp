@@ -23,6 +23,10 @@ struct Member {
   /// For a suspect record: the member whose probe failed. Relays keep it, so Lifeguard counts
   /// independent accusers, not the gossip that carries one accusation.
   std::string accuser = {};
+  /// Drawn anew each time the node's process starts and never changed while it runs: a record
+  /// with another boot id is a restart (its state is gone), while a higher incarnation alone is a
+  /// refutation or a leave of the same run. 0: unknown (a record from before boot ids).
+  uint64_t boot_id = 0;
   friend bool operator==(const Member&, const Member&) = default;
 };
 
@@ -136,8 +140,9 @@ struct JobStart {
   std::string submitter;
   std::vector<std::string> workers, addresses;
   std::string coordinator;
-  uint64_t coordinator_incarnation = 0;
+  uint64_t coordinator_boot_id = 0;  ///< the coordinator's boot id: obeyed only from that run of it
   std::string submitter_id;  ///< set by the coordinator from the authenticated sender
+  std::vector<uint64_t> worker_boot_ids = {};  ///< from the coordinator: each worker's boot id, as workers
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 

@@ -18,6 +18,8 @@ struct Hello {
   region @4 :Text;         # for the link emulator, before membership has told anyone
   listenAddress @5 :Text;  # host:port where the initiator accepts connections: the responder
                            # reuses this connection for what it sends to that address
+  lane @6 :UInt8;          # 0 bulk (jobs, tensors), 1 membership: each pair of nodes keeps one
+                           # connection per lane, so probes never queue behind tensors
 }
 
 struct Challenge {
@@ -70,6 +72,8 @@ struct Member {
   region @4 :Text;
   roles @5 :List(Text);
   accuser @6 :Text;        # suspect records: who suspected first (Lifeguard counts accusers)
+  bootId @7 :UInt64;       # new at each process start: a restart, where a higher incarnation
+                           # alone is a refutation or a leave
   enum State {
     alive @0;
     suspect @1;
@@ -176,8 +180,10 @@ struct JobStart {
   workers @3 :List(Text);    # from the submitter: the workers it saw; from the coordinator: the ring order
   addresses @4 :List(Text);  # where each of workers listens, same order (empty in a submission)
   coordinator @5 :Text;      # who assigned it (obeyed only from the lowest live coordinator id); empty: a submission
-  coordinatorIncarnation @6 :UInt64;
+  coordinatorBootId @6 :UInt64;  # the coordinator's boot id: obeyed only from that run of it
   submitterId @7 :Text;      # from the coordinator: the submitter's node id, as its connection proved it
+  workerBootIds @8 :List(UInt64);  # from the coordinator: each worker's boot id, as workers (a
+                           # worker that restarts during the job is a change of the ring)
 }
 
 struct RingChunk {
