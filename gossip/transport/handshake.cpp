@@ -90,7 +90,7 @@ Handshake::Step Handshake::refuse(std::string why) {
   return s;
 }
 
-OutFrame Handshake::hello() {
+OutFrame Handshake::hello(uint8_t lane) {
   return frame_of([&](capnp::MallocMessageBuilder& mb) {
     auto h = mb.initRoot<wire::Hello>();
     h.setVersion(protocol_version);
@@ -98,6 +98,7 @@ OutFrame Handshake::hello() {
     h.setNodeId(self_.node_id);
     h.setRegion(self_.region);
     h.setListenAddress(self_.listen_address);
+    h.setLane(lane);
     h.setNonce(kj::arrayPtr(nonce_.data(), nonce_.size()));
   });
 }
@@ -121,6 +122,8 @@ Handshake::Step Handshake::on_frame(std::vector<uint64_t> body) {
         if (peer_nonce_ == nonce_) return refuse("the peer echoed this node's nonce");
         peer_region_ = h.getRegion();
         peer_listen_address_ = h.getListenAddress();
+        peer_lane_ = h.getLane();
+        if (peer_lane_ > 1) return refuse(fmt::format("unknown lane {}", peer_lane_));
         state_ = State::await_proof;
         const auto mac = proof(peer_id_, self_.node_id, peer_nonce_, nonce_, "responder");
         Step s;

@@ -48,8 +48,9 @@ class Handshake {
 
   Handshake(Role role, Identity self, Nonce nonce);
 
-  /// The initiator's first frame (its Hello); the responder waits for one instead.
-  OutFrame hello();
+  /// The initiator's first frame (its Hello, naming the connection's lane); the responder waits
+  /// for one instead.
+  OutFrame hello(uint8_t lane = 0);
   /// Feeds one received frame body (after the length prefix).
   Step on_frame(std::vector<uint64_t> body);
 
@@ -57,6 +58,8 @@ class Handshake {
   const std::string& peer_region() const { return peer_region_; }
   /// The initiator's listen address, as its Hello gave it (responder side only).
   const std::string& peer_listen_address() const { return peer_listen_address_; }
+  /// The lane the initiator's Hello named (responder side only): 0 bulk, 1 membership.
+  uint8_t peer_lane() const { return peer_lane_; }
   bool done() const { return state_ == State::done; }
 
  private:
@@ -70,6 +73,7 @@ class Handshake {
   Nonce nonce_;
   Nonce peer_nonce_{};
   std::string peer_id_, peer_region_, peer_listen_address_;
+  uint8_t peer_lane_ = 0;
   State state_;
 };
 

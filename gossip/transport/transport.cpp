@@ -1,5 +1,7 @@
 #include "gossip/transport/transport.hpp"
 
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <uv.h>
 
 #include <algorithm>
@@ -41,6 +43,32 @@ double unix_ms_now() {
 bool is_datagram(const Body& b) {
   return std::holds_alternative<Ping>(b) || std::holds_alternative<Ack>(b) || std::holds_alternative<PingReq>(b);
 }
+
+/// Each pair of nodes keeps one connection per lane. Membership has its own, with its own queue
+/// and its own back-pressure budget: a probe never waits behind a tensor frame in a queue or in a
+/// socket buffer, and a bulk queue that is full never refuses one (its ack would come late, or
+/// not at all, and the prober would suspect a live node).
+enum class Lane : uint8_t { bulk = 0, membership = 1 };
+
+Lane lane_of(const Body& b) {
+  return is_datagram(b) || std::holds_alternative<Join>(b) || std::holds_alternative<Leave>(b) ||
+                 std::holds_alternative<StateSync>(b)
+             ? Lane::membership
+             : Lane::bulk;
+}
+
+const char* lane_name(Lane lane) { return lane == Lane::bulk ? "bulk" : "membership"; }
+
+/// Where a peer's lane is filed: its queue, its queued bytes.
+std::string lane_key(const std::string& address, Lane lane) {
+  return lane == Lane::bulk ? address : address + "#membership";
+}
+
+/// How long written data may stay unacknowledged before the connection is given up (ms). A peer
+/// whose host vanished (power, link) leaves a half-open connection that would otherwise take
+/// frames for minutes; closed, the next frame dials afresh and reaches the peer once it is back,
+/// a restarted one included. Emulated delay is spent before the write, so it does not count here.
+constexpr unsigned tcp_user_timeout_ms = 10000;
 
 /// A numeric host:port as a socket address; port 0 only where binding (any free port).
 std::expected<sockaddr_storage, std::string> resolve(const std::string& address, bool allow_port_zero = false) {
@@ -119,6 +147,8 @@ struct Transport::Impl {
   /// Everything about one address this node sends to.
   struct Peer {
     std::string address, id, region;
+    Lane lane = Lane::bulk;
+    std::string key;             // lane_key(address, lane)
     Conn* conn = nullptr;        // authenticated connection used for sending
     Conn* connecting = nullptr;  // outbound connection not yet authenticated
     std::deque<Outgoing> queue;
@@ -133,7 +163,7 @@ struct Transport::Impl {
     uv_write_t req{};
     Impl* impl;
     OutFrame frame;
-    std::string address;
+    std::string address;  // lane_key: whose queued bytes it gives back
     size_t counted;
     uint64_t sent_ns;
     Histogram* latency;
@@ -155,6 +185,7 @@ struct Transport::Impl {
 
   struct Pending {
     std::string address;
+    Lane lane;
     OutFrame frame;
     bool datagram;
     uint64_t sent_ns;
@@ -162,7 +193,7 @@ struct Transport::Impl {
   std::mutex mutex;  // guards inbox, queued_bytes and stopping
   std::condition_variable drained;  // notified when a peer's queue empties
   std::vector<Pending> inbox;
-  std::unordered_map<std::string, size_t> queued_bytes;
+  std::unordered_map<std::string, size_t> queued_bytes;  // by lane_key
   bool stopping = false;
 
   // Loop thread only.
@@ -204,6 +235,11 @@ struct Transport::Impl {
 
   void start_reading(Conn* c) {
     uv_tcp_nodelay(&c->tcp, 1);
+    uv_os_fd_t fd;
+    if (uv_fileno(reinterpret_cast<uv_handle_t*>(&c->tcp), &fd) == 0) {
+      const unsigned timeout = tcp_user_timeout_ms;
+      setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout, sizeof timeout);
+    }
     uv_read_start(
         reinterpret_cast<uv_stream_t*>(&c->tcp),
         [](uv_handle_t* h, size_t, uv_buf_t* buf) {
@@ -286,12 +322,15 @@ struct Transport::Impl {
     if (!step.done) return;
     c->authenticated = true;
     uv_timer_stop(&c->handshake_timer);
-    Peer* p = c->outbound ? c->peer : &peer(c->handshake.peer_listen_address());
+    Peer* p = c->outbound ? c->peer : &peer(c->handshake.peer_listen_address(), static_cast<Lane>(c->handshake.peer_lane()));
     c->peer = p;
     p->id = c->handshake.peer_id();
     p->region = c->handshake.peer_region();
     if (p->connecting == c) p->connecting = nullptr;
-    if (!p->conn) p->conn = c;
+    // The newest connection carries what goes to this peer: after a restart, the peer's fresh one
+    // must win over a connection to its old process that nobody has seen fail yet. (Two nodes
+    // dialling each other at once keep both; either serves.)
+    p->conn = c;
     p->backoff_ms = 0;
     p->unreachable_reported = false;
     if (opt.metrics && !p->metrics.frames_in) {
@@ -302,8 +341,8 @@ struct Transport::Impl {
                     &opt.metrics->counter("bytes_out_total", l, "bytes written to the peer"),
                     &opt.metrics->histogram("send_latency_ms", l, "send() to write completed, emulated delay included")};
     }
-    log().debug("peer_up peer={} address={} region={}", p->id, p->address, p->region);
-    if (events.on_peer_up) events.on_peer_up(p->id, p->address);
+    log().debug("peer_up peer={} address={} region={} lane={}", p->id, p->address, p->region, lane_name(p->lane));
+    if (events.on_peer_up) events.on_peer_up(p->id, p->address + " lane=" + lane_name(p->lane));
     schedule(*p);
     pump(*p);
   }
@@ -328,7 +367,7 @@ struct Transport::Impl {
       p->conn = nullptr;
       for (Conn* other : conns)
         if (other->peer == p && other->authenticated && !other->closing) p->conn = other;
-      if (!p->conn && events.on_peer_down) events.on_peer_down(p->id, reason);
+      if (!p->conn && events.on_peer_down) events.on_peer_down(p->id, reason + " (" + lane_name(p->lane) + " lane)");
     }
     auto on_closed = [](uv_handle_t* h) {
       auto* c = static_cast<Conn*>(h->data);
@@ -369,7 +408,7 @@ struct Transport::Impl {
       if (c->closing) return;
       if (status < 0) return c->impl->fail(c, std::string("connect: ") + uv_strerror(status), false);
       c->impl->start_reading(c);
-      c->impl->write(c, c->handshake.hello(), "", 0);
+      c->impl->write(c, c->handshake.hello(static_cast<uint8_t>(c->peer->lane)), "", 0);
     });
     if (rc != 0) {
       delete req;
@@ -395,11 +434,13 @@ struct Transport::Impl {
 
   // ---- sending ----
 
-  Peer& peer(const std::string& address) {
-    auto& slot = peers[address];
+  Peer& peer(const std::string& address, Lane lane) {
+    auto& slot = peers[lane_key(address, lane)];
     if (!slot) {
       slot = std::make_unique<Peer>();
       slot->address = address;
+      slot->lane = lane;
+      slot->key = lane_key(address, lane);
       slot->timer = new uv_timer_t;
       uv_timer_init(&loop, slot->timer);
       slot->timer->data = slot.get();
@@ -407,13 +448,14 @@ struct Transport::Impl {
     return *slot;
   }
 
-  void write(Conn* c, OutFrame frame, const std::string& address, size_t counted, uint64_t sent_ns = 0) {
+  /// Writes a frame on c; `key` (a lane_key) gets the frame's `counted` bytes back once written.
+  void write(Conn* c, OutFrame frame, const std::string& key, size_t counted, uint64_t sent_ns = 0) {
     Histogram* latency = c->peer && counted ? c->peer->metrics.latency : nullptr;
     if (c->peer && counted && c->peer->metrics.frames_out) {
       c->peer->metrics.frames_out->add();
       c->peer->metrics.bytes_out->add(frame.bytes());
     }
-    auto* w = new WriteReq{{}, this, std::move(frame), address, counted, sent_ns, latency, {}};
+    auto* w = new WriteReq{{}, this, std::move(frame), key, counted, sent_ns, latency, {}};
     for (const auto& piece : w->frame.pieces())
       w->bufs.push_back(uv_buf_init(const_cast<char*>(static_cast<const char*>(piece.data)),
                                     static_cast<unsigned>(piece.size)));
@@ -426,24 +468,26 @@ struct Transport::Impl {
                               delete w;
                             });
     if (rc != 0) {
-      give_back(address, counted);
+      give_back(key, counted);
       delete w;
       fail(c, std::string("write: ") + uv_strerror(rc));
     }
   }
 
-  /// Gives back a frame's share of its peer's send queue (it was written or dropped).
-  void give_back(const std::string& address, size_t counted) {
+  /// Gives back a frame's share of its peer lane's send queue (it was written or dropped).
+  void give_back(const std::string& key, size_t counted) {
     if (!counted) return;
     std::lock_guard lock(mutex);
-    auto& q = queued_bytes[address];
+    auto& q = queued_bytes[key];
     q -= std::min(q, counted);
     if (q == 0) drained.notify_all();
-    if (opt.metrics) opt.metrics->gauge("send_queue_bytes", {{"peer", address}}, "bytes waiting to be written").set(static_cast<double>(q));
+    // The gauge is the bulk lane's, by peer address: membership's frames are small and few.
+    if (opt.metrics && key.find('#') == std::string::npos)
+      opt.metrics->gauge("send_queue_bytes", {{"peer", key}}, "bytes waiting to be written").set(static_cast<double>(q));
   }
 
   void drop_queue(Peer& p) {
-    for (auto& o : p.queue) give_back(p.address, o.counted);
+    for (auto& o : p.queue) give_back(p.key, o.counted);
     p.queue.clear();
   }
 
@@ -464,7 +508,7 @@ struct Transport::Impl {
     while (!p.queue.empty() && p.queue.front().release_ms <= now) {
       Outgoing o = std::move(p.queue.front());
       p.queue.pop_front();
-      write(p.conn, std::move(o.frame), p.address, o.counted, o.sent_ns);
+      write(p.conn, std::move(o.frame), p.key, o.counted, o.sent_ns);
       if (!p.conn) return;  // the write failed and closed it
     }
     if (!p.queue.empty() && !std::isnan(p.queue.front().release_ms)) arm(p, p.queue.front().release_ms - now);
@@ -476,8 +520,8 @@ struct Transport::Impl {
         static_cast<uint64_t>(std::max(0.0, std::ceil(delay_ms))), 0);
   }
 
-  void enqueue(const std::string& address, OutFrame frame, bool datagram, uint64_t sent_ns) {
-    Peer& p = peer(address);
+  void enqueue(const std::string& address, Lane lane, OutFrame frame, bool datagram, uint64_t sent_ns) {
+    Peer& p = peer(address, lane);
     const size_t bytes = frame.bytes();
     p.queue.push_back({std::move(frame), unscheduled, bytes, sent_ns, datagram});
     // The emulator needs the peer's region, which the handshake tells; until then frames wait.
@@ -498,7 +542,7 @@ struct Transport::Impl {
       }
       auto release = release_time(p, it->frame.bytes(), it->datagram);
       if (!release) {  // a datagram the emulated link lost
-        give_back(p.address, it->counted);
+        give_back(p.key, it->counted);
         it = p.queue.erase(it);
         continue;
       }
@@ -539,7 +583,8 @@ struct Transport::Impl {
       stop_now = stopping;
     }
     if (stop_now) return shutdown();
-    for (auto& pending : batch) enqueue(pending.address, std::move(pending.frame), pending.datagram, pending.sent_ns);
+    for (auto& pending : batch)
+      enqueue(pending.address, pending.lane, std::move(pending.frame), pending.datagram, pending.sent_ns);
   }
 
   void shutdown() {
@@ -612,15 +657,16 @@ bool Transport::send(const std::string& address, const Message& message) {
   Impl& i = *impl_;
   OutFrame frame = encode(message);
   const size_t bytes = frame.bytes();
+  const Lane lane = lane_of(message.body);
   {
     std::lock_guard lock(i.mutex);
     if (i.stopping || !i.started) return false;
-    auto& queued = i.queued_bytes[address];
+    auto& queued = i.queued_bytes[lane_key(address, lane)];
     if (queued + bytes > i.opt.send_queue_bytes && queued > 0) return false;
     queued += bytes;
-    if (i.opt.metrics)
+    if (i.opt.metrics && lane == Lane::bulk)
       i.opt.metrics->gauge("send_queue_bytes", {{"peer", address}}, "bytes waiting to be written").set(static_cast<double>(queued));
-    i.inbox.push_back({address, std::move(frame), is_datagram(message.body), uv_hrtime()});
+    i.inbox.push_back({address, lane, std::move(frame), is_datagram(message.body), uv_hrtime()});
     // Under the lock: once stop() has set stopping, no sender can touch the async handle, which the
     // loop closes on its way out.
     uv_async_send(&i.wake);

@@ -188,6 +188,51 @@ TEST_CASE("a slow or absent peer cannot grow a sender's memory without bound", "
   CHECK(accepted <= 5);  // 64 KiB of 16 KiB frames, whatever the timing
 }
 
+TEST_CASE("a full bulk queue never refuses membership messages", "[gossip][transport][lanes]") {
+  auto o = options("a");
+  o.send_queue_bytes = 64 * 1024;
+  Transport a(o, {});
+  REQUIRE(a.start().has_value());
+  auto tensor = std::make_shared<std::vector<float>>(4096);  // 16 KiB per frame
+  const Message chunk{"a", 1, "c1", TensorChunk{1, 0, 0, tensor->size(), *tensor, tensor}};
+  while (a.send("127.0.0.1:1", chunk)) {
+  }
+  // Tensors to that peer are refused now; its probes, acks, leaves and state syncs are not.
+  CHECK_FALSE(a.send("127.0.0.1:1", chunk));
+  CHECK(a.send("127.0.0.1:1", ping(1)));
+  CHECK(a.send("127.0.0.1:1", {"a", 1, "c1", Ack{1, {}}}));
+  CHECK(a.send("127.0.0.1:1", {"a", 1, "c1", Leave{Member{"a", "127.0.0.1:2", 2, Member::State::left, "local", {}}}}));
+  CHECK(a.send("127.0.0.1:1", {"a", 1, "c1", StateSync{}}));
+}
+
+TEST_CASE("a probe sent after a burst of tensors does not wait behind them", "[gossip][transport][lanes]") {
+  Recorder rb;
+  auto oa = options("a");
+  oa.send_queue_bytes = 256u << 20;
+  Transport a(oa, {}), b(options("b"), rb.events());
+  const auto addr_b = b.start();
+  REQUIRE(addr_b.has_value());
+  REQUIRE(a.start().has_value());
+  // Connect both lanes first, so the race is between frames, not handshakes.
+  auto small = std::make_shared<std::vector<float>>(1);
+  REQUIRE(a.send(*addr_b, {"a", 1, "c1", TensorChunk{0, 0, 0, 1, *small, small}}));
+  REQUIRE(a.send(*addr_b, ping(0)));
+  REQUIRE(rb.wait([&] { return rb.messages.size() == 2; }));
+  // 48 frames of 1.7 MB (a LeNet's gradient each), then one probe.
+  constexpr int tensors = 48;
+  auto tensor = std::make_shared<std::vector<float>>(431080);
+  for (int i = 1; i <= tensors; ++i)
+    REQUIRE(a.send(*addr_b, {"a", 1, "c1", TensorChunk{static_cast<uint64_t>(i), 0, 0, tensor->size(), *tensor, tensor}}));
+  REQUIRE(a.send(*addr_b, ping(1)));
+  REQUIRE(rb.wait([&] { return rb.messages.size() == 2 + tensors + 1; }, 30s));
+  size_t probe_at = 0;
+  for (size_t i = 2; i < rb.messages.size(); ++i)
+    if (std::holds_alternative<Ping>(rb.messages[i].second.body)) probe_at = i - 2;
+  // On one shared connection it would come last, behind 80 MB; on its own lane it overtakes.
+  INFO("the probe arrived after " << probe_at << " of " << tensors << " tensor frames");
+  CHECK(probe_at < tensors);
+}
+
 TEST_CASE("emulated latency holds frames at least that long and keeps their order", "[gossip][transport][link]") {
   NetworkModel model;
   model.set_link("us-east", "eu-west", {40.0, 5.0, 0.0, 0.0});
