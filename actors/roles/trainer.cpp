@@ -860,11 +860,8 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
 
 void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart& start) {
   auto& s = self->state;
-  if (peer != start.coordinator) {
-    node_events().warn("job_refused job={} reason=\"sent by {}, not by the coordinator it names ({})\"", start.job_id,
-                       peer, start.coordinator);
-    return;
-  }
+  if (peer != start.coordinator)
+    return fail_start(self, start, fmt::format("sent by {}, not by the coordinator it names ({})", peer, start.coordinator));
   if (s.job) {
     if (s.job->start.job_id != start.job_id)
       fail_start(self, start, fmt::format("busy with job {}", s.job->start.job_id));
@@ -920,22 +917,36 @@ void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart&
 /// The coordinator's part: a job from a submitter gets its ring order and goes to every worker,
 /// once this node's view holds every worker the submitter saw (gossip may not have brought them
 /// all here yet).
-void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip::JobStart& request) {
-  auto& s = self->state;
+/// Why this node cannot assign `request` yet, from its view: the submitter saw a worker or a
+/// coordinator this view has not caught up with. Empty: it can.
+std::string not_ready_to_assign(const TrainerState& s, const gossip::JobStart& request) {
   for (const auto& id : request.workers) {
     auto it = std::find_if(s.view.begin(), s.view.end(), [&](const gossip::Member& m) { return m.id == id; });
-    if (it == s.view.end() || !elastic::is_live(*it)) {
-      if (s.pending && s.pending->job_id != request.job_id)
-        return fail_start(self, request, fmt::format("job {} is waiting for its workers; one submission at a time",
-                                                     s.pending->job_id));
-      if (!s.pending) {
-        s.pending_from = submitter_peer;
-        s.pending = request;
-        s.pending_since = Clock::now();
-        start_ticking(self);
-      }
-      return;
+    if (it == s.view.end() || !elastic::is_live(*it))
+      return fmt::format("worker {}, which the submitter saw, is not live in the coordinator's view", id);
+  }
+  const gossip::Member* c = elastic::coordinator_in(s.view);
+  if (!c || c->id != s.o.self_id)
+    return fmt::format("{} is not the coordinator; {} is", s.o.self_id, c ? c->id : std::string("nobody"));
+  return {};
+}
+
+void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip::JobStart& request) {
+  auto& s = self->state;
+  // The submitter's view and this one may differ for a moment (gossip of a join or a departure is
+  // still on its way): the submission waits here for this view to catch up, at most 30 s.
+  if (const auto why = not_ready_to_assign(s, request); !why.empty()) {
+    if (s.pending && s.pending->job_id != request.job_id)
+      return fail_start(self, request, fmt::format("job {} is waiting for its workers; one submission at a time",
+                                                   s.pending->job_id));
+    if (!s.pending) {
+      node_events().info("job_pending job={} from={} reason=\"{}\" wait_s=30", request.job_id, submitter_peer, why);
+      s.pending_from = submitter_peer;
+      s.pending = request;
+      s.pending_since = Clock::now();
+      start_ticking(self);
     }
+    return;
   }
   s.pending.reset();
   auto assigned = elastic::assign_job(request, s.view, s.o.self_id);
@@ -1004,7 +1015,7 @@ void on_tick(Trainer* self) {
   if (s.pending && seconds_between(s.pending_since, Clock::now()) > 30) {
     const auto request = *s.pending;
     s.pending.reset();
-    fail_start(self, request, "the workers the submitter saw did not all reach the coordinator within 30 s");
+    fail_start(self, request, fmt::format("{}, still after 30 s", not_ready_to_assign(s, request)));
   }
   if (s.held && seconds_between(s.held_since, Clock::now()) > TrainerState::held_limit_s) {
     const auto start = *s.held;
