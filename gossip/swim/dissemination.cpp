@@ -23,13 +23,30 @@ void Dissemination::enqueue(const Member& m) {
   }
 }
 
-std::vector<Member> Dissemination::pick(size_t budget_bytes, int limit) {
-  // Least transmitted first, newest first among equals. Only the front of that order can fit the
-  // budget, so only the front is sorted, and indices move rather than member records.
+std::vector<Member> Dissemination::pick(size_t budget_bytes, int limit, const std::string& first) {
+  // Least transmitted first, newest first among equals (after the ranks below). Only the front of
+  // that order can fit the budget, so only the front is sorted, and indices move rather than
+  // member records.
+  // Deaths and leaves ride ahead of all other news, however often that news was sent: each is
+  // news every member must hear, and it is rare, while a cluster of busy nodes refuting
+  // suspicions makes a steady stream of new incarnations that would otherwise crowd a death out
+  // of a slow member's few messages until its gossip ran out (seen in the loaded-nodes scenario:
+  // one member never heard of a kill). That priority lasts for a death's first `limit` sends; its
+  // further sends compete as usual. The sender's own record (a refutation) goes before all.
+  const auto terminal = [](const Item& i) {
+    return i.member.state == Member::State::dead || i.member.state == Member::State::left;
+  };
+  // Each item's rank, computed once: 0 the sender's own, 1 an urgent death, 2 the rest.
   std::vector<uint32_t> order(items_.size());
-  for (uint32_t i = 0; i < order.size(); ++i) order[i] = i;
+  std::vector<uint8_t> rank(items_.size());
+  for (uint32_t i = 0; i < order.size(); ++i) {
+    const Item& item = items_[i];
+    order[i] = i;
+    rank[i] = !first.empty() && item.member.id == first ? 0 : terminal(item) && item.transmits < limit ? 1 : 2;
+  }
   const auto before = [&](uint32_t a, uint32_t b) {
     const Item &x = items_[a], &y = items_[b];
+    if (rank[a] != rank[b]) return rank[a] < rank[b];
     return x.transmits != y.transmits ? x.transmits < y.transmits : x.order > y.order;
   };
   const size_t front = std::min<size_t>(order.size(), budget_bytes / 48 + 1);  // 48: the smallest record
@@ -44,7 +61,9 @@ std::vector<Member> Dissemination::pick(size_t budget_bytes, int limit) {
     out.push_back(item.member);
     ++item.transmits;
   }
-  std::erase_if(items_, [limit](const Item& i) { return i.transmits >= limit; });
+  // A death or leave is also sent three times as often: a member that hears from few others
+  // (a slow one, or one the probes happen to miss) must still hear it before its gossip dies out.
+  std::erase_if(items_, [&](const Item& i) { return i.transmits >= (terminal(i) ? 3 * limit : limit); });
   return out;
 }
 

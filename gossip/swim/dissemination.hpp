@@ -1,7 +1,8 @@
 #pragma once
 // Piggybacked dissemination: the latest news about each member waits here and rides on pings,
-// acks and ping-reqs, least-transmitted first and newest first among equals, within a byte budget,
-// until it has been sent about retransmit_mult * log10(N + 1) times.
+// acks and ping-reqs, within a byte budget: the sender's own record first, then deaths and leaves
+// not yet sent `limit` times, then least-transmitted first and newest first among equals; until
+// it has been sent about retransmit_mult * log10(N + 1) times (deaths and leaves three times that).
 
 #include <cstdint>
 #include <string>
@@ -16,8 +17,9 @@ class Dissemination {
   /// Queues news about a member, replacing older news about the same member.
   void enqueue(const Member& m);
   /// Updates to piggyback on one message; each counts as transmitted once more, and is dropped
-  /// once sent `limit` times.
-  std::vector<Member> pick(size_t budget_bytes, int limit);
+  /// once sent `limit` times (a death or leave: 3 x limit). News about `first` (the sender itself:
+  /// its refutation) always rides first.
+  std::vector<Member> pick(size_t budget_bytes, int limit, const std::string& first = {});
   size_t size() const { return items_.size(); }
   /// Whether news about this member is still waiting to be sent.
   bool contains(const std::string& id) const;

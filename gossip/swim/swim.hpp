@@ -115,6 +115,7 @@ class Swim {
     uint32_t target;
     double timeout_ms, interval_end_ms;
     bool indirect_sent = false;
+    double defer_limit_ms = 0;  // past this, this node's lateness no longer pushes the verdict back
   };
   struct Relay {
     std::string requester_address;
@@ -136,7 +137,13 @@ class Swim {
   /// A tick this late past its deadline means this node was not running (stopped, starved of
   /// CPU): inputs that came meanwhile may wait unread, so verdicts due now wait a little longer.
   void defer_verdicts(double now_ms);
+  /// Gossips this node's newer record of k to correct a stale rumour about it.
+  void correct(const Known& k);
   void suspect(double now_ms, Known& k, const std::string& accuser, Output& out);
+  /// Lifeguard's buddy system: pings suspect n with its suspicion record first (reminder: the
+  /// interval's reminder or the last call; else prompted by a message from it, at most once per
+  /// probe interval).
+  void tell_suspect(double now_ms, uint32_t n, Output& out, bool reminder);
   void declare(double now_ms, Known& k, Member::State state, Output& out);
   void send(Output& out, const std::string& address, Body body);
   std::vector<Member> piggyback();
@@ -167,6 +174,7 @@ class Swim {
   std::vector<std::string> seeds_;  // retried until a state sync answers (a lost join)
   double next_join_ms_ = std::numeric_limits<double>::infinity();
   bool left_ = false;
+  double due_ms_ = 0;  // the deadline last given to the driver (lateness is measured against it)
   bool quiet_ = false;  // merging a state sync: news about others is not spread again
 };
 

@@ -3,6 +3,7 @@
 // drives one or a few cores by hand, so the order of inputs is exactly the one that went wrong.
 
 #include <catch2/catch.hpp>
+#include <limits>
 #include <random>
 
 #include "gossip/swim/swim.hpp"
@@ -188,4 +189,91 @@ TEST_CASE("a live member with another boot id is a restart; a higher incarnation
   const auto members = a.swim.members();
   REQUIRE(members.size() == 2);
   CHECK(members[1].boot_id == 222);
+}
+
+TEST_CASE("a death heard about a member held alive is a suspicion it can refute", "[gossip][swim][faults]") {
+  // c was cut off and declared b dead; the link is back and c's verdict reaches a, which has no
+  // doubt about b: a suspects b (told on a's next probe) instead of declaring it dead.
+  Core a("a", {"b", "c", "d"});
+  Member verdict = member("b");
+  verdict.state = Member::State::dead;
+  Output out;
+  a.swim.on_message(10, "c", "c", Ping{1, {verdict}}, out);
+  CHECK(reported(out, Event::Kind::suspected, "b"));
+  CHECK_FALSE(reported(out, Event::Kind::dead, "b"));
+  CHECK(a.swim.state_of("b") == Member::State::suspect);
+  // a checks the suspicion itself with its next probe, which tells b so.
+  Output probe = tick(a.swim, Config::lan().probe_interval_ms);
+  const auto pings = sent<Ping>(probe);
+  REQUIRE(pings.size() >= 1);
+  CHECK(pings[0].first == "b");
+  REQUIRE_FALSE(pings[0].second.updates.empty());
+  CHECK(pings[0].second.updates[0].id == "b");
+  CHECK(pings[0].second.updates[0].state == Member::State::suspect);
+  // The same word again from c, the accuser, is no new evidence: b stays suspect.
+  Output again;
+  a.swim.on_message(20, "c", "c", Ping{2, {verdict}}, again);
+  CHECK_FALSE(reported(again, Event::Kind::dead, "b"));
+  // From another member it is independent word that the suspicion ran out: taken at once.
+  Output second;
+  a.swim.on_message(30, "d", "d", Ping{3, {verdict}}, second);
+  CHECK(reported(second, Event::Kind::dead, "b"));
+}
+
+TEST_CASE("a suspicion of a newer incarnation starts afresh instead of shortening the refuted one",
+          "[gossip][swim][faults]") {
+  Core a("a", {"b", "c", "d"});
+  const Member old_claim{"b", "b", 1, Member::State::suspect, "local", {}, "c"};
+  Output out;
+  a.swim.on_message(0, "c", "c", Ping{1, {old_claim}}, out);
+  REQUIRE(a.swim.state_of("b") == Member::State::suspect);
+  // b refuted (incarnation 2, which a missed) and was suspected again by d, late in a's suspicion.
+  const Member new_claim{"b", "b", 2, Member::State::suspect, "local", {}, "d"};
+  const double later = 1000;
+  a.swim.on_message(later, "d", "d", Ping{2, {new_claim}}, out);
+  // Counted as a confirmation, the old suspicion would end at its minimum from time 0; as a new
+  // one it runs at least that long from now.
+  const double min = Config::lan().suspicion_mult * Config::lan().probe_interval_ms;
+  Output verdicts;
+  for (double t = later; t < later + min - 1; t += 5) a.swim.tick(t, verdicts);
+  CHECK_FALSE(reported(verdicts, Event::Kind::dead, "b"));
+  const auto members = a.swim.members();
+  for (const auto& m : members)
+    if (m.id == "b") CHECK(m.incarnation == 2);
+}
+
+TEST_CASE("a node whose ticks always come a little late still suspects and declares a dead member",
+          "[gossip][swim][faults]") {
+  Core a("a", {"b", "c", "d"});
+  const double lag = 30;  // past a quarter of the probe timeout: each tick counts as late
+  Output all;
+  double t = Config::lan().probe_interval_ms + lag;
+  while (t < 60000 && !reported(all, Event::Kind::dead, "b")) {
+    Output step;
+    a.swim.tick(t, step);
+    // c and d answer every probe and relay; b is dead.
+    for (const auto& [to, ping] : sent<Ping>(step))
+      if (to != "b") a.swim.on_message(t + 1, to, to, Ack{ping.seq_no, {}}, step);
+    all.events.insert(all.events.end(), step.events.begin(), step.events.end());
+    t = std::max(t + 1, a.swim.next_deadline_ms() + lag);
+  }
+  CHECK(reported(all, Event::Kind::suspected, "b"));
+  CHECK(reported(all, Event::Kind::dead, "b"));
+  CHECK(t < 30000);
+  CHECK_FALSE(reported(all, Event::Kind::dead, "c"));
+  CHECK_FALSE(reported(all, Event::Kind::dead, "d"));
+}
+
+TEST_CASE("a leaver's core asks for no more ticks and takes no more news", "[gossip][swim][faults]") {
+  Core a("a", {"b"});
+  Output out;
+  a.swim.leave(100, out);
+  CHECK(a.swim.next_deadline_ms() == std::numeric_limits<double>::infinity());
+  Member rumour = member("b", 9);
+  rumour.state = Member::State::suspect;
+  Output after;
+  a.swim.on_message(200, "b", "b", Ping{5, {rumour}}, after);
+  CHECK(after.events.empty());
+  CHECK(a.swim.state_of("b") == Member::State::alive);
+  REQUIRE(sent<Ack>(after).size() == 1);
 }
