@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build ccache pkg-config git python3
+  iproute2  # the link-down tests put a node in a network namespace of its own
   libcaf-dev libcapnp-dev capnproto libuv1-dev libtoml11-dev
   libdnnl-dev ocl-icd-opencl-dev  # Debian's oneDNN CMake package insists on finding OpenCL
   catch2 libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libssl-dev zlib1g-dev

@@ -1,4 +1,5 @@
-// Scenario files: [scenario], [network], [[fault]] and [invariants], every key checked.
+// Scenario files: [scenario], [network], [[fault]] and [invariants], every key checked. The keys
+// and their meaning are in sims/README.md.
 
 #include <fmt/format.h>
 
@@ -58,6 +59,21 @@ std::vector<int> node_list(const toml::value& f, const std::string& name, int no
     for (int i = first; i <= last; ++i) out.push_back(i);
   }
   return out;
+}
+
+/// A simulated load's share of nodes and CPU knobs (sims/load.hpp), with their ranges.
+void load_knobs(const toml::value& f, const std::string& name, Fault& fault) {
+  fault.fraction = number(f, name, "fraction", 0, 0, 1);
+  if (fault.nodes.empty() && fault.fraction == 0)
+    throw Bad{fmt::format("{}: {} (kind = \"load\") needs nodes = [...], first/last or fraction = 0..1", where(f),
+                          name)};
+  LoadKnobs& l = fault.load;
+  // Service above 20 ms would queue without end at the few dozen inputs a second a node gets.
+  l.service_ms = number(f, name, "service_ms", l.service_ms, 0, 20);
+  l.stall_every_ms = number(f, name, "stall_every_ms", l.stall_every_ms, 1, 3600000);
+  l.stall_min_ms = number(f, name, "stall_min_ms", l.stall_min_ms, 0, 600000);
+  l.stall_max_ms = number(f, name, "stall_max_ms", std::max(l.stall_max_ms, l.stall_min_ms), l.stall_min_ms, 600000);
+  l.timers_first = boolean(f, name, "timers_first", l.timers_first);
 }
 
 Scenario parse(const toml::value& root) {
@@ -121,18 +137,26 @@ Scenario parse(const toml::value& root) {
     int i = 0;
     for (const auto& f : faults.as_array()) {
       const std::string name = fmt::format("fault[{}]", ++i);
-      only(f, name, {"kind", "at_s", "duration_s", "nodes", "first", "last", "count"});
+      only(f, name, {"kind", "at_s", "duration_s", "nodes", "first", "last", "count", "fraction", "service_ms",
+                     "stall_every_ms", "stall_min_ms", "stall_max_ms", "timers_first"});
       if (!f.contains("kind")) throw Bad{fmt::format("{}: {} needs a kind", where(f), name)};
       const std::string kind = toml::find<std::string>(f, "kind");
       static const std::map<std::string, Fault::Kind> kinds{
           {"kill", Fault::Kind::kill},           {"restart", Fault::Kind::restart}, {"pause", Fault::Kind::pause},
-          {"partition", Fault::Kind::partition}, {"join", Fault::Kind::join},       {"leave", Fault::Kind::leave}};
+          {"partition", Fault::Kind::partition}, {"join", Fault::Kind::join},       {"leave", Fault::Kind::leave},
+          {"load", Fault::Kind::load}};
       auto k = kinds.find(kind);
       if (k == kinds.end())
-        throw Bad{fmt::format("{}: {}.kind \"{}\" is not one of kill, restart, pause, partition, join, leave",
+        throw Bad{fmt::format("{}: {}.kind \"{}\" is not one of kill, restart, pause, partition, join, leave, load",
                               where(f.at("kind")), name, kind)};
       Fault fault{k->second, number(f, name, "at_s", 0, 0, s.duration_s), number(f, name, "duration_s", 0, 0, 86400),
-                  node_list(f, name, s.nodes), static_cast<int>(number(f, name, "count", 0, 0, 20000))};
+                  node_list(f, name, s.nodes), static_cast<int>(number(f, name, "count", 0, 0, 20000)), 0, {}};
+      if (fault.kind == Fault::Kind::load) load_knobs(f, name, fault);
+      else
+        for (const char* key :
+             {"fraction", "service_ms", "stall_every_ms", "stall_min_ms", "stall_max_ms", "timers_first"})
+          if (f.contains(key))
+            throw Bad{fmt::format("{}: {}.{} applies only to kind = \"load\"", where(f.at(key)), name, key)};
       s.faults.push_back(std::move(fault));
     }
   }

@@ -6,6 +6,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <deque>
+#include <limits>
 #include <map>
 #include <memory>
 #include <nlohmann/json.hpp>
@@ -25,6 +27,14 @@ using gossip::swim::Swim;
 
 std::string node_id(int i) { return fmt::format("n{:05d}", i); }
 
+/// An input a loaded node has yet to handle: a message, or its own tick.
+struct Input {
+  double ready_at;  // when it arrived, or fell due
+  bool tick = false;
+  std::string from;
+  gossip::Body body;
+};
+
 struct Node {
   std::string id;
   std::unique_ptr<Swim> swim;
@@ -35,14 +45,21 @@ struct Node {
   uint64_t incarnation = 1;
   uint64_t timer_generation = 0;
   double timer_at = -1;  // when the live timer is due
+  // Simulated load: the machine's, so it outlives a restart of the node.
+  std::unique_ptr<SimulatedCpu> cpu;  // none: every input is handled the moment it comes
+  bool ever_loaded = false;
+  std::deque<Input> inbox;            // waiting for the CPU, in arrival order; the front is next
+  bool tick_queued = false;           // a tick waits in the inbox: it asks for the next one itself
+  double work_began = 0;              // when the CPU began on the input being handled
+  uint64_t handle_generation = 0;     // a restart empties the inbox; older handle actions are stale
 };
 
 struct Action {
   double at;
   uint64_t seq;  // ties broken by insertion order: deterministic
-  enum class Kind { deliver, timer, fault, heal_check } kind;
-  int node = -1;             // deliver: to; timer: whose
-  uint64_t generation = 0;   // timer: stale unless it matches the node's
+  enum class Kind { deliver, timer, fault, heal_check, handle } kind;
+  int node = -1;             // deliver: to; timer, handle: whose
+  uint64_t generation = 0;   // timer, handle: stale unless it matches the node's
   std::string from;          // deliver
   gossip::Body body;         // deliver
   size_t fault = 0;          // fault: index
@@ -85,6 +102,7 @@ class Sim {
         case Action::Kind::timer: timer(a); break;
         case Action::Kind::fault: fault(s_.faults[a.fault]); break;
         case Action::Kind::heal_check: heal_check(); break;
+        case Action::Kind::handle: handle(a); break;
       }
     }
     now_ = end;
@@ -135,6 +153,9 @@ class Sim {
     n.left = false;
     n.paused_until = -1;
     n.timer_at = -1;
+    n.inbox.clear();  // what the old process had not read dies with it
+    n.tick_queued = false;
+    ++n.handle_generation;
     n.swim = std::make_unique<Swim>(member(i, incarnation), s_.swim, [this](uint64_t k) { return rng_() % k; },
                                     directory_);
     Output out;
@@ -147,6 +168,7 @@ class Sim {
 
   void schedule_timer(int i) {
     Node& n = nodes_[static_cast<size_t>(i)];
+    if (n.tick_queued) return;  // the queued tick runs tick(), which asks again after
     const double at = std::max(now_, paused(n) ? n.paused_until : n.swim->next_deadline_ms());
     // A timer already due no later serves: it runs tick(), which does what is due and asks again.
     // (Scheduling anew on every message left the queue mostly stale timers.)
@@ -162,6 +184,7 @@ class Sim {
       ++messages_;
       bytes_ += 64 + body_bytes(send.body);
       const int to = std::stoi(send.address.substr(1));
+      if (watched(n.id) || watched(send.address)) watch("sent", n.id, send.address, send.body);
       if (static_cast<size_t>(to) >= nodes_.size()) continue;
       const SimLink link = link_between(i, to);
       if (dropped(i, to, link.loss)) continue;
@@ -214,6 +237,8 @@ class Sim {
       push(std::move(a));
       return;
     }
+    if (queues(n)) return enqueue(a.node, {now_, false, std::move(a.from), std::move(a.body)});
+    if (watched(n.id)) watch("handled", n.id, a.from, a.body);
     Output out;
     n.swim->on_message(now_, a.from, a.from, a.body, out);  // ids double as addresses here
     apply(a.node, out);
@@ -224,9 +249,141 @@ class Sim {
     if (!n.running || a.generation != n.timer_generation) return;
     n.timer_at = -1;  // this one is spent
     if (paused(n)) return schedule_timer(a.node);
+    if (queues(n)) {
+      n.tick_queued = true;
+      return enqueue(a.node, {now_, true, "", {}});
+    }
     Output out;
     n.swim->tick(now_, out);
     apply(a.node, out);
+  }
+
+  // ---- simulated load ----------------------------------------------------------------------
+
+  /// Whether an input for this node must queue: inputs before it still wait, or its CPU is loaded.
+  bool queues(Node& n) { return !n.inbox.empty() || (n.cpu && n.cpu->slows(now_, rng_)); }
+
+  void enqueue(int i, Input in) {
+    Node& n = nodes_[static_cast<size_t>(i)];
+    n.inbox.push_back(std::move(in));
+    if (n.inbox.size() == 1) schedule_handle(i);  // otherwise handling the one before schedules it
+  }
+
+  /// The node takes up its next input now; it is handled once the CPU has done it.
+  void schedule_handle(int i) {
+    Node& n = nodes_[static_cast<size_t>(i)];
+    const Work w = n.cpu ? n.cpu->work(now_, rng_) : Work{now_, now_};
+    n.work_began = w.began_ms;
+    push({w.done_ms, 0, Action::Kind::handle, i, n.handle_generation, "", {}, 0});
+  }
+
+  /// Which queued input the CPU took up: the first to arrive, or with timers_first a tick that was
+  /// due by the time a stall let the CPU choose.
+  size_t next_input(const Node& n) const {
+    if (!n.tick_queued || !n.cpu || !n.cpu->knobs().timers_first) return 0;
+    for (size_t k = 0; k < n.inbox.size(); ++k)
+      if (n.inbox[k].tick) return n.inbox[k].ready_at <= n.work_began ? k : 0;
+    return 0;
+  }
+
+  /// A queued input is handled: the core is handed the time the node gets it done, as a loaded
+  /// node's own clock would say, however long ago the input arrived or fell due.
+  void handle(const Action& a) {
+    Node& n = nodes_[static_cast<size_t>(a.node)];
+    if (!n.running || a.generation != n.handle_generation || n.inbox.empty()) return;
+    if (paused(n)) {
+      push({n.paused_until, 0, Action::Kind::handle, a.node, a.generation, "", {}, 0});
+      return;
+    }
+    const auto next = n.inbox.begin() + static_cast<ptrdiff_t>(next_input(n));
+    Input in = std::move(*next);
+    n.inbox.erase(next);
+    note_lateness(n, in);
+    Output out;
+    if (in.tick) {
+      n.tick_queued = false;
+      n.swim->tick(now_, out);
+    } else {
+      if (watched(n.id)) watch("handled", n.id, in.from, in.body);
+      n.swim->on_message(now_, in.from, in.from, in.body, out);
+    }
+    apply(a.node, out);
+    if (!n.inbox.empty()) schedule_handle(a.node);
+  }
+
+  void note_lateness(const Node& n, const Input& in) {
+    const double late_ms = now_ - in.ready_at;
+    ++report_.loaded_inputs;
+    report_.max_lateness_ms = std::max(report_.max_lateness_ms, late_ms);
+    // Later than a probe timeout is what SWIM can notice: an ack handled that late may already
+    // have been given up on, a tick that late sends its probe and its verdicts late.
+    if (late_ms <= s_.swim.probe_timeout_ms) return;
+    ++report_.late_inputs;
+    if (in.tick) ++report_.late_ticks;
+    if (trace_)
+      fmt::print(stderr, "{:.3f}:{}:late_{}:{}:{:.1f}ms late, {} more queued\n", now_, n.id,
+                 in.tick ? "tick" : body_name(in.body), in.tick ? n.id : in.from, late_ms, n.inbox.size());
+  }
+
+  bool watched(const std::string& id) const { return !watch_.empty() && watch_.contains(id); }
+
+  /// A message to or from a watched node, with the member records it carries (id, state,
+  /// incarnation): what the events alone do not say when tracing why a seed went wrong.
+  void watch(const char* what, const std::string& node, const std::string& peer, const gossip::Body& body) {
+    static constexpr const char* state_names[] = {"alive", "suspect", "dead", "left"};
+    std::string updates;
+    auto add = [&](const std::vector<Member>& ms) {
+      for (const auto& m : ms)
+        updates += fmt::format(" {}/{}/{}", m.id, state_names[static_cast<size_t>(m.state)], m.incarnation);
+    };
+    std::visit(
+        [&](const auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, gossip::Ping> || std::is_same_v<T, gossip::Ack> ||
+                        std::is_same_v<T, gossip::PingReq>)
+            add(m.updates);
+          if constexpr (std::is_same_v<T, gossip::StateSync>) updates = fmt::format(" ({} members)", m.members.size());
+        },
+        body);
+    fmt::print(stderr, "{:.3f}:{}:{}_{}:{}:{}\n", now_, node, what, body_name(body), peer, updates);
+  }
+
+  static const char* body_name(const gossip::Body& b) {
+    return std::visit(
+        [](const auto& m) -> const char* {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, gossip::Ping>) return "ping";
+          if constexpr (std::is_same_v<T, gossip::Ack>) return "ack";
+          if constexpr (std::is_same_v<T, gossip::PingReq>) return "ping_req";
+          if constexpr (std::is_same_v<T, gossip::StateSync>) return "state_sync";
+          if constexpr (std::is_same_v<T, gossip::Join>) return "join";
+          if constexpr (std::is_same_v<T, gossip::Leave>) return "leave";
+          return "other";
+        },
+        b);
+  }
+
+  /// Puts simulated load on the fault's nodes and on its share of all nodes, drawn from the seed.
+  void load(const Fault& f) {
+    std::vector<int> chosen = f.nodes;
+    const auto share = static_cast<size_t>(std::lround(f.fraction * static_cast<double>(nodes_.size())));
+    if (share > 0) {
+      std::vector<int> all(nodes_.size());
+      for (size_t k = 0; k < all.size(); ++k) all[k] = static_cast<int>(k);
+      for (size_t k = 0; k < share; ++k) std::swap(all[k], all[k + rng_() % (all.size() - k)]);  // Fisher-Yates
+      chosen.insert(chosen.end(), all.begin(), all.begin() + static_cast<ptrdiff_t>(share));
+    }
+    std::sort(chosen.begin(), chosen.end());
+    chosen.erase(std::unique(chosen.begin(), chosen.end()), chosen.end());
+    const double until = f.duration_s > 0 ? now_ + f.duration_s * 1000 : std::numeric_limits<double>::infinity();
+    for (int i : chosen) {
+      Node& n = nodes_[static_cast<size_t>(i)];
+      n.cpu = std::make_unique<SimulatedCpu>(f.load, now_, until, rng_);
+      n.ever_loaded = true;
+      if (trace_) fmt::print(stderr, "{:.3f}:{}:loaded\n", now_, n.id);
+    }
+    report_.loaded_nodes =
+        static_cast<int>(std::count_if(nodes_.begin(), nodes_.end(), [](const Node& n) { return n.ever_loaded; }));
   }
 
   int random_running(int except) {
@@ -276,6 +433,7 @@ class Sim {
         }
         break;
       }
+      case Fault::Kind::load: load(f); break;
       case Fault::Kind::leave:
         for (int i : f.nodes) {
           Node& n = nodes_[static_cast<size_t>(i)];
@@ -303,6 +461,7 @@ class Sim {
       if (!t.ever_killed && !t.ever_paused && !t.left && !partitioned_ever()) {
         ++report_.false_positives;
         false_positive_ = fmt::format("{} declared {} dead at {:.1f} s", observer, e.member.id, now_ / 1000);
+        if (report_.false_deaths.size() < 100) report_.false_deaths.push_back(false_positive_);
       }
     }
   }
@@ -475,6 +634,19 @@ class Sim {
   uint64_t hash_ = 0xcbf29ce484222325ull;
   Report report_;
   bool trace_ = std::getenv("TEPDIST_SIM_TRACE") != nullptr;  // every event on stderr, for debugging a seed
+  std::set<std::string> watch_ = watch_list();  // nodes whose every message goes to stderr
+
+  /// TEPDIST_SIM_WATCH=n00007,n00042: the nodes to watch.
+  static std::set<std::string> watch_list() {
+    std::set<std::string> out;
+    const char* env = std::getenv("TEPDIST_SIM_WATCH");
+    for (std::string_view rest = env ? env : ""; !rest.empty();) {
+      const size_t comma = rest.find(',');
+      if (comma != 0) out.emplace(rest.substr(0, comma));
+      rest = comma == std::string_view::npos ? std::string_view{} : rest.substr(comma + 1);
+    }
+    return out;
+  }
 };
 
 double percentile(std::vector<double> v, double p) {
@@ -503,6 +675,12 @@ std::string format_report(const Report& r, bool json) {
                         {"heal_to_one_coordinator_s", r.heal_to_one_coordinator_s},
                         {"heal_bound_s", r.heal_bound_s},
                         {"false_positives", r.false_positives},
+                        {"false_deaths", r.false_deaths},
+                        {"loaded_nodes", r.loaded_nodes},
+                        {"loaded_inputs", r.loaded_inputs},
+                        {"late_inputs", r.late_inputs},
+                        {"late_ticks", r.late_ticks},
+                        {"max_lateness_ms", r.max_lateness_ms},
                         {"messages_per_node_s", r.messages_per_node_s},
                         {"bytes_per_node_s", r.bytes_per_node_s},
                         {"events", r.events},
@@ -524,8 +702,14 @@ std::string format_report(const Report& r, bool json) {
   if (r.heal_bound_s >= 0)
     s += fmt::format("  after the partition healed, one coordinator in {:.2f} s (bound {:.1f} s)\n",
                      r.heal_to_one_coordinator_s, r.heal_bound_s);
+  if (r.loaded_nodes > 0)
+    s += fmt::format("  simulated load on {} nodes: {} inputs handled, {} of them ({} ticks) over a probe timeout "
+                     "late, the latest {:.0f} ms\n",
+                     r.loaded_nodes, r.loaded_inputs, r.late_inputs, r.late_ticks, r.max_lateness_ms);
   s += fmt::format("  false positives {}; {:.1f} messages and {:.0f} bytes per node per second\n", r.false_positives,
                    r.messages_per_node_s, r.bytes_per_node_s);
+  for (size_t k = 0; k < r.false_deaths.size() && k < 10; ++k)
+    s += fmt::format("  false death: {}\n", r.false_deaths[k]);
   s += fmt::format("  {} events, event log hash {:016x}\n", r.events, r.event_log_hash);
   for (const auto& b : r.broken) s += fmt::format("  BROKEN {}\n", b);
   s += r.broken.empty() ? "  all invariants hold\n" : fmt::format("  replay with --seed {}\n", r.seed);

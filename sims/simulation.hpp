@@ -6,7 +6,10 @@
 // The network is simulated (no sockets): each message takes the latency of its link plus jitter,
 // and is lost with the link's probability or while a partition separates the two nodes. A killed
 // node stops; a restarted one starts afresh with the same id and a higher incarnation; a paused
-// node neither runs nor reads, and finds its messages waiting when it resumes.
+// node neither runs nor reads, and finds its messages waiting when it resumes. A loaded node
+// (sims/load.hpp) handles its messages and ticks one at a time, each taking CPU time, and stalls at
+// random moments: its inputs wait in arrival order, its ticks come late, and the core is handed
+// the time each input is actually handled.
 
 #include <cstdint>
 #include <expected>
@@ -16,16 +19,19 @@
 #include <vector>
 
 #include "gossip/swim/config.hpp"
+#include "sims/load.hpp"
 
 namespace tepdist::sims {
 
 struct Fault {
-  enum class Kind { kill, restart, pause, partition, join, leave };
+  enum class Kind { kill, restart, pause, partition, join, leave, load };
   Kind kind;
   double at_s = 0;
-  double duration_s = 0;        ///< pause, partition
-  std::vector<int> nodes;       ///< kill, restart, pause, leave: these; partition: one side
+  double duration_s = 0;        ///< pause, partition; load: 0 is until the end of the run
+  std::vector<int> nodes;       ///< kill, restart, pause, leave, load: these; partition: one side
   int count = 0;                ///< join: this many new nodes
+  double fraction = 0;          ///< load: also this share of all nodes, drawn from the seed
+  LoadKnobs load;               ///< load: what the loaded nodes' CPU is like
 };
 
 /// One simulated link between two regions (both ways).
@@ -65,6 +71,13 @@ struct Report {
   double heal_to_one_coordinator_s = -1;  ///< from the last partition's heal until all name one coordinator
   double heal_bound_s = -1;               ///< what the one_coordinator invariant allows for that
   int false_positives = 0;          ///< dead declarations about nodes never killed nor paused
+  std::vector<std::string> false_deaths;  ///< each of those: who declared whom dead, when
+  // Simulated load: how late loaded nodes handled their inputs (after they arrived or fell due).
+  int loaded_nodes = 0;
+  uint64_t loaded_inputs = 0;       ///< messages and ticks handled by nodes while loaded or queued
+  uint64_t late_inputs = 0;         ///< of those, handled more than a probe timeout late
+  uint64_t late_ticks = 0;          ///< of those, ticks
+  double max_lateness_ms = 0;       ///< the latest any input was handled
   double messages_per_node_s = 0, bytes_per_node_s = 0;
   uint64_t events = 0;
   uint64_t event_log_hash = 0;      ///< FNV-1a of every event in order: equal runs, equal hashes

@@ -9,6 +9,9 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -57,6 +60,23 @@ class Child {
   std::optional<std::string> seen(const std::string& needle, std::chrono::milliseconds limit = std::chrono::seconds(20)) {
     size_t from = 0;
     return scan(needle, limit, from);
+  }
+
+  /// Waits until `done` holds for everything the child wrote so far, reading more as it comes;
+  /// false if it still does not at the deadline (or the child closed its output).
+  bool wait_until(const std::function<bool(const std::string&)>& done,
+                  std::chrono::milliseconds limit = std::chrono::seconds(20)) {
+    const auto deadline = std::chrono::steady_clock::now() + limit;
+    while (read_some(0)) {
+    }
+    while (!done(buffer_)) {
+      const auto left =
+          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+      if (left.count() <= 0 || !read_some(static_cast<int>(left.count()))) return false;
+      while (read_some(0)) {
+      }
+    }
+    return true;
   }
 
  private:
@@ -115,6 +135,20 @@ inline std::string field(const std::string& line, const std::string& key) {
   if (at == std::string::npos) return "";
   const auto start = at + key.size() + 1;
   return line.substr(start, line.find(' ', start) - start);
+}
+
+/// When a node logged `line`, from its "2024-05-01T12:00:00.123 ..." prefix (local time, as spdlog
+/// writes it); nullopt for a line without one.
+inline std::optional<std::chrono::system_clock::time_point> log_time(const std::string& line) {
+  std::tm tm{};
+  int ms = 0;
+  if (std::sscanf(line.c_str(), "%d-%d-%dT%d:%d:%d.%d", &tm.tm_year, &tm.tm_mon, &tm.tm_mday, &tm.tm_hour, &tm.tm_min,
+                  &tm.tm_sec, &ms) != 7)
+    return std::nullopt;
+  tm.tm_year -= 1900;
+  tm.tm_mon -= 1;
+  tm.tm_isdst = -1;
+  return std::chrono::system_clock::from_time_t(std::mktime(&tm)) + std::chrono::milliseconds(ms);
 }
 
 }  // namespace tepdist::test
