@@ -73,11 +73,16 @@ void announce_view(Router* self) {
 }
 
 void schedule_tick(Router* self) {
-  if (self->state.tick_pending) return;
-  const double wait = self->state.swim->next_deadline_ms() - now_ms(self);
-  const auto delay = std::chrono::microseconds(static_cast<int64_t>(std::clamp(wait, 1.0, 250.0) * 1000));
-  self->state.tick_pending = true;
-  self->delayed_send(self, delay, tick_atom::value);
+  auto& s = self->state;
+  const double now = now_ms(self);
+  const double wait = std::clamp(s.swim->next_deadline_ms() - now, 1.0, 250.0);
+  // A tick already on its way that comes no later than needed will do. One that would come later
+  // (a message just brought an earlier deadline) does not: the core would take that tick for its
+  // own lateness. Then another goes; the extra one does nothing when it comes.
+  if (s.tick_pending && s.tick_at_ms <= now + wait) return;
+  s.tick_pending = true;
+  s.tick_at_ms = now + wait;
+  self->delayed_send(self, std::chrono::microseconds(static_cast<int64_t>(wait * 1000)), tick_atom::value);
 }
 
 /// Carries out what the SWIM core asked for: sends, then events.

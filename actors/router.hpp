@@ -49,6 +49,7 @@ struct RouterState {
   std::chrono::steady_clock::time_point start;
   uint64_t epoch_unix_ms = 0;
   bool tick_pending = false;
+  double tick_at_ms = 0;  ///< when the earliest tick on its way comes (now_ms's clock)
   static inline const char* name = "tepdist.router";
 };
 

@@ -14,16 +14,16 @@ bool Dissemination::contains(const std::string& id) const {
   return std::any_of(items_.begin(), items_.end(), [&](const Item& i) { return i.member.id == id; });
 }
 
-void Dissemination::enqueue(const Member& m) {
+void Dissemination::enqueue(const Member& m, bool own) {
   auto it = std::find_if(items_.begin(), items_.end(), [&](const Item& i) { return i.member.id == m.id; });
   if (it == items_.end()) {
-    items_.push_back({m, 0, next_order_++});
+    items_.push_back({m, 0, next_order_++, own});
   } else {
-    *it = {m, 0, next_order_++};
+    *it = {m, 0, next_order_++, own};
   }
 }
 
-std::vector<Member> Dissemination::pick(size_t budget_bytes, int limit, const std::string& first) {
+std::vector<Member> Dissemination::pick(size_t budget_bytes, int limit) {
   // Least transmitted first, newest first among equals (after the ranks below). Only the front of
   // that order can fit the budget, so only the front is sorted, and indices move rather than
   // member records.
@@ -42,7 +42,7 @@ std::vector<Member> Dissemination::pick(size_t budget_bytes, int limit, const st
   for (uint32_t i = 0; i < order.size(); ++i) {
     const Item& item = items_[i];
     order[i] = i;
-    rank[i] = !first.empty() && item.member.id == first ? 0 : terminal(item) && item.transmits < limit ? 1 : 2;
+    rank[i] = item.own ? 0 : terminal(item) && item.transmits < limit ? 1 : 2;
   }
   const auto before = [&](uint32_t a, uint32_t b) {
     const Item &x = items_[a], &y = items_[b];

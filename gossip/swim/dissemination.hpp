@@ -14,12 +14,12 @@ namespace tepdist::gossip::swim {
 
 class Dissemination {
  public:
-  /// Queues news about a member, replacing older news about the same member.
-  void enqueue(const Member& m);
+  /// Queues news about a member, replacing older news about the same member. own: news of the
+  /// sending node itself (its refutation), which rides before everything else.
+  void enqueue(const Member& m, bool own = false);
   /// Updates to piggyback on one message; each counts as transmitted once more, and is dropped
-  /// once sent `limit` times (a death or leave: 3 x limit). News about `first` (the sender itself:
-  /// its refutation) always rides first.
-  std::vector<Member> pick(size_t budget_bytes, int limit, const std::string& first = {});
+  /// once sent `limit` times (a death or leave: 3 x limit). The node's own news rides first.
+  std::vector<Member> pick(size_t budget_bytes, int limit);
   size_t size() const { return items_.size(); }
   /// Whether news about this member is still waiting to be sent.
   bool contains(const std::string& id) const;
@@ -31,6 +31,7 @@ class Dissemination {
     Member member;
     int transmits = 0;
     uint64_t order = 0;  // higher is newer
+    bool own = false;    // about the sending node itself
   };
   std::vector<Item> items_;
   uint64_t next_order_ = 0;

@@ -127,7 +127,7 @@ double Swim::suspicion_min_ms() const {
 }
 
 std::vector<Member> Swim::piggyback() {
-  return broadcasts_.pick(config_.gossip_budget_bytes, retransmit_limit(), self_.id);
+  return broadcasts_.pick(config_.gossip_budget_bytes, retransmit_limit());
 }
 
 void Swim::send(Output& out, const std::string& address, Body body) { out.sends.push_back({address, std::move(body)}); }
@@ -141,7 +141,7 @@ void Swim::refute(const Member& claim, Output& out) {
   // Saturating: a hostile claim at the counter's top must not wrap this node to incarnation 0.
   constexpr uint64_t top = std::numeric_limits<uint64_t>::max() - 1;
   self_.incarnation = std::min(std::max(self_.incarnation, claim.incarnation), top) + 1;
-  broadcasts_.enqueue(self_);
+  broadcasts_.enqueue(self_, true);
   awareness_.apply(1);  // being suspected hints that this node is the slow one
   Member news = self_;
   news.accuser = claim.state == State::left ? std::string("left") : claim.accuser;  // for the log: who said it
@@ -209,7 +209,7 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
       // An accusation of an incarnation already refuted is still going round: whoever still
       // believes it missed the refutation, which has stopped being gossiped. Gossip it again, or
       // that member's suspicion runs out and it declares this live node dead.
-      broadcasts_.enqueue(self_);
+      broadcasts_.enqueue(self_, true);
     }
     return;
   }
@@ -337,7 +337,7 @@ void Swim::join(double now_ms, const std::vector<std::string>& seeds, Output& ou
   if (!seeds_.empty()) next_join_ms_ = now_ms + config_.probe_interval_ms;
   // Its own arrival rides on its first pings too, not only on the seed's gossip: a member the
   // seed's rumour missed learns of the joiner when the joiner probes it.
-  if (!seeds_.empty()) broadcasts_.enqueue(self_);
+  if (!seeds_.empty()) broadcasts_.enqueue(self_, true);
   for (const auto& address : seeds) send(out, address, StateSync{{self_}, false, 0});
   due_ms_ = next_deadline_ms();
 }
@@ -368,7 +368,7 @@ void Swim::leave(double now_ms, Output& out) {
   (void)now_ms;
   self_.incarnation += 1;
   self_.state = State::left;
-  broadcasts_.enqueue(self_);
+  broadcasts_.enqueue(self_, true);
   // Every live member hears it first-hand, once: O(N) messages, once per node's life. Told to a
   // few, a member the rumour reached late would probe a silent node meanwhile and suspect it.
   // The leaver also goes on answering probes with its record until its process ends (on_message).
