@@ -41,7 +41,7 @@ example async build/cli/tepdist run configs/async.toml --epochs 1
 example gossip build/cli/tepdist run configs/gossip.toml --epochs 1
 example cross-region-gossip build/cli/tepdist run configs/cross_region.toml --mode gossip
 example train build/cli/tepdist train --epochs 10 --set optimizer.name=adam --set optimizer.lr=0.001 --out out/single
-example train-resume build/cli/tepdist train --resume --epochs 5 --out out/single
+example train-resume build/cli/tepdist train --resume --epochs 15 --set optimizer.name=adam --set optimizer.lr=0.001 --out out/single
 
 # Nodes, status, and a job submitted to the running cluster (job.toml: the quickstart's job with
 # the cluster's secret file, 40 steps).
