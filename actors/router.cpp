@@ -108,12 +108,6 @@ void apply(Router* self, gossip::swim::Output& out) {
   schedule_tick(self);
 }
 
-bool is_membership(const gossip::Body& b) {
-  return std::holds_alternative<gossip::Ping>(b) || std::holds_alternative<gossip::Ack>(b) ||
-         std::holds_alternative<gossip::PingReq>(b) || std::holds_alternative<gossip::Join>(b) ||
-         std::holds_alternative<gossip::Leave>(b) || std::holds_alternative<gossip::StateSync>(b);
-}
-
 void on_frame(Router* self, const std::string& peer, const std::string& address, const gossip::Message& m) {
   auto& s = self->state;
   if (const auto* sync = std::get_if<gossip::StateSync>(&m.body)) {
@@ -129,7 +123,7 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
       return;
     }
   }
-  if (is_membership(m.body)) {
+  if (gossip::is_membership(m.body)) {
     gossip::swim::Output out;
     s.swim->on_message(now_ms(self), peer, address, m.body, out);
     apply(self, out);

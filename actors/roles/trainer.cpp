@@ -144,6 +144,7 @@ struct TrainerState {
   std::optional<gossip::JobStart> held;
   Clock::time_point held_since;
   static constexpr double held_limit_s = 10;
+  static constexpr double pending_limit_s = 30;  // how long a submission waits for this view
   bool ticking = false;
   static inline const char* name = "tepdist.trainer";
 };
@@ -940,7 +941,8 @@ void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip
       return fail_start(self, request, fmt::format("job {} is waiting for its workers; one submission at a time",
                                                    s.pending->job_id));
     if (!s.pending) {
-      node_events().info("job_pending job={} from={} reason=\"{}\" wait_s=30", request.job_id, submitter_peer, why);
+      node_events().info("job_pending job={} from={} reason=\"{}\" wait_s={:.0f}", request.job_id, submitter_peer, why,
+                         TrainerState::pending_limit_s);
       s.pending_from = submitter_peer;
       s.pending = request;
       s.pending_since = Clock::now();
@@ -1012,10 +1014,11 @@ void keep_ending(Trainer* self) {
 
 void on_tick(Trainer* self) {
   auto& s = self->state;
-  if (s.pending && seconds_between(s.pending_since, Clock::now()) > 30) {
+  if (s.pending && seconds_between(s.pending_since, Clock::now()) > TrainerState::pending_limit_s) {
     const auto request = *s.pending;
     s.pending.reset();
-    fail_start(self, request, fmt::format("{}, still after 30 s", not_ready_to_assign(s, request)));
+    fail_start(self, request,
+               fmt::format("{}, still after {:.0f} s", not_ready_to_assign(s, request), TrainerState::pending_limit_s));
   }
   if (s.held && seconds_between(s.held_since, Clock::now()) > TrainerState::held_limit_s) {
     const auto start = *s.held;

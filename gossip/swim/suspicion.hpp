@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <set>
 #include <string>
 
@@ -50,10 +51,9 @@ class Suspicion {
   bool probed() const { return probed_; }
   void mark_probed() { probed_ = true; }
 
-  /// Holds the verdict until at least until_ms: this node was not running when it came due, so a
-  /// refutation may be waiting, unread, in its queue.
-  /// At most by the suspicion's shortest course in all: a node that is always late still reaches
-  /// its verdicts.
+  /// Holds the verdict until at least until_ms (this node was not running when it came due, so a
+  /// refutation may be waiting, unread, in its queue), but never past the natural deadline plus the
+  /// shortest course: a node that is always late still reaches its verdicts.
   void defer(double until_ms) {
     not_before_ = std::max(not_before_, std::min(until_ms, natural_deadline_ms() + min_));
   }
@@ -67,7 +67,7 @@ class Suspicion {
 
   double start_, min_, max_;
   double not_before_ = 0;
-  double told_ms_ = -1e300;
+  double told_ms_ = -std::numeric_limits<double>::infinity();
   bool probed_ = false;
   bool last_call_ = false;
   int k_;

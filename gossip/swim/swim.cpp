@@ -126,9 +126,7 @@ double Swim::suspicion_min_ms() const {
   return config_.suspicion_mult * std::max(1.0, std::log10(n)) * config_.probe_interval_ms;
 }
 
-std::vector<Member> Swim::piggyback() {
-  return broadcasts_.pick(config_.gossip_budget_bytes, retransmit_limit());
-}
+std::vector<Member> Swim::piggyback() { return broadcasts_.pick(config_.gossip_budget_bytes, retransmit_limit()); }
 
 void Swim::send(Output& out, const std::string& address, Body body) { out.sends.push_back({address, std::move(body)}); }
 
@@ -305,10 +303,10 @@ void Swim::merge(double now_ms, const Member& u, const std::string& from, Output
         // probe and refutes if it lives. A death of a suspect is taken at once when its sender is
         // not among this suspicion's accusers: independent word that the suspicion ran out (the
         // accuser it names is usually the first one, whose suspicion others timed out on). From
-        // an accuser itself it only confirms. (A minority of two or more cut off together can
-        // still pass each other's verdicts on as independent: a known limit.) Taken at once every time, a node cut off from the rest,
-        // which holds them all dead, made the others declare each other dead the moment the link
-        // came back.
+        // an accuser itself it only confirms. Taken at once every time, a node cut off from the
+        // rest, which holds them all dead, made the others declare each other dead the moment
+        // the link came back. (A minority of two or more cut off together can still pass each
+        // other's verdicts on as independent: a known limit.)
         const std::string& accuser = u.accuser.empty() ? from : u.accuser;
         if (k.state == State::alive) {
           k.incarnation = u.incarnation;
@@ -535,11 +533,6 @@ void Swim::defer_verdicts(double now_ms) {
 
 void Swim::tick(double now_ms, Output& out) {
   if (left_) return;
-  struct Due {  // on every way out: the deadline the driver is now given
-    Swim& swim;
-    double now_ms;
-    ~Due() { swim.due_ms_ = std::max(now_ms, swim.next_deadline_ms()); }
-  } due{*this, now_ms};
   // How late the driver woke this core, against the deadline it was last given. A healthy driver
   // wakes it within a few ms; a quarter of a (scaled) probe timeout later, this node itself was
   // not running.
@@ -593,8 +586,8 @@ void Swim::tick(double now_ms, Output& out) {
       // A missed ack hints that this node is the slow one, unless others already suspect the
       // target: checking a suspicion that is true says nothing of this node's health, and if it
       // did, every node checking a dead one would slow its own probes and gossip of the death.
-      if (target->state == State::alive) awareness_.apply(1);
       if (target->state == State::alive) {
+        awareness_.apply(1);
         suspect(now_ms, *target, self_.id, out);
         // Lifeguard's buddy system: tell the accused at once (the suspicion is the newest news, so
         // it rides first), so a live member can refute before its suspicion runs out.
@@ -670,6 +663,7 @@ void Swim::tick(double now_ms, Output& out) {
     if (k && !live(k->state) && k->incarnation == incarnation) *k = Known{};
     forget_at_.erase(forget_at_.begin());
   }
+  due_ms_ = std::max(now_ms, next_deadline_ms());  // the deadline the driver is now given
 }
 
 double Swim::next_deadline_ms() const {

@@ -134,8 +134,9 @@ class Swim {
   /// Queues news about another member for gossip, unless merging a state sync (quiet_).
   void spread(const Member& news);
   void refute(const Member& claim, Output& out);
-  /// A tick this late past its deadline means this node was not running (stopped, starved of
-  /// CPU): inputs that came meanwhile may wait unread, so verdicts due now wait a little longer.
+  /// This node was not running (a late tick: stopped, starved of CPU), or trouble began somewhere
+  /// (the first suspicion heard after a quiet spell): verdicts due now wait a probe timeout, as
+  /// inputs that came meanwhile may wait unread, and awareness rises a step.
   void defer_verdicts(double now_ms);
   /// Gossips this node's newer record of k to correct a stale rumour about it.
   void correct(const Known& k);

@@ -50,19 +50,15 @@ bool is_datagram(const Body& b) {
 /// not at all, and the prober would suspect a live node).
 enum class Lane : uint8_t { bulk = 0, membership = 1 };
 
-Lane lane_of(const Body& b) {
-  return is_datagram(b) || std::holds_alternative<Join>(b) || std::holds_alternative<Leave>(b) ||
-                 std::holds_alternative<StateSync>(b)
-             ? Lane::membership
-             : Lane::bulk;
-}
+Lane lane_of(const Body& b) { return is_membership(b) ? Lane::membership : Lane::bulk; }
 
 const char* lane_name(Lane lane) { return lane == Lane::bulk ? "bulk" : "membership"; }
 
-/// Where a peer's lane is filed: its queue, its queued bytes.
+/// Where a peer's lane is filed: its queue, its queued bytes. A bulk lane's key is the address.
 std::string lane_key(const std::string& address, Lane lane) {
   return lane == Lane::bulk ? address : address + "#membership";
 }
+bool is_bulk_key(const std::string& key) { return key.find('#') == std::string::npos; }
 
 /// How long written data may stay unacknowledged before the connection is given up (ms). A peer
 /// whose host vanished (power, link) leaves a half-open connection that would otherwise take
@@ -482,7 +478,7 @@ struct Transport::Impl {
     q -= std::min(q, counted);
     if (q == 0) drained.notify_all();
     // The gauge is the bulk lane's, by peer address: membership's frames are small and few.
-    if (opt.metrics && key.find('#') == std::string::npos)
+    if (opt.metrics && is_bulk_key(key))
       opt.metrics->gauge("send_queue_bytes", {{"peer", key}}, "bytes waiting to be written").set(static_cast<double>(q));
   }
 

@@ -441,4 +441,9 @@ const char* kind_name(const Body& body) {
   return names[body.index()];
 }
 
+bool is_membership(const Body& b) {
+  return std::holds_alternative<Ping>(b) || std::holds_alternative<Ack>(b) || std::holds_alternative<PingReq>(b) ||
+         std::holds_alternative<Join>(b) || std::holds_alternative<Leave>(b) || std::holds_alternative<StateSync>(b);
+}
+
 }  // namespace tepdist::gossip

@@ -221,4 +221,8 @@ struct Message {
 /// The kind's name for logs and metrics ("ping", "tensor_chunk", ...).
 const char* kind_name(const Body& body);
 
+/// Whether it is membership's (SWIM's): ping, ack, ping-req, join, leave, state sync. The router
+/// hands these to the SWIM core, and the transport sends them on a lane of their own.
+bool is_membership(const Body& body);
+
 }  // namespace tepdist::gossip
