@@ -33,6 +33,13 @@ void put_texts(capnp::List<capnp::Text>::Builder list, const std::vector<std::st
   for (unsigned i = 0; i < texts.size(); ++i) list.set(i, texts[i]);
 }
 
+void put_progress(wire::JobProgress::Builder b, const JobProgress& p) {
+  b.setStep(p.step);
+  b.setEpoch(p.epoch);
+  b.setPosition(p.position);
+  b.setSamples(p.samples);
+}
+
 struct Encoder {
   capnp::MallocMessageBuilder& mb;
   std::vector<std::shared_ptr<const void>>& keep_alive;
@@ -115,12 +122,38 @@ struct Encoder {
             b.setSubmitterId(m.submitter_id);
             auto boots = b.initWorkerBootIds(static_cast<unsigned>(m.worker_boot_ids.size()));
             for (unsigned i = 0; i < m.worker_boot_ids.size(); ++i) boots.set(i, m.worker_boot_ids[i]);
+            b.setGeneration(m.generation);
+            put_progress(b.initResume(), m.resume);
+            put_texts(b.initDonors(static_cast<unsigned>(m.donors.size())), m.donors);
+            b.setPreviousWorld(m.previous_world);
+          } else if constexpr (std::is_same_v<T, GenerationVote>) {
+            auto b = e.initGenerationVote();
+            b.setJobId(m.job_id);
+            b.setKind(static_cast<wire::GenerationVote::Kind>(m.kind));
+            b.setNumber(m.number);
+            b.setBase(m.base);
+            put_texts(b.initWorkers(static_cast<unsigned>(m.workers.size())), m.workers);
+            put_progress(b.initProgress(), m.progress);
+            b.setHasState(m.has_state);
+            b.setBootId(m.boot_id);
+            b.setReason(m.reason);
+          } else if constexpr (std::is_same_v<T, StatePull>) {
+            auto b = e.initStatePull();
+            b.setJobId(m.job_id);
+            b.setStep(m.step);
+            b.setOffset(m.offset);
+            b.setCount(m.count);
+          } else if constexpr (std::is_same_v<T, StatePiece>) {
+            auto b = e.initStatePiece();
+            b.setJobId(m.job_id);
+            put_chunk(b.initChunk(), m.chunk);
           } else if constexpr (std::is_same_v<T, RingChunk>) {
             auto b = e.initRingChunk();
             b.setJobId(m.job_id);
             b.setPhase(m.phase);
             b.setRound(m.round);
             put_chunk(b.initChunk(), m.chunk);
+            b.setGeneration(m.generation);
           } else if constexpr (std::is_same_v<T, JobReport>) {
             auto b = e.initJobReport();
             b.setJobId(m.job_id);
@@ -200,6 +233,10 @@ Member get_member(wire::Member::Reader r) {
   m.accuser = r.getAccuser();
   m.boot_id = r.getBootId();
   return m;
+}
+
+JobProgress get_progress(wire::JobProgress::Reader r) {
+  return JobProgress{r.getStep(), r.getEpoch(), r.getPosition(), r.getSamples()};
 }
 
 std::vector<Member> get_members(capnp::List<wire::Member>::Reader list) {
@@ -285,11 +322,36 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       if (!j.worker_boot_ids.empty() && j.workers.size() != j.worker_boot_ids.size())
         throw WireError{WireErrc::malformed, fmt::format("job start names {} workers but {} boot ids", j.workers.size(),
                                                          j.worker_boot_ids.size())};
+      j.generation = r.getGeneration();
+      j.resume = get_progress(r.getResume());
+      for (auto d : r.getDonors()) j.donors.emplace_back(d);
+      j.previous_world = r.getPreviousWorld();
       return j;
+    }
+    case wire::Envelope::GENERATION_VOTE: {
+      auto r = e.getGenerationVote();
+      const auto kind = r.getKind();
+      if (kind > wire::GenerationVote::Kind::REFUSE)
+        throw WireError{WireErrc::unknown_kind, fmt::format("unknown generation vote kind {}", static_cast<int>(kind))};
+      GenerationVote v{r.getJobId(), static_cast<GenerationVote::Kind>(kind), r.getNumber(), r.getBase()};
+      for (auto w : r.getWorkers()) v.workers.emplace_back(w);
+      v.progress = get_progress(r.getProgress());
+      v.has_state = r.getHasState();
+      v.boot_id = r.getBootId();
+      v.reason = r.getReason();
+      return v;
+    }
+    case wire::Envelope::STATE_PULL: {
+      auto r = e.getStatePull();
+      return StatePull{r.getJobId(), r.getStep(), r.getOffset(), r.getCount()};
+    }
+    case wire::Envelope::STATE_PIECE: {
+      auto r = e.getStatePiece();
+      return StatePiece{r.getJobId(), get_chunk(r.getChunk(), owner)};
     }
     case wire::Envelope::RING_CHUNK: {
       auto r = e.getRingChunk();
-      return RingChunk{r.getJobId(), r.getPhase(), r.getRound(), get_chunk(r.getChunk(), owner)};
+      return RingChunk{r.getJobId(), r.getPhase(), r.getRound(), get_chunk(r.getChunk(), owner), r.getGeneration()};
     }
     case wire::Envelope::JOB_REPORT: {
       auto r = e.getJobReport();
@@ -437,7 +499,8 @@ const char* kind_name(const Body& body) {
   static constexpr const char* names[] = {"ping",         "ack",        "ping_req",   "join",    "leave",  "state_sync",
                                           "tensor_chunk", "param_pull", "param_push", "control", "metrics",
                                           "job_start",    "ring_chunk", "job_report", "shard_update", "shard_state",
-                                          "gossip_average"};
+                                          "gossip_average", "generation_vote", "state_pull", "state_piece"};
+  static_assert(std::size(names) == std::variant_size_v<Body>);
   return names[body.index()];
 }
 

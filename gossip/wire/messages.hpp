@@ -132,8 +132,20 @@ struct MetricsSnapshot {
   friend bool operator==(const MetricsSnapshot&, const MetricsSnapshot&) = default;
 };
 
+/// Where a job stands. In sync every member of a generation holds the same; in gossip each worker
+/// holds its own.
+struct JobProgress {
+  uint64_t step = 0;      ///< updates applied (sync: global steps; gossip: the worker's own local steps)
+  uint64_t epoch = 0;     ///< epochs completed
+  uint64_t position = 0;  ///< samples of the current epoch's permutation consumed
+  uint64_t samples = 0;   ///< samples consumed since the job began
+  friend bool operator==(const JobProgress&, const JobProgress&) = default;
+  friend auto operator<=>(const JobProgress& a, const JobProgress& b) { return a.samples <=> b.samples; }
+};
+
 /// A training job, from the submitter to the coordinator, then from the coordinator to every
-/// worker with the ring order filled in.
+/// worker with the ring order filled in. Later generations of the job travel as the same record
+/// (elastic/job_control.hpp): generation, where it resumes, and who holds the state there.
 struct JobStart {
   uint64_t job_id = 0;
   std::string config;  ///< TOML text
@@ -143,7 +155,38 @@ struct JobStart {
   uint64_t coordinator_boot_id = 0;  ///< the coordinator's boot id: obeyed only from that run of it
   std::string submitter_id;  ///< set by the coordinator from the authenticated sender
   std::vector<uint64_t> worker_boot_ids = {};  ///< from the coordinator: each worker's boot id, as workers
+  uint64_t generation = 0;                      ///< 1: the first; 0 in a submission
+  JobProgress resume = {};                      ///< where this generation starts
+  std::vector<std::string> donors = {};         ///< members holding the state at resume
+  uint32_t previous_world = 0;                  ///< workers in the generation before (0: none)
   friend bool operator==(const JobStart&, const JobStart&) = default;
+};
+
+/// Job control's votes (elastic/job_control.hpp).
+struct GenerationVote {
+  enum class Kind : uint8_t { propose, ack, refuse };
+  uint64_t job_id = 0;
+  Kind kind = Kind::propose;
+  uint64_t number = 0;  ///< proposed; refuse: the highest the refuser has promised or installed
+  uint64_t base = 0;    ///< the generation it succeeds; ack: the acker's installed one
+  std::vector<std::string> workers = {};  ///< propose: in ring order
+  JobProgress progress = {};              ///< ack
+  bool has_state = false;                 ///< ack: holds the job's parameters
+  uint64_t boot_id = 0;                   ///< ack
+  std::string reason = {};                ///< refuse
+  friend bool operator==(const GenerationVote&, const GenerationVote&) = default;
+};
+
+/// State transfer: [offset, offset + count) of a job's state (parameters, then optimiser state) at step.
+struct StatePull {
+  uint64_t job_id = 0, step = 0, offset = 0, count = 0;
+  friend bool operator==(const StatePull&, const StatePull&) = default;
+};
+
+struct StatePiece {
+  uint64_t job_id = 0;
+  TensorChunk chunk;  ///< step: the state's step
+  friend bool operator==(const StatePiece&, const StatePiece&) = default;
 };
 
 /// One piece of a ring all-reduce (gossip/collective/ring_allreduce.hpp).
@@ -152,6 +195,7 @@ struct RingChunk {
   uint8_t phase = 0;  ///< 0 reduce-scatter, 1 all-gather
   uint32_t round = 0;
   TensorChunk chunk;
+  uint64_t generation = 0;  ///< the job generation whose ring this is
   friend bool operator==(const RingChunk&, const RingChunk&) = default;
 };
 
@@ -207,7 +251,8 @@ struct GossipAverage {
 };
 
 using Body = std::variant<Ping, Ack, PingReq, Join, Leave, StateSync, TensorChunk, ParamPull, ParamPush, Control,
-                          MetricsSnapshot, JobStart, RingChunk, JobReport, ShardUpdate, ShardState, GossipAverage>;
+                          MetricsSnapshot, JobStart, RingChunk, JobReport, ShardUpdate, ShardState, GossipAverage,
+                          GenerationVote, StatePull, StatePiece>;
 
 /// Everything after the handshake: who sent it and what.
 struct Message {

@@ -59,6 +59,9 @@ struct Envelope {
     shardUpdate @17 :ShardUpdate;
     shardState @18 :ShardState;
     gossipAverage @19 :GossipAverage;
+    generationVote @20 :GenerationVote;
+    statePull @21 :StatePull;
+    statePiece @22 :StatePiece;
   }
 }
 
@@ -184,6 +187,48 @@ struct JobStart {
   submitterId @7 :Text;      # from the coordinator: the submitter's node id, as its connection proved it
   workerBootIds @8 :List(UInt64);  # from the coordinator: each worker's boot id, as workers (a
                            # worker that restarts during the job is a change of the ring)
+  generation @9 :UInt64;     # the generation this record installs (1: the first; elastic/job_control.hpp)
+  resume @10 :JobProgress;   # where the generation starts (sync: what every member holds alike)
+  donors @11 :List(Text);    # members that hold the state at resume: the others pull it from them
+  previousWorld @12 :UInt32; # workers in the generation before (the rate policy's ramp starts there)
+}
+
+struct JobProgress {
+  step @0 :UInt64;           # updates applied (sync: global steps; gossip: the worker's own)
+  epoch @1 :UInt64;          # epochs completed
+  position @2 :UInt64;       # samples of the current epoch's permutation consumed
+  samples @3 :UInt64;        # samples consumed since the job began
+}
+
+struct GenerationVote {
+  # Job control (elastic/job_control.hpp): the coordinator proposes, members acknowledge or refuse.
+  jobId @0 :UInt64;
+  kind @1 :Kind;
+  number @2 :UInt64;         # the generation proposed (refuse: the highest this member has promised or installed)
+  base @3 :UInt64;           # the generation it succeeds (ack: the acker's installed one)
+  workers @4 :List(Text);    # propose: who would train, in ring order
+  progress @5 :JobProgress;  # ack: where the acker stands
+  hasState @6 :Bool;         # ack: the acker holds the job's parameters (a joiner does not)
+  bootId @7 :UInt64;         # ack: the acker's boot id (a restarted member's state is gone)
+  reason @8 :Text;           # refuse: why
+  enum Kind {
+    propose @0;
+    ack @1;
+    refuse @2;
+  }
+}
+
+struct StatePull {
+  # A member behind (or a joiner) asks a donor for [offset, offset + count) of the job's state at step.
+  jobId @0 :UInt64;
+  step @1 :UInt64;
+  offset @2 :UInt64;
+  count @3 :UInt64;
+}
+
+struct StatePiece {
+  jobId @0 :UInt64;
+  chunk @1 :TensorChunk;     # step: the state's step; offset and total place it in the state vector
 }
 
 struct RingChunk {
@@ -191,6 +236,7 @@ struct RingChunk {
   phase @1 :UInt8;           # 0 reduce-scatter, 1 all-gather
   round @2 :UInt32;          # 0 .. workers - 2 within the phase
   chunk @3 :TensorChunk;     # step = training step; offset and total place it in the buffer
+  generation @4 :UInt64;     # the job's generation: chunks of another ring are not this one's
 }
 
 struct JobReport {

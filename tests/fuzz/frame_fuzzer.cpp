@@ -57,7 +57,9 @@ std::vector<Message> every_kind() {
       JobStart{1, "[job]", "127.0.0.1:1", {"a"}, {"127.0.0.1:2"}, "a", 1, "s"}, RingChunk{1, 0, 0, chunk},
       JobReport{1, JobReport::Kind::progress, 0, 1, 2, 0.5, 10, 2, 0, 0, 1, 64, 0, 0, "", 0, 0},
       ShardUpdate{1, 0, ShardUpdate::Kind::push, 3, 0.1f, chunk}, ShardState{1, 0, 4, false, 1, chunk},
-      GossipAverage{1, 2, false, chunk}};
+      GossipAverage{1, 2, false, chunk},
+      GenerationVote{1, GenerationVote::Kind::ack, 2, 1, {"a"}, JobProgress{1, 0, 64, 64}, true, 5},
+      StatePull{1, 2, 0, 64}, StatePiece{1, chunk}};
   std::vector<Message> out;
   for (const auto& b : bodies) out.push_back({"fuzz", 1, "c1", b});
   return out;

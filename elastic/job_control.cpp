@@ -1,0 +1,265 @@
+#include "elastic/job_control.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <numeric>
+
+#include "elastic/coordination.hpp"
+
+namespace tepdist::elastic {
+
+using gossip::GenerationVote;
+using gossip::JobStart;
+using gossip::Member;
+
+namespace {
+
+const Member* find(const std::vector<Member>& view, const std::string& id) {
+  const auto it = std::find_if(view.begin(), view.end(), [&](const Member& m) { return m.id == id; });
+  return it == view.end() ? nullptr : &*it;
+}
+
+/// Whether the record's worker i is live in the run the record names, as `view` sees it.
+bool live_in_run(const JobStart& record, size_t i, const std::vector<Member>& view) {
+  const Member* m = find(view, record.workers[i]);
+  if (!m) return true;  // not known here yet: gossip has not brought it
+  if (!is_live(*m)) return false;
+  const uint64_t boot = i < record.worker_boot_ids.size() ? record.worker_boot_ids[i] : 0;
+  return !boot || !m->boot_id || boot == m->boot_id;
+}
+
+}  // namespace
+
+std::string job_duty_holder(const JobStart& record, const std::vector<Member>& view) {
+  std::string best;
+  for (size_t i = 0; i < record.workers.size(); ++i)
+    if (live_in_run(record, i, view) && (best.empty() || record.workers[i] < best)) best = record.workers[i];
+  return best;
+}
+
+Roster desired_roster(const JobStart& record, const std::vector<Member>& view) {
+  std::vector<std::tuple<std::string, std::string, uint64_t>> rows;
+  for (const auto& m : view)
+    if (is_live(m) && has_role(m, "worker")) rows.emplace_back(m.id, m.address, m.boot_id);
+  for (size_t i = 0; i < record.workers.size(); ++i)
+    if (!find(view, record.workers[i]))
+      rows.emplace_back(record.workers[i], record.addresses[i],
+                        i < record.worker_boot_ids.size() ? record.worker_boot_ids[i] : 0);
+  std::sort(rows.begin(), rows.end());
+  Roster r;
+  for (auto& [id, address, boot] : rows) {
+    r.ids.push_back(id);
+    r.addresses.push_back(address);
+    r.boot_ids.push_back(boot);
+  }
+  return r;
+}
+
+JobControl::JobControl(Options options) : o_(std::move(options)) {}
+
+void JobControl::adopt(const JobStart& record) {
+  record_ = record;
+  if (record_.generation == 0) record_.generation = 1;
+  promised_ = std::max(promised_, record_.generation);
+  highest_seen_ = std::max(highest_seen_, record_.generation);
+}
+
+bool JobControl::holds_duty() const { return has_record() && job_duty_holder(record_, view_) == o_.self; }
+
+GenerationVote JobControl::ack_of(uint64_t number, const Local& mine) const {
+  GenerationVote v{record_.job_id, GenerationVote::Kind::ack, number, record_.generation};
+  v.progress = mine.progress;
+  v.has_state = mine.has_state;
+  v.boot_id = o_.boot_id;
+  return v;
+}
+
+void JobControl::on_view(double now, const std::vector<Member>& view, const Local& mine, Output& out) {
+  view_ = view;
+  if (!holds_duty() || now < quiet_until_) return;
+  const Roster want = desired_roster(record_, view_);
+  const bool differs = want.ids != record_.workers || want.boot_ids != record_.worker_boot_ids;
+  // A proposal under way for another roster is superseded at once: waiting for the acks of a
+  // worker that is gone would only run into the retry.
+  if (proposal_ ? proposal_->roster != want : differs) propose(now, mine, out);
+}
+
+void JobControl::on_tick(double now, const Local& mine, Output& out) {
+  if (!holds_duty() || now < quiet_until_) return;
+  if (proposal_ && now - proposal_->at >= o_.retry_ms) {
+    out.log.push_back(fmt::format("generation {} was not installed within {:.0f} ms; proposing again",
+                                  proposal_->number, o_.retry_ms));
+    return propose(now, mine, out);
+  }
+  // A change the last install did not cover (it came while the proposal was out), or a roster
+  // that was too small before.
+  if (!proposal_) on_view(now, view_, mine, out);
+}
+
+void JobControl::propose(double now, const Local& mine, Output& out) {
+  Roster want = desired_roster(record_, view_);
+  if (want.ids.size() < std::max<size_t>(1, o_.min_workers)) {
+    const auto why = fmt::format("{} live workers, fewer than elastic.min_workers = {}", want.ids.size(), o_.min_workers);
+    if (why != waiting_) out.log.push_back("not proposing a generation: " + why);
+    waiting_ = why;
+    proposal_.reset();
+    return;
+  }
+  waiting_.clear();
+  Proposal p;
+  p.number = std::max(highest_seen_, promised_) + 1;
+  p.at = now;
+  p.roster = std::move(want);
+  highest_seen_ = p.number;
+  out.log.push_back(fmt::format("proposing generation {} after {}: {} workers", p.number, record_.generation,
+                                p.roster.ids.size()));
+  GenerationVote v{record_.job_id, GenerationVote::Kind::propose, p.number, record_.generation, p.roster.ids};
+  for (size_t i = 0; i < p.roster.ids.size(); ++i)
+    if (p.roster.ids[i] != o_.self) out.sends.emplace_back(p.roster.addresses[i], v);
+  proposal_ = std::move(p);
+  // The proposer is a worker of its own proposal (it holds the duty, so it is live in the roster).
+  if (std::find(proposal_->roster.ids.begin(), proposal_->roster.ids.end(), o_.self) != proposal_->roster.ids.end()) {
+    promised_ = proposal_->number;
+    out.paused = true;
+    on_ack(o_.self, ack_of(proposal_->number, mine), out);
+  }
+}
+
+void JobControl::on_vote(double now, const std::string& from, const GenerationVote& vote, const Local& mine,
+                         Output& out) {
+  if (has_record() && vote.job_id != record_.job_id) return;
+  highest_seen_ = std::max(highest_seen_, vote.number);
+  switch (vote.kind) {
+    case GenerationVote::Kind::propose: {
+      auto refuse = [&](std::string why) {
+        out.log.push_back(fmt::format("refused generation {} from {}: {}", vote.number, from, why));
+        GenerationVote r{vote.job_id, GenerationVote::Kind::refuse, std::max(promised_, record_.generation),
+                         record_.generation};
+        r.reason = std::move(why);
+        const Member* m = find(view_, from);
+        if (m) out.sends.emplace_back(m->address, std::move(r));
+      };
+      if (has_record() && vote.base < record_.generation) {
+        // The proposer missed an install: it learns it here (and, if not a worker of it, drops out).
+        if (const Member* m = find(view_, from)) out.sends.emplace_back(m->address, record_);
+        return refuse(fmt::format("it builds on generation {}, and {} is installed here", vote.base, record_.generation));
+      }
+      if (vote.number <= promised_)
+        return refuse(fmt::format("generation {} is promised or installed here", promised_));
+      if (std::find(vote.workers.begin(), vote.workers.end(), o_.self) == vote.workers.end())
+        return refuse(fmt::format("{} is not among its workers", o_.self));
+      promised_ = vote.number;
+      out.paused = true;
+      // Another node's proposal won here: this node's own, if any, is over, and it stays quiet for
+      // a retry period (two nodes whose views disagree for a moment must not outbid each other).
+      if (from != o_.self) {
+        proposal_.reset();
+        quiet_until_ = now + o_.retry_ms;
+      }
+      GenerationVote a = ack_of(vote.number, mine);
+      a.job_id = vote.job_id;
+      if (const Member* m = find(view_, from)) out.sends.emplace_back(m->address, std::move(a));
+      else out.log.push_back(fmt::format("cannot ack generation {}: {} is not in this view", vote.number, from));
+      return;
+    }
+    case GenerationVote::Kind::ack: return on_ack(from, vote, out);
+    case GenerationVote::Kind::refuse:
+      if (!proposal_ || !holds_duty()) return;
+      out.log.push_back(fmt::format("{} refused generation {}: {}", from, proposal_->number, vote.reason));
+      // Someone promised or installed a higher number: propose above it at once. The same number is
+      // a rival proposal: the retry will do (a member that installed a newer generation also sends
+      // it here, and that install ends this proposal).
+      if (vote.number > proposal_->number) propose(now, mine, out);
+      return;
+  }
+}
+
+void JobControl::on_ack(const std::string& from, const GenerationVote& vote, Output& out) {
+  if (!proposal_ || vote.number != proposal_->number) return;
+  const auto& ids = proposal_->roster.ids;
+  if (std::find(ids.begin(), ids.end(), from) == ids.end()) return;
+  proposal_->acks[from] = vote;
+  try_install(out);
+}
+
+void JobControl::try_install(Output& out) {
+  auto& p = *proposal_;
+  if (p.acks.size() < p.roster.ids.size()) return;
+  // The quorum: acks from the previous generation's workers, in the run it names, holding state.
+  // Workers that left gracefully are no longer counted, nor those seen back in another run (a
+  // restart): their old run is over, so no other side of a partition can count on it either.
+  size_t base = 0, acked = 0;
+  gossip::JobProgress resume;
+  bool any_state = false;
+  std::vector<std::string> counted;
+  for (size_t i = 0; i < record_.workers.size(); ++i) {
+    const auto& id = record_.workers[i];
+    const Member* m = find(view_, id);
+    const uint64_t boot = i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
+    if (m && (m->state == Member::State::left || (is_live(*m) && boot && m->boot_id && m->boot_id != boot))) continue;
+    ++base;
+    const auto it = p.acks.find(id);
+    if (it == p.acks.end() || !it->second.has_state) continue;
+    if (boot && it->second.boot_id && boot != it->second.boot_id) continue;  // restarted: its state is gone
+    ++acked;
+    counted.push_back(id);
+    if (!any_state || it->second.progress.step > resume.step) resume = it->second.progress;
+    any_state = true;
+  }
+  const size_t need = o_.quorum == Quorum::majority ? base / 2 + 1 : std::min<size_t>(1, base);
+  if (acked < need) {
+    out.log.push_back(fmt::format("generation {} has {} of the {} acks it needs from generation {}'s {} workers; "
+                                  "waiting (the other side of a partition, or a quorum lost)",
+                                  p.number, acked, need, record_.generation, base));
+    return;
+  }
+  if (!any_state) {
+    out.log.push_back(fmt::format("generation {}: no acking worker holds the job's state", p.number));
+    return;
+  }
+  JobStart next = record_;
+  next.workers = p.roster.ids;
+  next.addresses = p.roster.addresses;
+  next.worker_boot_ids = p.roster.boot_ids;
+  next.generation = p.number;
+  next.coordinator = o_.self;
+  next.coordinator_boot_id = o_.boot_id;
+  next.resume = resume;
+  next.previous_world = static_cast<uint32_t>(record_.workers.size());
+  next.donors.clear();
+  for (const auto& id : counted)
+    if (p.acks.at(id).progress == resume) next.donors.push_back(id);
+  proposal_.reset();
+  for (size_t i = 0; i < next.workers.size(); ++i)
+    if (next.workers[i] != o_.self) out.sends.emplace_back(next.addresses[i], next);
+  if (!next.submitter.empty()) out.sends.emplace_back(next.submitter, next);
+  out.log.push_back(fmt::format("installed generation {}: {} workers, resume at step {}, {} donors", next.generation,
+                                next.workers.size(), next.resume.step, next.donors.size()));
+  install(next, out);
+}
+
+std::expected<void, std::string> JobControl::on_install(const JobStart& record, Output& out) {
+  if (record.generation <= record_.generation) return {};  // known already, or older
+  if (has_record() && record.job_id != record_.job_id)
+    return std::unexpected(fmt::format("generation {} of job {}, but this node runs job {}", record.generation,
+                                       record.job_id, record_.job_id));
+  if (record.workers.empty() || record.workers.size() != record.addresses.size() ||
+      record.workers.size() != record.worker_boot_ids.size())
+    return std::unexpected(fmt::format("generation {} of job {} has no consistent ring order", record.generation,
+                                       record.job_id));
+  install(record, out);
+  return {};
+}
+
+void JobControl::install(const JobStart& record, Output& out) {
+  record_ = record;
+  promised_ = std::max(promised_, record.generation);
+  highest_seen_ = std::max(highest_seen_, record.generation);
+  if (proposal_ && proposal_->number <= record.generation) proposal_.reset();
+  out.installed = true;
+  if (std::find(record.workers.begin(), record.workers.end(), o_.self) == record.workers.end())
+    out.dropped = fmt::format("not a worker of generation {}", record.generation);
+}
+
+}  // namespace tepdist::elastic

@@ -1,0 +1,131 @@
+#pragma once
+// Job control: how a job outlives its members. A sans-IO core: input is (now, view, message),
+// output is messages to send and what changed; no sockets, clocks or actors, so the trainer actor
+// drives it in production and tests and sims/ drive it under faults.
+//
+//   record      the job as every worker holds it: gossip::JobStart (config without the secret,
+//               submitter, ring order with boot ids) plus the generation it installs, where the
+//               generation resumes and who holds the state there (donors).
+//   duty        the coordinator duty of a running job: the lowest id among the installed
+//               generation's workers that this node's view holds live in the same run (boot id).
+//               Only a node that holds the record can hold it (job_duty_holder below, the one rule).
+//   propose     when the duty holder's view disagrees with the generation (a worker dead, left or
+//               restarted; a live worker not in it), it proposes the next number above any it has
+//               seen, with the live workers in id order, to each of them.
+//   ack         a worker acknowledges a proposal numbered above anything it promised or
+//               installed, unless the proposal builds on a generation older than its own. Acking
+//               is a promise: no new step until an install (it pauses), and it reports where it
+//               stands (progress) and whether it holds the job's state (a joiner does not).
+//   install     once every proposed worker has acked and a quorum of the previous generation's
+//               workers has (a majority, or any one for a cluster that cannot be partitioned;
+//               workers that left gracefully no longer count; an ack counts only from the same
+//               run, by boot id), the proposer installs: the record with the new workers, resume
+//               = the furthest progress among the acks with state, donors = the ackers there. It
+//               goes to every worker and the submitter. Nothing is rolled back: members behind
+//               pull the state from the donors.
+//   refuse      an older number, or one built on an older generation, is refused with the
+//               refuser's highest number; the proposer proposes again above it.
+//   retry       a proposal not installed after retry_ms is proposed again, numbered higher; a
+//               view change while proposing does it at once.
+//
+// Safety: a worker acks at most one proposal per number, and an install needs a majority of the
+// previous generation, so two sides of a partition cannot both install a successor of one
+// generation (with Quorum::any they could: only for clusters on one machine). Numbers only grow;
+// a record with a number at or below the installed one changes nothing.
+
+#include <cstdint>
+#include <expected>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gossip/wire/messages.hpp"
+
+namespace tepdist::elastic {
+
+enum class Quorum { majority, any };
+
+/// The coordinator rule of a running job, written once: the lowest id among `record`'s workers
+/// that `view` holds live in the run the record names (a worker the view does not know yet counts
+/// as live). Empty if none is.
+std::string job_duty_holder(const gossip::JobStart& record, const std::vector<gossip::Member>& view);
+
+/// Who should train according to `view`: every live member with the worker role, and the
+/// record's workers the view does not know yet, in id order, with addresses and boot ids.
+struct Roster {
+  std::vector<std::string> ids, addresses;
+  std::vector<uint64_t> boot_ids;
+  friend bool operator==(const Roster&, const Roster&) = default;
+};
+Roster desired_roster(const gossip::JobStart& record, const std::vector<gossip::Member>& view);
+
+class JobControl {
+ public:
+  struct Options {
+    std::string self;
+    uint64_t boot_id = 0;
+    Quorum quorum = Quorum::majority;
+    size_t min_workers = 1;   ///< no generation with fewer workers is proposed
+    double retry_ms = 3000;   ///< a proposal not installed by then is made again, numbered higher
+  };
+  /// What this node holds, for its acks.
+  struct Local {
+    gossip::JobProgress progress;
+    bool has_state = false;
+  };
+  struct Output {
+    std::vector<std::pair<std::string, gossip::Body>> sends;  ///< (address, body)
+    bool installed = false;   ///< record() is a newer generation
+    bool paused = false;      ///< this node acked a proposal: no new step until an install
+    std::string dropped;      ///< this node is not a worker of the installed generation: why
+    std::vector<std::string> log;  ///< decisions worth a log line (proposed, refused, waiting)
+  };
+
+  explicit JobControl(Options options);
+
+  /// This node is a worker of `record`'s generation from the start (the first assignment).
+  void adopt(const gossip::JobStart& record);
+
+  /// The view changed: the duty holder proposes if it disagrees with the generation.
+  void on_view(double now, const std::vector<gossip::Member>& view, const Local& mine, Output& out);
+  /// Time passed: a proposal that did not install is made again.
+  void on_tick(double now, const Local& mine, Output& out);
+  /// A vote from `from` (a member id; the transport authenticated it).
+  void on_vote(double now, const std::string& from, const gossip::GenerationVote& vote, const Local& mine, Output& out);
+  /// A record of a generation (from its proposer, or forwarded by a member that has it).
+  std::expected<void, std::string> on_install(const gossip::JobStart& record, Output& out);
+
+  bool has_record() const { return record_.generation > 0; }
+  const gossip::JobStart& record() const { return record_; }
+  /// Acked a proposal that has not installed: take no new step.
+  bool paused() const { return promised_ > record_.generation; }
+  uint64_t promised() const { return promised_; }
+  /// The number of the proposal this node is collecting acks for (0: none).
+  uint64_t proposing() const { return proposal_ ? proposal_->number : 0; }
+
+ private:
+  struct Proposal {
+    uint64_t number = 0;
+    double at = 0;
+    Roster roster;
+    std::map<std::string, gossip::GenerationVote> acks;  // by worker id
+  };
+  bool holds_duty() const;
+  void propose(double now, const Local& mine, Output& out);
+  void on_ack(const std::string& from, const gossip::GenerationVote& vote, Output& out);
+  void try_install(Output& out);
+  void install(const gossip::JobStart& record, Output& out);
+  gossip::GenerationVote ack_of(uint64_t number, const Local& mine) const;
+
+  Options o_;
+  gossip::JobStart record_;           // generation 0: none held
+  std::vector<gossip::Member> view_;
+  uint64_t promised_ = 0;             // the highest number acked or installed
+  uint64_t highest_seen_ = 0;         // the highest number proposed, promised or installed anywhere we heard of
+  std::optional<Proposal> proposal_;  // the duty holder's, while it collects acks
+  std::string waiting_;               // why the duty holder does not propose (logged once)
+  double quiet_until_ = 0;            // acked another node's proposal: no own proposal before this
+};
+
+}  // namespace tepdist::elastic

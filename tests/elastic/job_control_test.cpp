@@ -1,0 +1,375 @@
+// Job control as N nodes over a mock network: kills, joins, restarts, partitions. Every node
+// holds its own view (as membership would give it), and messages between the sides of a
+// partition are lost.
+
+#include <catch2/catch.hpp>
+#include <deque>
+#include <map>
+#include <random>
+#include <set>
+
+#include "elastic/job_control.hpp"
+
+using namespace tepdist;
+using elastic::JobControl;
+using gossip::GenerationVote;
+using gossip::JobStart;
+using gossip::Member;
+
+namespace {
+
+std::string address_of(const std::string& id) { return "addr:" + id; }
+
+struct Node {
+  std::string id;
+  uint64_t boot = 1;
+  std::unique_ptr<JobControl> control;
+  JobControl::Local local;
+  std::vector<Member> view;
+  std::vector<uint64_t> installs;  // generations installed here, in order
+  bool dropped = false;
+};
+
+struct Net {
+  std::map<std::string, Node> nodes;
+  std::set<std::string> down;    // killed: neither sends nor receives
+  std::set<std::string> side_a;  // a partition: messages between side_a and the rest are lost
+  bool partitioned = false;
+  std::deque<std::tuple<std::string, std::string, gossip::Body>> queue;  // from, to, body
+  std::map<uint64_t, std::vector<std::string>> installed;  // number -> workers, as first installed anywhere
+  double now = 0;
+  elastic::Quorum quorum = elastic::Quorum::majority;
+
+  Node& add(const std::string& id, uint64_t boot = 1) {
+    auto& n = nodes[id];
+    n.id = id;
+    n.boot = boot;
+    n.control = std::make_unique<JobControl>(JobControl::Options{id, boot, quorum, 1, 3000});
+    n.local = {};
+    n.installs.clear();
+    n.dropped = false;
+    return n;
+  }
+
+  /// Starts a job of the given workers at generation 1 on each of them.
+  void start(const std::vector<std::string>& ids) {
+    JobStart r;
+    r.job_id = 7;
+    r.submitter = "addr:submitter";
+    r.generation = 1;
+    for (const auto& id : ids) {
+      r.workers.push_back(id);
+      r.addresses.push_back(address_of(id));
+      r.worker_boot_ids.push_back(nodes.at(id).boot);
+    }
+    installed[1] = ids;
+    for (const auto& id : ids) {
+      auto& n = nodes.at(id);
+      n.control->adopt(r);
+      n.local.has_state = true;
+      n.installs.push_back(1);
+    }
+  }
+
+  Member member(const std::string& id, Member::State state) const {
+    Member m{id, address_of(id), 1, state, "", {"worker"}};
+    m.boot_id = nodes.at(id).boot;
+    return m;
+  }
+
+  /// Gives `who` a view in which `dead` are dead and everyone else in nodes is alive.
+  void set_view(const std::string& who, const std::set<std::string>& dead, const std::set<std::string>& left = {}) {
+    std::vector<Member> v;
+    for (const auto& [id, n] : nodes)
+      v.push_back(member(id, dead.contains(id) ? Member::State::dead
+                            : left.contains(id) ? Member::State::left
+                                                : Member::State::alive));
+    auto& n = nodes.at(who);
+    n.view = v;
+    JobControl::Output out;
+    n.control->on_view(now, v, n.local, out);
+    apply(n, out);
+  }
+
+  bool reachable(const std::string& a, const std::string& b) const {
+    return !partitioned || side_a.contains(a) == side_a.contains(b);
+  }
+
+  void apply(Node& n, JobControl::Output& out) {
+    if (getenv("JC_TRACE"))
+      for (const auto& l : out.log) fprintf(stderr, "  %s: %s\n", n.id.c_str(), l.c_str());
+    for (auto& [address, body] : out.sends) {
+      const std::string to = address.substr(5);
+      if (to == "submitter") continue;
+      queue.emplace_back(n.id, to, std::move(body));
+    }
+    if (out.installed) {
+      const auto& r = n.control->record();
+      n.installs.push_back(r.generation);
+      auto [it, fresh] = installed.emplace(r.generation, r.workers);
+      // One installed generation per number, everywhere.
+      REQUIRE(it->second == r.workers);
+      if (!out.dropped.empty()) n.dropped = true, n.local = {};
+      else if (!n.local.has_state || n.local.progress.step < r.resume.step) {
+        // A member behind pulls the state from the donors (here: takes it).
+        REQUIRE_FALSE(r.donors.empty());
+        n.local.progress = r.resume;
+        n.local.has_state = true;
+      }
+    }
+  }
+
+  void deliver_all(size_t limit = 10000) {
+    while (!queue.empty() && limit--) {
+      auto [from, to, body] = std::move(queue.front());
+      if (getenv("JC_TRACE")) {
+        if (auto* v = std::get_if<GenerationVote>(&body))
+          fprintf(stderr, "%s -> %s vote kind=%d number=%lu base=%lu %s\n", from.c_str(), to.c_str(), (int)v->kind,
+                  v->number, v->base, v->reason.c_str());
+        else if (auto* r = std::get_if<JobStart>(&body))
+          fprintf(stderr, "%s -> %s install %lu\n", from.c_str(), to.c_str(), r->generation);
+      }
+      queue.pop_front();
+      if (!reachable(from, to) || !nodes.contains(to) || down.contains(to) || down.contains(from)) continue;
+      auto& n = nodes.at(to);
+      JobControl::Output out;
+      if (auto* v = std::get_if<GenerationVote>(&body)) n.control->on_vote(now, from, *v, n.local, out);
+      else if (auto* r = std::get_if<JobStart>(&body)) REQUIRE(n.control->on_install(*r, out));
+      apply(n, out);
+    }
+    REQUIRE(queue.empty());
+  }
+
+  void tick(double ms) {
+    now += ms;
+    for (auto& [id, n] : nodes) {
+      if (down.contains(id)) continue;
+      JobControl::Output out;
+      n.control->on_tick(now, n.local, out);
+      apply(n, out);
+    }
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a killed worker: the survivors install the next generation, resuming at the furthest step",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  net.nodes.at("w0").local.progress = {10, 0, 640, 640};
+  net.nodes.at("w1").local.progress = {11, 0, 704, 704};  // finished the step under way
+  for (auto id : {"w0", "w1"}) net.set_view(id, {"w2"});
+  CHECK(net.nodes.at("w0").control->proposing() == 2);
+  CHECK(net.nodes.at("w0").control->paused());
+  net.deliver_all();
+  for (auto id : {"w0", "w1"}) {
+    const auto& c = *net.nodes.at(id).control;
+    CHECK(c.record().generation == 2);
+    CHECK(c.record().workers == std::vector<std::string>{"w0", "w1"});
+    CHECK(c.record().resume.step == 11);
+    CHECK(c.record().donors == std::vector<std::string>{"w1"});
+    CHECK(c.record().previous_world == 3);
+    CHECK_FALSE(c.paused());
+  }
+  CHECK(net.nodes.at("w0").local.progress.step == 11);  // pulled from the donor
+}
+
+TEST_CASE("only the duty holder proposes: the lowest live worker of the generation", "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  net.set_view("w1", {"w2"});
+  CHECK(net.nodes.at("w1").control->proposing() == 0);  // w0 is live: its duty
+  net.set_view("w1", {"w0"});
+  CHECK(net.nodes.at("w1").control->proposing() == 2);  // w0 is dead: w1's
+  CHECK(elastic::job_duty_holder(net.nodes.at("w1").control->record(), net.nodes.at("w1").view) == "w1");
+}
+
+TEST_CASE("a joiner is proposed, acks without state, and receives the record", "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1"}) net.add(id);
+  net.start({"w0", "w1"});
+  for (auto id : {"w0", "w1"}) net.nodes.at(id).local.progress = {5, 0, 320, 320};
+  net.add("w2");
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+  net.deliver_all();
+  for (auto id : {"w0", "w1", "w2"}) {
+    const auto& c = *net.nodes.at(id).control;
+    CHECK(c.record().generation == 2);
+    CHECK(c.record().workers == std::vector<std::string>{"w0", "w1", "w2"});
+  }
+  CHECK(net.nodes.at("w2").local.progress.step == 5);
+  CHECK(net.nodes.at("w2").control->record().donors == std::vector<std::string>{"w0", "w1"});
+}
+
+TEST_CASE("a restarted worker counts as a joiner: its ack gives no quorum and no state", "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  for (auto id : {"w0", "w1", "w2"}) net.nodes.at(id).local.progress = {9, 0, 576, 576};
+  net.add("w1", 2);  // new process, new boot id, nothing held
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+  net.deliver_all();
+  const auto& r = net.nodes.at("w0").control->record();
+  CHECK(r.generation == 2);
+  CHECK(r.worker_boot_ids == std::vector<uint64_t>{1, 2, 1});
+  CHECK(r.donors == std::vector<std::string>{"w0", "w2"});
+  CHECK(net.nodes.at("w1").control->record().generation == 2);
+  CHECK(net.nodes.at("w1").local.progress.step == 9);
+}
+
+TEST_CASE("the minority side of a partition waits; the majority goes on; after the heal one generation has all",
+          "[elastic][job_control]") {
+  Net net;
+  const std::vector<std::string> all = {"w0", "w1", "w2", "w3", "w4"};
+  for (const auto& id : all) net.add(id);
+  net.start(all);
+  net.partitioned = true;
+  net.side_a = {"w0", "w1"};
+  for (auto id : {"w0", "w1"}) net.set_view(id, {"w2", "w3", "w4"});
+  for (auto id : {"w2", "w3", "w4"}) net.set_view(id, {"w0", "w1"});
+  net.deliver_all();
+  // Side a: w0 proposes, keeps proposing, never installs.
+  for (int i = 0; i < 4; ++i) {
+    net.tick(3000);
+    net.deliver_all();
+  }
+  CHECK(net.nodes.at("w0").control->record().generation == 1);
+  CHECK(net.nodes.at("w0").control->paused());
+  CHECK(net.nodes.at("w1").control->paused());
+  const auto b = net.nodes.at("w2").control->record();
+  CHECK(b.workers == std::vector<std::string>{"w2", "w3", "w4"});
+  CHECK_FALSE(net.nodes.at("w3").control->paused());
+  // Heal.
+  net.partitioned = false;
+  for (const auto& id : all) net.set_view(id, {});
+  net.deliver_all();
+  for (int i = 0; i < 3; ++i) {
+    net.tick(3000);
+    net.deliver_all();
+  }
+  const auto final_gen = net.nodes.at("w2").control->record().generation;
+  CHECK(final_gen > b.generation);
+  for (const auto& id : all) {
+    CHECK(net.nodes.at(id).control->record().generation == final_gen);
+    CHECK(net.nodes.at(id).control->record().workers == all);
+    CHECK_FALSE(net.nodes.at(id).control->paused());
+  }
+  // Side a never installed a generation of its own (it learned side b's, was not in it, and came
+  // back as a joiner).
+  for (const auto& [number, workers] : net.installed) CHECK(workers != std::vector<std::string>{"w0", "w1"});
+}
+
+TEST_CASE("with Quorum::any a lone survivor of three goes on; with a majority it waits", "[elastic][job_control]") {
+  for (auto quorum : {elastic::Quorum::any, elastic::Quorum::majority}) {
+    Net net;
+    net.quorum = quorum;
+    for (auto id : {"w0", "w1", "w2"}) net.add(id);
+    net.start({"w0", "w1", "w2"});
+    net.set_view("w2", {"w0", "w1"});
+    net.deliver_all();
+    CHECK(net.nodes.at("w2").control->record().generation == (quorum == elastic::Quorum::any ? 2u : 1u));
+  }
+}
+
+TEST_CASE("workers that left gracefully no longer count toward the quorum", "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2", "w3"}) net.add(id);
+  net.start({"w0", "w1", "w2", "w3"});
+  // Two left, one of the others then died: 1 of the 2 that count is no majority... but w3 alone
+  // with w1, w2 gone gracefully is 1 of 2 (w0 dead): not enough; with w0 live it is 2 of 2.
+  net.set_view("w0", {}, {"w1", "w2"});
+  net.set_view("w3", {}, {"w1", "w2"});
+  net.deliver_all();
+  CHECK(net.nodes.at("w3").control->record().workers == std::vector<std::string>{"w0", "w3"});
+}
+
+TEST_CASE("a stale proposer learns the installed generation from a refusal", "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  // w0 is cut off; w1 and w2 install generation 2 without it.
+  net.partitioned = true;
+  net.side_a = {"w0"};
+  for (auto id : {"w1", "w2"}) net.set_view(id, {"w0"});
+  net.deliver_all();
+  REQUIRE(net.nodes.at("w1").control->record().generation == 2);
+  // w0 comes back believing the generation is 1 with w1 dead (say): its proposal is refused by w2,
+  // which sends it the installed record; w0 is not in it and drops out, to come back as a joiner.
+  net.partitioned = false;
+  net.set_view("w0", {"w1"});
+  net.deliver_all();
+  CHECK(net.nodes.at("w0").control->record().generation >= 2);
+  CHECK(net.nodes.at("w0").dropped);
+  CHECK_FALSE(net.nodes.at("w2").control->paused());
+}
+
+TEST_CASE("random kills, restarts, joins and partitions: one generation per number, and all end together",
+          "[elastic][job_control]") {
+  for (uint64_t seed = 1; seed <= 60; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937_64 random(seed);
+    Net net;
+    std::vector<std::string> ids = {"w0", "w1", "w2", "w3", "w4"};
+    for (const auto& id : ids) net.add(id);
+    net.start({"w0", "w1", "w2", "w3"});
+    auto& dead = net.down;
+    uint64_t boot = 10;
+    for (int round = 0; round < 12; ++round) {
+      const auto pick = ids[random() % ids.size()];
+      switch (random() % 4) {
+        case 0:
+          if (dead.size() < 2) dead.insert(pick);
+          break;
+        case 1:
+          if (dead.erase(pick)) net.add(pick, ++boot);  // restarted with nothing
+          break;
+        case 2:
+          net.partitioned = true;
+          net.side_a = {ids[random() % ids.size()], ids[random() % ids.size()]};
+          break;
+        case 3: net.partitioned = false; break;
+      }
+      // Each node's view: the dead, and those across the partition.
+      for (const auto& id : ids) {
+        if (dead.contains(id)) continue;
+        std::set<std::string> gone = dead;
+        for (const auto& other : ids)
+          if (!net.reachable(id, other)) gone.insert(other);
+        net.set_view(id, gone);
+      }
+      for (int k = 0; k < 3; ++k) {
+        // Progress moves on where a generation is installed and not paused.
+        for (auto& [id, n] : net.nodes)
+          if (!dead.contains(id) && n.local.has_state && !n.control->paused()) ++n.local.progress.step;
+        net.deliver_all();
+        net.tick(3000);
+      }
+    }
+    // Everyone back, connected: one generation with every live node.
+    net.partitioned = false;
+    for (const auto& id : ids) {
+      if (dead.erase(id)) net.add(id, ++boot);
+    }
+    for (int k = 0; k < 6; ++k) {
+      for (const auto& id : ids) net.set_view(id, {});
+      net.deliver_all();
+      net.tick(3000);
+      net.deliver_all();
+    }
+    const JobStart* newest = nullptr;
+    for (const auto& [id, n] : net.nodes)
+      if (!newest || n.control->record().generation > newest->generation) newest = &n.control->record();
+    const auto want = *newest;
+    CHECK(want.workers == ids);
+    for (const auto& id : ids) {
+      CHECK(net.nodes.at(id).control->record().generation == want.generation);
+      CHECK_FALSE(net.nodes.at(id).control->paused());
+      // Generations install in increasing order on every node.
+      const auto& seen = net.nodes.at(id).installs;
+      CHECK(std::is_sorted(seen.begin(), seen.end()));
+    }
+  }
+}

@@ -1,0 +1,91 @@
+// Positions and rates across changes of the number of workers.
+
+#include <catch2/catch.hpp>
+#include <random>
+#include <vector>
+
+#include "elastic/coordination.hpp"
+#include "elastic/progress.hpp"
+
+using namespace tepdist;
+using gossip::JobProgress;
+
+TEST_CASE("sync: with a fixed world the slices are the fixed split, step for step", "[elastic][progress]") {
+  const int64_t n = 1000, world = 3, batch = 64;
+  JobProgress p;
+  const int64_t per_epoch = elastic::sync_steps_per_epoch(n, world, batch);
+  for (int64_t t = 0; t < 2 * per_epoch; ++t) {
+    for (int64_t r = 0; r < world; ++r)
+      CHECK(elastic::sync_slice(p, n, world, batch, r) == elastic::sync_batch_slice(n, world, batch, t % per_epoch, r));
+    p = elastic::after_sync_step(p, n, world, batch);
+    CHECK(p.step == static_cast<uint64_t>(t + 1));
+    CHECK(p.epoch == static_cast<uint64_t>((t + 1) / per_epoch));
+  }
+  CHECK(p.samples == 2 * n);
+}
+
+TEST_CASE("sync: whatever the world does from step to step, each epoch uses every position once",
+          "[elastic][progress]") {
+  for (uint64_t seed = 1; seed <= 50; ++seed) {
+    std::mt19937_64 random(seed);
+    const int64_t n = 200 + static_cast<int64_t>(random() % 2000), batch = 1 + static_cast<int64_t>(random() % 40);
+    JobProgress p;
+    std::vector<int> used(static_cast<size_t>(n), 0);
+    uint64_t epoch = 0;
+    while (p.epoch < 3) {
+      const int64_t world = 1 + static_cast<int64_t>(random() % 7);
+      for (int64_t r = 0; r < world; ++r) {
+        const auto [b, e] = elastic::sync_slice(p, n, world, batch, r);
+        for (int64_t i = b; i < e; ++i) ++used[static_cast<size_t>(i)];
+      }
+      p = elastic::after_sync_step(p, n, world, batch);
+      if (p.epoch != epoch) {
+        INFO("seed " << seed << " epoch " << epoch);
+        CHECK(std::all_of(used.begin(), used.end(), [](int u) { return u == 1; }));
+        std::fill(used.begin(), used.end(), 0);
+        epoch = p.epoch;
+      }
+    }
+    CHECK(p.samples == 3 * static_cast<uint64_t>(n));
+  }
+}
+
+TEST_CASE("job_finished: epochs or max_steps, whichever comes first", "[elastic][progress]") {
+  CHECK_FALSE(elastic::job_finished({5, 1, 0, 0}, 2, 0));
+  CHECK(elastic::job_finished({5, 2, 0, 0}, 2, 0));
+  CHECK(elastic::job_finished({5, 0, 0, 0}, 2, 5));
+}
+
+TEST_CASE("the rate: the schedule by samples, scaled with the global batch, ramped after a change",
+          "[elastic][progress]") {
+  compute::ScheduleOptions s;
+  s.kind = "step";
+  s.base_lr = 0.1f;
+  s.step_size = 10;
+  s.gamma = 0.5f;
+  auto schedule = compute::LrSchedule::make(s);
+  REQUIRE(schedule);
+  const int64_t n = 6400, ref = 192;  // 3 workers x 64
+  elastic::RatePolicy policy(*schedule, {n, ref, 4});
+  policy.set_generation({}, 0, ref);
+  // Unchanged world: exactly the step schedule.
+  JobProgress p;
+  for (int t = 0; t < 40; ++t) {
+    CHECK(policy.at(p) == schedule->at(t % 34 + (t >= 34 ? 34 : 0)));
+    p = elastic::after_sync_step(p, n, 3, 64);
+  }
+  // Two workers from here: the scale goes from 1 to 2/3 over 4 global batches of 128.
+  const JobProgress at{40, 1, 1152, 7552};
+  policy.set_generation(at, ref, 128);
+  const float base = schedule->at(policy.schedule_step(at));
+  CHECK(policy.at(at) == Approx(base));
+  JobProgress half = at;
+  half.samples += 256;
+  CHECK(policy.at(half) == Approx(base * (1 + (2.0 / 3 - 1) * 0.5)));
+  JobProgress later = at;
+  later.samples += 4 * 128;
+  later.position += 4 * 128;
+  CHECK(policy.at(later) == Approx(schedule->at(policy.schedule_step(later)) * 2.0 / 3));
+  // The schedule counts samples: 1152 + 512 positions into epoch 1 is reference step 34 + 8.
+  CHECK(policy.schedule_step(later) == 34 + 8);
+}
