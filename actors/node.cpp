@@ -207,7 +207,7 @@ int run_node(const NodeOptions& o) {
     roles = {coordinator_role(id), parameter_shard_role("parameter-shard", shard), worker_role(id, training_samples),
              monitor_role(&metrics),
              trainer_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation, o.threads,
-                                       o.config.cluster.max_frame_mb << 10},
+                                       o.config.cluster.max_frame_mb << 10, boot_id},
                                       router_actor)};
     role_names = {"coordinator", "parameter-shard", "worker", "monitor"};
   }

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <map>
 #include <optional>
 #include <set>
 
@@ -27,7 +28,8 @@ struct SubmitterState {
   bool submitted = false, ended = false, heard = false;
   std::chrono::steady_clock::time_point submitted_at, last_report, started_at = std::chrono::steady_clock::now();
   std::string trouble;  // the last connection problem, for a join that does not happen
-  std::set<uint32_t> done;
+  std::set<uint32_t> done;  // ranks of the latest generation that reported done
+  std::map<std::string, std::pair<std::string, uint64_t>> workers_seen;  // id -> (live/died/left, boot id)
   static inline const char* name = "tepdist.submitter";
 };
 using Submitter = caf::stateful_actor<SubmitterState>;
@@ -48,13 +50,22 @@ void on_view(Submitter* self, std::vector<gossip::Member> view) {
   s.view = std::move(view);
   if (s.ended) return;
   if (s.submitted) {
-    // Workers of the job that went away: the job cannot finish (their trainers report it too, but a
-    // dead one cannot).
-    for (const auto& id : s.sent.workers)
-      for (const auto& m : s.view)
-        if (m.id == id && !elastic::is_live(m))
-          return end(self, 1, fmt::format("worker {} {} during the job", id,
-                                          m.state == gossip::Member::State::dead ? "died" : "left"));
+    // The workers' changes during the job: the job goes on (job control installs the next
+    // generation); they are counted for the result.
+    for (const auto& m : s.view) {
+      if (!elastic::has_role(m, "worker")) continue;
+      const auto state = elastic::is_live(m) ? std::string("live") : std::string(m.state == gossip::Member::State::dead ? "died" : "left");
+      auto& known = s.workers_seen[m.id];
+      std::string event;
+      if (known.first.empty()) event = state == "live" ? "joined" : "";
+      else if (known.first != state) event = state == "live" ? "came back" : state;
+      else if (state == "live" && known.second && m.boot_id && known.second != m.boot_id) event = "restarted";
+      known = {state, m.boot_id};
+      if (!event.empty()) {
+        node_events().info("job_member_event job={} id={} event=\"{}\"", s.sent.job_id, m.id, event);
+        s.submission->on_membership_event(m.id + " " + event);
+      }
+    }
     return;
   }
   size_t workers = 0;
@@ -63,6 +74,8 @@ void on_view(Submitter* self, std::vector<gossip::Member> view) {
   if (!coordinator || workers < std::max<size_t>(1, s.submission->expected_workers)) return;
   s.sent = s.submission->job;
   s.sent.submitter = s.o.self_address;
+  for (const auto& m : s.view)
+    if (elastic::has_role(m, "worker")) s.workers_seen[m.id] = {elastic::is_live(m) ? "live" : "gone", m.boot_id};
   for (const auto& m : s.view)
     if (elastic::is_live(m) && elastic::has_role(m, "worker")) s.sent.workers.push_back(m.id);
   const gossip::JobStart& request = s.sent;  // workers: those it waits for; the coordinator decides the ring
@@ -87,8 +100,25 @@ void on_frame(Submitter* self, const std::string& peer, const gossip::Message& m
   auto& s = self->state;
   if (s.ended) return;
   if (const auto* start = std::get_if<gossip::JobStart>(&m.body)) {
-    if (s.submitted && !start->coordinator.empty() && peer == s.coordinator_id && start->job_id == s.sent.job_id)
+    if (!s.submitted || start->coordinator.empty() || start->job_id != s.sent.job_id) return;
+    if (!s.assigned) {
+      if (peer != s.coordinator_id) return;
       s.assigned = *start;
+      return s.submission->on_generation(*start);
+    }
+    // A later generation, from its proposer: a worker of the generation this node knows.
+    const auto& workers = s.assigned->workers;
+    if (start->generation <= s.assigned->generation) return;
+    if (std::find(workers.begin(), workers.end(), peer) == workers.end()) {
+      node_events().warn("generation_refused from={} reason=\"not a worker of job {}'s generation {}\"", peer,
+                         s.sent.job_id, s.assigned->generation);
+      return;
+    }
+    s.assigned = *start;
+    s.done.clear();  // done reports count in the generation that ends the job
+    node_events().info("job_generation job={} generation={} workers={} resume_step={}", start->job_id,
+                       start->generation, start->workers.size(), start->resume.step);
+    s.submission->on_generation(*start);
     return;
   }
   if (const auto* push = std::get_if<gossip::ParamPush>(&m.body)) {

@@ -3,7 +3,9 @@
 // holds no worker role, so it never trains and is never in a ring. Once its view has the workers
 // it waits for, it sends the job to the coordinator (the lowest live coordinator id it knows);
 // then it passes every report and the final model to the launcher's hooks and ends the node when
-// every worker is done, when one reports a failure, or when a worker of the job dies or leaves.
+// every worker of the job's latest generation is done, or when one reports a failure. Workers
+// that die, leave or join are the job's business (elastic/job_control.hpp): the submitter follows
+// the generations it is sent, and counts the membership changes it sees.
 
 #include <cstdint>
 #include <functional>
@@ -22,6 +24,10 @@ struct Submission {
   /// Called on the submitter's thread.
   std::function<void(const gossip::JobReport&)> on_report;
   std::function<void(const gossip::TensorChunk&)> on_params;
+  /// Each generation of the job after the first, as installed (and the membership event that
+  /// this node saw, as "id joined|died|left|restarted", for each).
+  std::function<void(const gossip::JobStart&)> on_generation = [](const gossip::JobStart&) {};
+  std::function<void(const std::string&)> on_membership_event = [](const std::string&) {};
   /// Called once: 0 when every worker reported done, else 1 and why.
   std::function<void(int status, const std::string& why)> on_end;
 };

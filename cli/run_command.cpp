@@ -216,6 +216,8 @@ struct Collected {
   size_t params_received = 0;
   uint64_t members = 0;
   std::string failure;
+  std::vector<std::string> membership_events;  // "id joined|died|left|came back|restarted"
+  nlohmann::json generations = nlohmann::json::array();
 };
 
 }  // namespace
@@ -226,9 +228,21 @@ int run_run_command(const RunArgs& args) {
   if (args.nodes) overrides.push_back(fmt::format("cluster.local_nodes={}", *args.nodes));
   if (args.mode) overrides.push_back(fmt::format("job.mode=\"{}\"", *args.mode));
   if (args.epochs) overrides.push_back(fmt::format("job.epochs={}", *args.epochs));
+  // Local nodes on one machine cannot be partitioned: job control may go on with any survivor,
+  // unless the file says otherwise (or emulates partitions, which it then must).
+  const bool quorum_given = std::any_of(overrides.begin(), overrides.end(), [](const std::string& o) {
+    return o.starts_with("elastic.quorum");
+  });
   auto loaded = args.config ? elastic::load_config(fs::path(*args.config), overrides)
                             : elastic::parse_config(quickstart_toml, "(built-in configs/quickstart.toml)", overrides);
   if (!loaded) return usage_error(loaded.error().message);
+  if (!quorum_given && loaded->cluster.local_nodes > 0 && loaded->network.model.partitions.empty() &&
+      loaded->text.find("quorum") == std::string::npos) {
+    overrides.push_back("elastic.quorum=\"any\"");
+    loaded = args.config ? elastic::load_config(fs::path(*args.config), overrides)
+                         : elastic::parse_config(quickstart_toml, "(built-in configs/quickstart.toml)", overrides);
+    if (!loaded) return usage_error(loaded.error().message);
+  }
   const elastic::JobConfig& c = *loaded;
   if (c.job.mode == "single")
     return usage_error(fmt::format("{}: job.mode = \"single\": `tepdist run` trains on a cluster (mode \"sync\", "
@@ -366,6 +380,33 @@ int run_run_command(const RunArgs& args) {
     std::copy(chunk.data.begin(), chunk.data.end(), collected->params.begin() + static_cast<ptrdiff_t>(chunk.offset));
     collected->params_received += chunk.data.size();
   };
+  submission->on_membership_event = [collected](const std::string& event) {
+    std::lock_guard lock(collected->mutex);
+    collected->membership_events.push_back(event);
+  };
+  auto previous_workers = std::make_shared<std::vector<std::string>>();
+  submission->on_generation = [&, collected, previous_workers](const gossip::JobStart& g) {
+    std::lock_guard lock(collected->mutex);
+    // Why, as the change of workers from the generation before (the first: all of them).
+    std::vector<std::string> added, removed;
+    for (const auto& w : g.workers)
+      if (std::find(previous_workers->begin(), previous_workers->end(), w) == previous_workers->end()) added.push_back(w);
+    for (const auto& w : *previous_workers)
+      if (std::find(g.workers.begin(), g.workers.end(), w) == g.workers.end()) removed.push_back(w);
+    *previous_workers = g.workers;
+    collected->generations.push_back({{"generation", g.generation},
+                                      {"at_seconds", std::chrono::duration<double>(Clock::now() - process_start).count()},
+                                      {"workers", g.workers},
+                                      {"added", added},
+                                      {"removed", removed},
+                                      {"resume_step", g.resume.step},
+                                      {"donors", g.donors}});
+    if (g.generation > 1)
+      fmt::print("{}generation {}: {} workers{}{}, resuming at step {}\n", tty ? "\r\033[K" : "", g.generation,
+               g.workers.size(), added.empty() ? "" : fmt::format(", joined {}", fmt::join(added, " ")),
+               removed.empty() ? "" : fmt::format(", gone {}", fmt::join(removed, " ")), g.resume.step);
+    std::fflush(stdout);
+  };
   std::string end_reason;
   submission->on_end = [&end_reason](int, const std::string& why) { end_reason = why; };
 
@@ -458,7 +499,9 @@ int run_run_command(const RunArgs& args) {
       {"test_loss", rank0->test_loss},
       {"target_accuracy", c.job.target_accuracy},
       {"time_to_target_seconds", time_to_target ? nlohmann::json(*time_to_target) : nlohmann::json(nullptr)},
-      {"membership_events", 0},
+      {"membership_events", collected->membership_events.size()},
+      {"membership_event_list", collected->membership_events},
+      {"generations", collected->generations},
       {"checkpoint", nullptr},
       {"model", model_file ? nlohmann::json(*model_file) : nlohmann::json(nullptr)},
       {"seed", c.job.seed},

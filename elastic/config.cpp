@@ -252,6 +252,21 @@ const std::vector<Key>& keys() {
         "of W workers) whatever its usual staleness, and its staler pushes less. A fixed value averages only "
         "at one staleness (1: at W - 1). 0 to 10."},
        0, 10, false, false, {}, assign<&J::elastic, &J::Elastic::outer_lr>},
+      {{"elastic", "quorum", KeyType::string, "\"majority\"",
+        "Job control: a new generation of workers needs acks from a majority of the previous generation's "
+        "workers (\"majority\": the side of a partition without one waits, so one model is never trained by "
+        "two sides), or from any one of them (\"any\": only where no partition can happen, as among the local "
+        "nodes of one `tepdist run`, which sets it unless the file does). Workers that left gracefully or "
+        "restarted no longer count."},
+       -inf, inf, false, false, {"majority", "any"}, assign<&J::elastic, &J::Elastic::quorum>},
+      {{"elastic", "min_workers", KeyType::integer, "1",
+        "Job control: no generation with fewer live workers is proposed; the job waits for joins. 1 to 4096."},
+       1, 4096, false, false, {}, assign<&J::elastic, &J::Elastic::min_workers>},
+      {{"elastic", "rescale_batches", KeyType::integer, "8",
+        "After the number of workers changes, the learning rate moves linearly from the old global batch's "
+        "scale to the new one's over this many global batches (the rate is lr x global batch / reference "
+        "batch). 0: at once. 0 to 100000."},
+       0, 100000, false, false, {}, assign<&J::elastic, &J::Elastic::rescale_batches>},
       {{"membership", "profile", KeyType::string, "\"lan\"",
         "SWIM defaults: \"lan\" (probe every 200 ms, ack timeout 100 ms, suspicion at least 3 x log10(N) "
         "intervals) or \"wan\" (1 s, 500 ms, 4 x log10(N): round trips up to about 250 ms); the keys below "

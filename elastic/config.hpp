@@ -88,6 +88,9 @@ struct JobConfig {
     int64_t push_window = 2;
     int64_t local_steps = 4;        ///< 0: push gradients; H: push each worker's own change every H steps
     double outer_lr = 0;            ///< updates mode: changes count outer_lr / (1 + staleness); 0: (1 + recent staleness) / W
+    std::string quorum = "majority";  ///< job control: "majority" of the previous generation, or "any" one survivor
+    int64_t min_workers = 1;        ///< no generation with fewer workers
+    int64_t rescale_batches = 8;    ///< global batches over which the rate moves to a new world's scale
     friend bool operator==(const Elastic&, const Elastic&) = default;
   } elastic;
 

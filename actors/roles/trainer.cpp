@@ -21,6 +21,9 @@
 #include "compute/train.hpp"
 #include "elastic/coordination.hpp"
 #include "elastic/job.hpp"
+#include "elastic/job_control.hpp"
+#include "elastic/progress.hpp"
+#include "elastic/state_transfer.hpp"
 #include "actors/roles/shard_host.hpp"
 #include "elastic/async_shards.hpp"
 #include "elastic/placement.hpp"
@@ -64,11 +67,22 @@ caf::behavior evaluator(caf::event_based_actor*, std::shared_ptr<EvalKit> kit) {
 enum class Mode { sync, async, gossip };
 
 struct Job {
-  gossip::JobStart start;
+  gossip::JobStart start;  // the record of the generation this worker trains in
   elastic::JobConfig config;
   Mode mode = Mode::sync;
   uint32_t rank = 0, world = 1;
   std::string prev_id, next_address;
+  // Job control (sync and gossip): generations, and the state this worker holds.
+  std::unique_ptr<elastic::JobControl> control;
+  uint64_t generation = 1;
+  gossip::JobProgress progress;  // sync: the job's, alike on every member; gossip: this worker's own
+  bool has_state = true;         // false: a joiner, or a member behind, until it has pulled the state
+  std::optional<elastic::StatePuller> pulling;
+  std::optional<elastic::RatePolicy> rate;
+  bool stop_voted = false;       // sync: a stop vote was in the last sum
+  // Ring chunks of a generation this worker has not installed yet (a faster member started it).
+  std::vector<std::pair<std::string, gossip::RingChunk>> ahead;
+  size_t ahead_bytes = 0;
   elastic::JobData data;
   std::unique_ptr<compute::Model> model;
   std::unique_ptr<compute::Backend> backend;
@@ -143,6 +157,11 @@ struct TrainerState {
   // deadline passes, then obeyed or refused with the reason.
   std::optional<gossip::JobStart> held;
   Clock::time_point held_since;
+  // A node without the job that was proposed as a worker of a running one (a joiner, a restarted
+  // node, a worker that was dropped): its votes, until the install makes it a worker.
+  std::unique_ptr<elastic::JobControl> joining;
+  std::set<uint64_t> ended_jobs;  // finished, failed or abandoned here: never joined again
+  Clock::time_point started = Clock::now();
   static constexpr double held_limit_s = 10;
   static constexpr double pending_limit_s = 30;  // how long a submission waits for this view
   bool ticking = false;
@@ -182,9 +201,12 @@ JobReport report_of(const Job& j, JobReport::Kind kind) {
   return r;
 }
 
-/// Ends the current job here: its evaluator goes with it.
-void drop_job(Trainer* self) {
+/// Ends the current job here: its evaluator goes with it. `over`: the job is over for this node
+/// (done, failed, abandoned), not merely left by it (a worker dropped from a generation may be
+/// proposed again).
+void drop_job(Trainer* self, bool over = true) {
   auto& job = self->state.job;
+  if (job && over) self->state.ended_jobs.insert(job->start.job_id);
   // kill, not user_shutdown: it must not work through queued evaluations of a job that is over.
   if (job && job->evaluator) self->send_exit(job->evaluator, caf::exit_reason::kill);
   if (job && job->shard_host) {
@@ -207,12 +229,14 @@ void fail(Trainer* self, const std::string& why) {
 /// Sends ring chunks to the next worker; false (the job failed) if its send queue is full.
 bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out) {
   auto& j = *self->state.job;
-  for (auto& c : out)
+  for (auto& c : out) {
+    c.generation = j.generation;
     if (!send_to(self, j.next_address, std::move(c))) {
       fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
                              j.next_address));
       return false;
     }
+  }
   return true;
 }
 
@@ -335,6 +359,11 @@ void evaluate_snapshot(Trainer* self) {
       });
 }
 
+/// Sync: whether the job is over at the progress every member shares (or a stop vote was summed).
+bool sync_finished(const Job& j) {
+  return j.stop_voted || elastic::job_finished(j.progress, j.config.job.epochs, j.config.job.max_steps);
+}
+
 /// The ring summed everything: divide by the samples, step the optimiser, move on.
 void finish_step(Trainer* self) {
   auto& j = *self->state.job;
@@ -344,37 +373,38 @@ void finish_step(Trainer* self) {
   auto grads = j.model->gradients();
   for (size_t i = 0; i < e; ++i) grads[i] = j.buffer[i] * inv;
   j.loss = j.buffer[e] / total;
-  j.optimizer->step(j.model->parameters(), grads, j.schedule->at(j.step));
-  ++j.step;
+  j.optimizer->step(j.model->parameters(), grads, j.rate->at(j.progress));
+  j.progress = elastic::after_sync_step(j.progress, j.data.train.size(), j.world, j.config.data.batch_size);
+  j.step = static_cast<int64_t>(j.progress.step);
   // A stop vote in the sum: every worker ends after this same step.
-  if (j.buffer[e + 2] > 0) j.total_steps = j.step;
+  if (j.buffer[e + 2] > 0) j.stop_voted = true;
   j.samples += static_cast<uint64_t>(total);
   j.window_samples += static_cast<uint64_t>(total);
   j.last_step_end = Clock::now();
   j.ring_seconds += seconds_between(j.waiting_since, j.last_step_end);
-  const bool epoch_end = j.step % j.steps_per_epoch == 0;
-  if (epoch_end) ++j.epoch;
+  const bool epoch_end = static_cast<int64_t>(j.progress.epoch) != j.epoch;
+  j.epoch = static_cast<int64_t>(j.progress.epoch);
+  const bool over = sync_finished(j);
   if (j.rank == 0) {
-    if (j.step % j.config.job.log_every_steps == 0 || j.step == j.total_steps) {
+    if (j.step % j.config.job.log_every_steps == 0 || over) {
       JobReport r = report_of(j, JobReport::Kind::progress);
-      r.samples = j.samples;
+      r.samples = j.progress.samples;
       r.samples_per_second = static_cast<double>(j.window_samples) / std::max(1e-9, seconds_between(j.window_start, j.last_step_end));
       send_to(self, j.start.submitter, r);
       j.window_samples = 0;
       j.window_start = j.last_step_end;
     }
     const auto every = j.config.job.eval_every_steps;
-    if ((every > 0 && j.step % every == 0) || epoch_end || j.step == j.total_steps) evaluate_snapshot(self);
+    if ((every > 0 && j.step % every == 0) || epoch_end || over) evaluate_snapshot(self);
   }
-  if (j.step >= j.total_steps) return finish_job(self);
+  if (over) return finish_job(self);
   self->send(self, step_atom::value);
 }
 
-/// The gradient of this worker's slice of global batch t (of epoch t / steps_per_epoch) into the
-/// model's gradients; returns the samples in the slice (0 for a short last step) and their loss.
-int64_t compute_slice(Job& j, int64_t t, float& loss) {
-  const int64_t n = j.data.train.size(), batch = j.config.data.batch_size;
-  const int64_t epoch = t / j.steps_per_epoch, in_epoch = t % j.steps_per_epoch;
+/// The gradient of positions [begin, end) of epoch `epoch`'s permutation into the model's
+/// gradients; returns the samples (0: none) and sets their loss.
+int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, float& loss) {
+  const int64_t n = j.data.train.size();
   if (epoch != j.order_epoch) {
     if (j.config.data.shuffle) {
       j.order = compute::shuffled_indices(n, j.config.job.seed, epoch);
@@ -384,7 +414,6 @@ int64_t compute_slice(Job& j, int64_t t, float& loss) {
     }
     j.order_epoch = epoch;
   }
-  const auto [begin, end] = elastic::sync_batch_slice(n, j.world, batch, in_epoch, j.rank);
   if (end <= begin) return 0;
   const std::span<const int64_t> idx(j.order.data() + begin, static_cast<size_t>(end - begin));
   compute::gather_batch(j.data.train, idx, j.x, j.y);
@@ -392,15 +421,33 @@ int64_t compute_slice(Job& j, int64_t t, float& loss) {
   return end - begin;
 }
 
+/// Async and gossip: the gradient of this worker's slice of global batch t (of epoch t /
+/// steps_per_epoch) into the model's gradients; returns the samples in the slice (0 for a short
+/// last step) and their loss.
+int64_t compute_slice(Job& j, int64_t t, float& loss) {
+  const int64_t n = j.data.train.size(), batch = j.config.data.batch_size;
+  const int64_t epoch = t / j.steps_per_epoch, in_epoch = t % j.steps_per_epoch;
+  const auto [begin, end] = elastic::sync_batch_slice(n, j.world, batch, in_epoch, j.rank);
+  return compute_positions(j, epoch, begin, end, loss);
+}
+
+/// Whether this worker may take a step now: not while it has promised a generation that is not
+/// installed yet, nor while it pulls the state.
+bool may_step(const Job& j) { return !j.control || (!j.control->paused() && !j.pulling && j.has_state); }
+
 void sync_step(Trainer* self) {
   auto& j = *self->state.job;
+  if (!may_step(j)) return;
   // One step at a time: a step message left over from an earlier job or step finds the ring busy.
-  if (j.ring->step() == static_cast<uint64_t>(j.step) + 1 && !j.ring->done()) return;
+  if (j.ring->step() == j.progress.step + 1 && !j.ring->done()) return;
   const size_t e = j.elements();
   const auto now = Clock::now();
   if (!j.first_step) j.first_step = j.window_start = now;
   float loss = 0;
-  if (const int64_t samples = compute_slice(j, j.step, loss); samples > 0) {
+  const auto [begin, end] =
+      elastic::sync_slice(j.progress, j.data.train.size(), j.world, j.config.data.batch_size, j.rank);
+  if (const int64_t samples = compute_positions(j, static_cast<int64_t>(j.progress.epoch), begin, end, loss);
+      samples > 0) {
     const auto count = static_cast<float>(samples);
     const auto grads = j.model->gradients();
     for (size_t i = 0; i < e; ++i) j.buffer[i] = grads[i] * count;
@@ -412,7 +459,7 @@ void sync_step(Trainer* self) {
   }
   j.buffer[e + 2] = j.target_reached ? 1.0f : 0.0f;
   std::vector<gossip::RingChunk> out;
-  j.ring->start(static_cast<uint64_t>(j.step) + 1, j.buffer, out);
+  j.ring->start(j.progress.step + 1, j.buffer, out);
   if (!send_ring(self, out)) return;
   j.waiting_since = j.progress_at = Clock::now();
   j.compute_seconds += seconds_between(now, j.waiting_since);
@@ -604,16 +651,24 @@ void end_final_average(Trainer* self) {
   finish_job(self);
 }
 
+/// Gossip: this worker's local steps as a progress, in reference batches (the rate policy reads the
+/// schedule at the step and ramps over samples).
+gossip::JobProgress gossip_progress(const Job& j) {
+  const auto step = static_cast<uint64_t>(j.step), per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
+  const uint64_t reference = j.start.reference_batch;
+  return {step, step / per_epoch, step % per_epoch * reference, step * reference};
+}
+
 /// Gossip: a local step on this worker's replica, and now and then an averaging with a peer.
 void gossip_step(Trainer* self) {
   auto& j = *self->state.job;
-  if (j.final_average) return;
+  if (j.final_average || !may_step(j)) return;
   if (j.step >= j.total_steps) return start_final_average(self);
   const auto now = Clock::now();
   if (!j.first_step) j.first_step = j.window_start = now;
   float loss = 0;
   const int64_t samples = compute_slice(j, j.step, loss);
-  if (samples > 0) j.optimizer->step(j.model->parameters(), j.model->gradients(), j.schedule->at(j.step));
+  if (samples > 0) j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(gossip_progress(j)));
   if (j.gossip->after_step()) {
     j.partner = j.gossip->partner(j.random());
     std::vector<gossip::GossipAverage> out;
@@ -700,6 +755,19 @@ void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c
   }
   auto& j = *s.job;
   if (!j.ring) return;  // async: no ring
+  if (c.generation != j.generation) {
+    // A member that installed the next generation first has started its ring: keep its chunks
+    // (bounded) for when this worker installs it too. Older generations' rings are over.
+    constexpr size_t ahead_limit = 256u << 20;
+    if (c.generation > j.generation && j.ahead_bytes + c.chunk.data.size_bytes() <= ahead_limit) {
+      j.ahead.emplace_back(peer, c);
+      j.ahead_bytes += c.chunk.data.size_bytes();
+    }
+    return;
+  }
+  // A worker that promised the next generation finishes no step of this one: what it reported
+  // in its ack must stay true until the install.
+  if (j.control && j.control->paused()) return;
   if (peer != j.prev_id) {
     node_events().warn("ring_chunk_refused from={} reason=\"not the previous worker ({})\"", peer, j.prev_id);
     return;
@@ -716,7 +784,7 @@ void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c
     if (j.ring->done() && j.final_average && !j.finishing) end_final_average(self);
     return;
   }
-  if (j.ring->done() && !j.finishing && j.ring->step() == static_cast<uint64_t>(j.step) + 1) finish_step(self);
+  if (j.ring->done() && !j.finishing && j.ring->step() == j.progress.step + 1) finish_step(self);
 }
 
 /// Async: the shards, where they live, this worker's side of the protocol, and the host for the
@@ -806,7 +874,13 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   if (!backend) return std::unexpected(backend.error().message);
   j.backend = std::move(*backend);
   j.backend->set_threads(static_cast<int>(j.config.compute.threads));
-  j.steps_per_epoch = elastic::sync_steps_per_epoch(j.data.train.size(), j.world, j.config.data.batch_size);
+  // Epochs are counted in reference batches (the first generation's global batch), so the job's
+  // length and its schedule keep their meaning when the number of workers changes.
+  const int64_t batch = j.config.data.batch_size;
+  // The first generation's workers all compute it alike; later records carry it.
+  if (j.start.reference_batch == 0) j.start.reference_batch = static_cast<uint64_t>(j.world) * static_cast<uint64_t>(batch);
+  const auto reference = static_cast<int64_t>(j.start.reference_batch);
+  j.steps_per_epoch = elastic::sync_steps_per_epoch(j.data.train.size(), 1, reference);
   j.total_steps = j.steps_per_epoch * j.config.job.epochs;
   if (j.config.job.max_steps > 0) j.total_steps = std::min(j.total_steps, j.config.job.max_steps);
   auto optimizer = compute::make_optimizer(j.config.optimizer.options, j.elements());
@@ -817,7 +891,7 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   auto made = compute::LrSchedule::make(schedule);
   if (!made) return std::unexpected(made.error().message);
   j.schedule = *made;
-  const size_t chunk = static_cast<size_t>(j.config.job.ring_chunk_kb) * 1024 / sizeof(float);
+  j.rate.emplace(*made, elastic::RatePolicy::Options{j.data.train.size(), reference, j.config.elastic.rescale_batches});
   if (j.config.job.ring_chunk_kb + 64 > o.max_frame_kb)
     return std::unexpected(fmt::format("job.ring_chunk_kb = {} does not fit this node's frames ([cluster] max_frame_mb "
                                        "= {})",
@@ -825,38 +899,271 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   const auto& mode = j.config.job.mode;
   if (mode == "sync") {
     j.mode = Mode::sync;
-    j.ring.emplace(gossip::collective::RingAllReduce::Options{j.start.job_id, j.rank, j.world, j.elements() + 3, chunk});
     j.buffer.assign(j.elements() + 3, 0.0f);
   } else if (mode == "gossip") {
     j.mode = Mode::gossip;
-    j.ring.emplace(gossip::collective::RingAllReduce::Options{j.start.job_id, j.rank, j.world, j.elements(), chunk});
     j.buffer.assign(j.elements(), 0.0f);
-    const auto every = static_cast<uint64_t>(j.config.job.gossip_every);
-    j.gossip.emplace(gossip::collective::GossipAveraging::Options{j.start.job_id, j.rank, j.world, j.elements(), chunk,
-                                                                  every, std::max<uint64_t>(16, 4 * every)});
-    j.random.seed(j.config.job.seed * 1000003 + j.rank);
   } else if (mode == "async") {
     j.mode = Mode::async;
     if (auto ok = setup_async(self, j); !ok) return ok;
   } else {
     return std::unexpected(fmt::format("job.mode = \"{}\" is not a cluster mode (sync, async or gossip)", mode));
   }
-  if (j.rank == 0) {
-    auto kit = std::make_shared<EvalKit>();
-    auto eval_model = elastic::build_job_model(j.config, j.data.train);
-    auto eval_backend = compute::make_backend(j.config.compute.backend);
-    if (!eval_model || !eval_backend) return std::unexpected(std::string("cannot build the evaluator's model"));
-    kit->model = std::move(*eval_model);
-    kit->backend = std::move(*eval_backend);
-    kit->backend->set_threads(static_cast<int>(j.config.compute.threads));
-    kit->test = j.data.test;
-    j.evaluator = self->spawn<caf::detached>(evaluator, kit);
-    // Should the trainer itself end (node stopping, role failure), the evaluator ends with it.
-    self->attach_functor([evaluator = caf::actor_cast<caf::weak_actor_ptr>(j.evaluator)](const caf::error&) {
-      if (auto e = caf::actor_cast<caf::actor>(evaluator)) caf::anon_send_exit(e, caf::exit_reason::kill);
-    });
-  }
   return {};
+}
+
+/// Rank 0's evaluator, made when this worker first has rank 0.
+std::expected<void, std::string> ensure_evaluator(Trainer* self, Job& j) {
+  if (j.evaluator) return {};
+  auto kit = std::make_shared<EvalKit>();
+  auto eval_model = elastic::build_job_model(j.config, j.data.train);
+  auto eval_backend = compute::make_backend(j.config.compute.backend);
+  if (!eval_model || !eval_backend) return std::unexpected(std::string("cannot build the evaluator's model"));
+  kit->model = std::move(*eval_model);
+  kit->backend = std::move(*eval_backend);
+  kit->backend->set_threads(static_cast<int>(j.config.compute.threads));
+  kit->test = j.data.test;
+  j.evaluator = self->spawn<caf::detached>(evaluator, kit);
+  // Should the trainer itself end (node stopping, role failure), the evaluator ends with it.
+  self->attach_functor([evaluator = caf::actor_cast<caf::weak_actor_ptr>(j.evaluator)](const caf::error&) {
+    if (auto e = caf::actor_cast<caf::actor>(evaluator)) caf::anon_send_exit(e, caf::exit_reason::kill);
+  });
+  return {};
+}
+
+double now_ms(const TrainerState& s) { return std::chrono::duration<double, std::milli>(Clock::now() - s.started).count(); }
+
+elastic::JobControl::Local local_of(const Job& j) {
+  return {j.mode == Mode::sync ? j.progress : gossip_progress(j), j.has_state};
+}
+
+/// The job's state as one vector: the parameters, then each optimiser state buffer.
+elastic::StateView state_view(Job& j) {
+  std::vector<std::span<float>> parts{j.model->parameters()};
+  for (auto& [name, buffer] : j.optimizer->state()) parts.push_back(buffer);
+  return elastic::StateView(std::move(parts));
+}
+
+size_t chunk_elements(const Job& j) { return static_cast<size_t>(j.config.job.ring_chunk_kb) * 1024 / sizeof(float); }
+
+std::unique_ptr<elastic::JobControl> make_control(const TrainerState& s, const elastic::JobConfig* config) {
+  elastic::JobControl::Options o{s.o.self_id, s.o.boot_id};
+  if (config) {
+    o.quorum = config->elastic.quorum == "any" ? elastic::Quorum::any : elastic::Quorum::majority;
+    o.min_workers = static_cast<size_t>(config->elastic.min_workers);
+  }
+  return std::make_unique<elastic::JobControl>(o);
+}
+
+void enter_generation(Trainer* self);
+
+/// Carries out what job control asked for: its messages, its log lines, and what changed.
+void apply_control(Trainer* self, uint64_t job_id, elastic::JobControl::Output& out) {
+  auto& s = self->state;
+  for (const auto& line : out.log) node_events().info("job_control job={} {}", job_id, line);
+  for (auto& [address, body] : out.sends) send_to(self, address, std::move(body));
+  if (!s.job || s.job->start.job_id != job_id) return;
+  auto& j = *s.job;
+  if (out.paused) node_events().info("job_paused job={} step={} promised={}", job_id, j.step, j.control->promised());
+  if (!out.dropped.empty()) {
+    node_events().info("job_left job={} reason=\"{}\"", job_id, out.dropped);
+    return drop_job(self, false);
+  }
+  if (out.installed) enter_generation(self);
+}
+
+/// Ring chunks of the generation just installed that came before it, then the next step.
+void resume_training(Trainer* self) {
+  auto& s = self->state;
+  std::vector<std::pair<std::string, gossip::RingChunk>> early;
+  early.swap(s.job->ahead);
+  s.job->ahead_bytes = 0;
+  for (const auto& [peer, c] : early) {
+    if (!s.job) return;
+    on_chunk(self, peer, c);
+  }
+  self->send(self, step_atom::value);
+}
+
+/// A worker behind the generation's resume point (a joiner, a restarted node, a member whose last
+/// step did not complete) pulls the state, striped over the donors.
+void start_pull(Trainer* self) {
+  auto& s = self->state;
+  auto& j = *s.job;
+  const auto& r = j.start;
+  std::vector<std::string> donors;
+  for (const auto& id : r.donors)
+    if (id != s.o.self_id)
+      for (size_t i = 0; i < r.workers.size(); ++i)
+        if (r.workers[i] == id) donors.push_back(r.addresses[i]);
+  if (donors.empty())
+    return fail(self, fmt::format("generation {} names no donor of the state at step {}", r.generation, r.resume.step));
+  const auto view = state_view(j);
+  // Sync donors hold exactly the state at the resume step; gossip donors give their replica as it is.
+  const uint64_t at = j.mode == Mode::sync ? r.resume.step : 0;
+  j.pulling.emplace(elastic::StatePuller::Options{r.job_id, at, view.size(), chunk_elements(j), 5000, donors});
+  std::vector<std::pair<std::string, gossip::StatePull>> out;
+  j.pulling->start(now_ms(s), out);
+  node_events().info("state_pull job={} generation={} step={} elements={} donors={} pieces={}", r.job_id, r.generation,
+                     at, view.size(), donors.size(), j.pulling->pieces());
+  for (auto& [address, pull] : out) send_to(self, address, pull);
+}
+
+void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePull& p) {
+  auto& s = self->state;
+  if (!s.job || s.job->start.job_id != p.job_id || !s.job->control) return;
+  auto& j = *s.job;
+  const auto it = std::find(j.start.workers.begin(), j.start.workers.end(), peer);
+  if (it == j.start.workers.end()) {
+    node_events().warn("state_pull_refused from={} reason=\"not a worker of generation {}\"", peer, j.generation);
+    return;
+  }
+  if (!j.has_state || j.pulling) {
+    node_events().warn("state_pull_refused from={} reason=\"this worker is pulling the state itself\"", peer);
+    return;
+  }
+  const uint64_t at = j.mode == Mode::sync ? j.progress.step : p.step;
+  auto pieces = elastic::serve_state(p, j.start.job_id, at, state_view(j), chunk_elements(j));
+  if (!pieces) {
+    node_events().warn("state_pull_refused from={} reason=\"{}\"", peer, pieces.error());
+    return;
+  }
+  const auto& address = j.start.addresses[static_cast<size_t>(it - j.start.workers.begin())];
+  for (auto& piece : *pieces) send_to(self, address, std::move(piece));
+}
+
+void on_state_piece(Trainer* self, const std::string& peer, const gossip::StatePiece& p) {
+  auto& s = self->state;
+  if (!s.job || s.job->start.job_id != p.job_id || !s.job->pulling) return;
+  auto& j = *s.job;
+  if (auto ok = j.pulling->on_piece(p, state_view(j)); !ok) {
+    node_events().warn("state_piece_refused from={} reason=\"{}\"", peer, ok.error());
+    return;
+  }
+  if (!j.pulling->done()) return;
+  j.pulling.reset();
+  j.has_state = true;
+  const auto& resume = j.start.resume;
+  if (j.mode == Mode::sync) {
+    j.progress = resume;
+    j.epoch = static_cast<int64_t>(resume.epoch);
+  }
+  j.step = std::max(j.step, static_cast<int64_t>(resume.step));
+  j.optimizer->set_steps(static_cast<int64_t>(resume.step));
+  j.waiting_since = j.progress_at = Clock::now();
+  node_events().info("state_pulled job={} generation={} step={}", j.start.job_id, j.generation, j.step);
+  resume_training(self);
+}
+
+/// The installed generation: ring order, this worker's rank, the rings rebuilt, the rate rescaled;
+/// then training resumes, or the state is pulled first.
+void enter_generation(Trainer* self) {
+  auto& s = self->state;
+  auto& j = *s.job;
+  const auto submitter_id = j.start.submitter_id;
+  j.start = j.control->record();
+  if (j.start.submitter_id.empty()) j.start.submitter_id = submitter_id;
+  const auto& r = j.start;
+  const auto me = std::find(r.workers.begin(), r.workers.end(), s.o.self_id);
+  if (me == r.workers.end()) return fail(self, fmt::format("generation {} does not name this worker", r.generation));
+  j.generation = r.generation;
+  j.world = static_cast<uint32_t>(r.workers.size());
+  j.rank = static_cast<uint32_t>(me - r.workers.begin());
+  j.prev_id = r.workers[(j.rank + j.world - 1) % j.world];
+  j.next_address = r.addresses[(j.rank + 1) % j.world];
+  j.waiting_since = j.progress_at = Clock::now();
+  const auto batch = static_cast<int64_t>(j.config.data.batch_size);
+  j.rate->set_generation(r.resume, static_cast<int64_t>(r.previous_world) * batch, static_cast<int64_t>(j.world) * batch);
+  if (j.mode == Mode::sync) {
+    if (j.has_state && j.progress.step > r.resume.step)
+      return fail(self, fmt::format("this worker is at step {}, past generation {}'s resume step {}", j.progress.step,
+                                    r.generation, r.resume.step));
+    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.elements() + 3,
+                                                              chunk_elements(j), r.resume.step});
+  } else {
+    // Gossip: pairs only among this generation's workers; exchanges under way are over, and a final
+    // average under way starts again among them.
+    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.elements(), chunk_elements(j)});
+    const auto every = static_cast<uint64_t>(j.config.job.gossip_every);
+    j.gossip.emplace(gossip::collective::GossipAveraging::Options{r.job_id, j.rank, j.world, j.elements(),
+                                                                  chunk_elements(j), every, std::max<uint64_t>(16, 4 * every)});
+    j.random.seed(j.config.job.seed * 1000003 + j.rank + r.generation * 7919);
+    j.final_average = j.heard_final = false;
+  }
+  if (j.rank == 0)
+    if (auto ok = ensure_evaluator(self, j); !ok) return fail(self, ok.error());
+  std::string donors;
+  for (const auto& d : r.donors) donors += (donors.empty() ? "" : ",") + d;
+  node_events().info("generation_installed job={} generation={} rank={} workers={} resume_step={} donors={}", r.job_id,
+                     r.generation, j.rank, j.world, r.resume.step, donors.empty() ? "-" : donors);
+  const bool behind = !j.has_state || (j.mode == Mode::sync && j.progress.step < r.resume.step);
+  if (behind) {
+    j.has_state = false;
+    return start_pull(self);
+  }
+  resume_training(self);
+}
+
+/// Sets up `record`'s job on this node and enters its generation: the first assignment
+/// (has_state: every worker starts from the same initial parameters), or a joiner's install
+/// (it pulls the state).
+void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
+  auto& s = self->state;
+  auto me = std::find(record.workers.begin(), record.workers.end(), s.o.self_id);
+  if (me == record.workers.end()) return;  // not one of its workers
+  auto job = std::make_unique<Job>();
+  // The step timeout counts from here until the first step moves it: a tick that comes before
+  // that step must not see a wait that began at the clock's epoch.
+  job->waiting_since = job->progress_at = Clock::now();
+  job->start = record;
+  job->generation = std::max<uint64_t>(1, record.generation);
+  job->world = static_cast<uint32_t>(record.workers.size());
+  job->rank = static_cast<uint32_t>(me - record.workers.begin());
+  job->prev_id = record.workers[(job->rank + job->world - 1) % job->world];
+  job->next_address = record.addresses[(job->rank + 1) % job->world];
+  job->has_state = has_state;
+  if (auto ok = setup(self, *job); !ok) {
+    if (job->shard_host) self->send_exit(job->shard_host, caf::exit_reason::kill);
+    return fail_start(self, record, ok.error());
+  }
+  // Only a job that is set up takes shard updates (the router holds them until then).
+  if (job->shard_host) {
+    std::vector<gossip::ShardHolders> placement;
+    for (uint32_t i = 0; i < job->placement.size(); ++i) placement.push_back({i, job->placement[i]});
+    caf::anon_send(s.router, shards_atom::value, job->shard_host, std::move(placement));
+  }
+  node_events().info("job_started job={} mode={} rank={} workers={} steps={} steps_per_epoch={} generation={}",
+                     record.job_id, mode_name(job->mode), job->rank, job->world, job->total_steps,
+                     job->steps_per_epoch, job->generation);
+  const bool elastic_mode = job->mode != Mode::async;
+  s.job = std::move(job);
+  s.joining.reset();
+  s.last_job = std::max(s.last_job, record.job_id);
+  start_ticking(self);
+  if (elastic_mode) {
+    // Job control: the record this node holds from now on, and what its view says of it.
+    auto& j = *s.job;
+    j.control = make_control(s, &j.config);
+    j.control->adopt(j.start);
+    elastic::JobControl::Output out;
+    j.control->on_view(now_ms(s), s.view, local_of(j), out);
+    // The generation first (rings, rank 0's evaluator), then what the view asks for.
+    enter_generation(self);
+    if (s.job && s.job->start.job_id == record.job_id) apply_control(self, record.job_id, out);
+  } else {
+    if (s.job->rank == 0)
+      if (auto ok = ensure_evaluator(self, *s.job); !ok) return fail(self, ok.error());
+    // Async: its one ring-less generation.
+    self->send(self, step_atom::value);
+  }
+  // Chunks that came before the job did.
+  std::vector<std::pair<std::string, gossip::RingChunk>> early;
+  early.swap(s.stash);
+  s.stash_bytes = 0;
+  for (const auto& [peer, c] : early) {
+    if (!s.job) break;
+    if (c.job_id == record.job_id) on_chunk(self, peer, c);
+  }
 }
 
 void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart& start) {
@@ -880,39 +1187,48 @@ void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart&
     return;
   }
   if (s.held && s.held->job_id == start.job_id) s.held.reset();
-  auto me = std::find(start.workers.begin(), start.workers.end(), s.o.self_id);
-  if (me == start.workers.end()) return;  // not one of its workers
-  auto job = std::make_unique<Job>();
-  // The step timeout counts from here until the first step moves it: a tick that comes before
-  // that step must not see a wait that began at the clock's epoch.
-  job->waiting_since = job->progress_at = Clock::now();
-  job->start = start;
-  job->world = static_cast<uint32_t>(start.workers.size());
-  job->rank = static_cast<uint32_t>(me - start.workers.begin());
-  job->prev_id = start.workers[(job->rank + job->world - 1) % job->world];
-  job->next_address = start.addresses[(job->rank + 1) % job->world];
-  if (auto ok = setup(self, *job); !ok) {
-    if (job->shard_host) self->send_exit(job->shard_host, caf::exit_reason::kill);
-    return fail_start(self, start, ok.error());
+  start_job(self, start, true);
+}
+
+/// A later generation's record (generation 2 on): from its proposer, or forwarded by a member.
+void on_install(Trainer* self, const std::string& peer, const gossip::JobStart& record) {
+  auto& s = self->state;
+  if (s.ended_jobs.contains(record.job_id)) return;
+  if (s.job) {
+    if (s.job->start.job_id != record.job_id || !s.job->control) return;
+    elastic::JobControl::Output out;
+    if (auto ok = s.job->control->on_install(record, out); !ok) {
+      node_events().warn("generation_refused from={} reason=\"{}\"", peer, ok.error());
+      return;
+    }
+    return apply_control(self, record.job_id, out);
   }
-  // Only a job that is set up takes shard updates (the router holds them until then).
-  if (job->shard_host) {
-    std::vector<gossip::ShardHolders> placement;
-    for (uint32_t i = 0; i < job->placement.size(); ++i) placement.push_back({i, job->placement[i]});
-    caf::anon_send(s.router, shards_atom::value, job->shard_host, std::move(placement));
+  // Not running it: a joiner whose acks were counted, or a worker dropped earlier and proposed again.
+  if (std::find(record.workers.begin(), record.workers.end(), s.o.self_id) == record.workers.end()) return;
+  if (!s.joining || s.joining->promised() > record.generation) {
+    node_events().warn("generation_refused from={} reason=\"generation {} of job {} was not promised here\"", peer,
+                       record.generation, record.job_id);
+    return;
   }
-  node_events().info("job_started job={} mode={} rank={} workers={} steps={} steps_per_epoch={}", start.job_id,
-                     mode_name(job->mode), job->rank, job->world, job->total_steps, job->steps_per_epoch);
-  s.job = std::move(job);
-  // Chunks that came before the job did.
-  s.last_job = std::max(s.last_job, start.job_id);
-  std::vector<std::pair<std::string, gossip::RingChunk>> early;
-  early.swap(s.stash);
-  s.stash_bytes = 0;
-  for (const auto& [peer, c] : early)
-    if (c.job_id == start.job_id) on_chunk(self, peer, c);
-  self->send(self, step_atom::value);
-  start_ticking(self);
+  node_events().info("job_joining job={} generation={} from={}", record.job_id, record.generation, peer);
+  start_job(self, record, false);
+}
+
+void on_vote(Trainer* self, const std::string& peer, const gossip::GenerationVote& vote) {
+  auto& s = self->state;
+  if (s.ended_jobs.contains(vote.job_id)) return;
+  elastic::JobControl::Output out;
+  if (s.job) {
+    if (s.job->start.job_id != vote.job_id || !s.job->control) return;
+    s.job->control->on_vote(now_ms(s), peer, vote, local_of(*s.job), out);
+    return apply_control(self, vote.job_id, out);
+  }
+  // No job here: proposed as a joiner. Its acks say it holds nothing.
+  if (vote.kind != gossip::GenerationVote::Kind::propose) return;
+  if (!s.joining) s.joining = make_control(s, nullptr);
+  s.joining->on_view(now_ms(s), s.view, {}, out);
+  s.joining->on_vote(now_ms(s), peer, vote, {}, out);
+  apply_control(self, vote.job_id, out);
 }
 
 /// The coordinator's part: a job from a submitter gets its ring order and goes to every worker,
@@ -954,6 +1270,7 @@ void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip
   auto assigned = elastic::assign_job(request, s.view, s.o.self_id);
   if (!assigned) return fail_start(self, request, assigned.error());
   assigned->submitter_id = submitter_peer;  // who sent it, not who it says it is
+  assigned->generation = 1;
   node_events().info("job_assigned job={} workers={} submitter={}", assigned->job_id, assigned->workers.size(),
                      assigned->submitter);
   for (size_t i = 0; i < assigned->workers.size(); ++i)
@@ -974,15 +1291,28 @@ void on_view(Trainer* self, std::vector<gossip::Member> view) {
     const auto request = *s.pending;
     on_submitted(self, s.pending_from, request);
   }
+  if (s.joining) {
+    elastic::JobControl::Output out;
+    s.joining->on_view(now_ms(s), s.view, {}, out);
+  }
   if (!s.job) return;
-  const auto changes = elastic::ring_changes(s.job->start, s.view);
-  if (!changes.empty()) {
-    std::string names;
-    for (const auto& c : changes) names += (names.empty() ? "" : ", ") + c;
-    fail(self, fmt::format("the cluster changed during a {} job: {}; jobs need a fixed membership until training "
-                           "through membership changes arrives",
-                           mode_name(s.job->mode), names));
-    return;
+  if (!s.job->control) {
+    // Async trains through membership changes in part 2 of elastic training; until then a change
+    // ends it, saying so.
+    const auto changes = elastic::ring_changes(s.job->start, s.view);
+    if (!changes.empty()) {
+      std::string names;
+      for (const auto& c : changes) names += (names.empty() ? "" : ", ") + c;
+      return fail(self, fmt::format("the cluster changed during an async job: {}; async jobs do not survive "
+                                    "membership changes yet (sync and gossip jobs do)",
+                                    names));
+    }
+  } else {
+    elastic::JobControl::Output out;
+    const uint64_t job_id = s.job->start.job_id;
+    s.job->control->on_view(now_ms(s), s.view, local_of(*s.job), out);
+    apply_control(self, job_id, out);
+    if (!s.job) return;
   }
   for (const auto& m : s.view)
     if (m.id == s.job->start.submitter_id && !elastic::is_live(m)) {
@@ -1037,6 +1367,18 @@ void on_tick(Trainer* self) {
     else if (j.mode == Mode::async && !j.serving && !j.assembling && (j.blocked || j.step >= j.total_steps) &&
              !j.finished.contains(s.o.self_id))
       fail(self, fmt::format("step {} waited {:.0f} s for answers from shard primaries", j.step + 1, limit));
+  }
+  if (s.job && s.job->control) {
+    auto& j = *s.job;
+    const uint64_t job_id = j.start.job_id;
+    if (j.pulling) {
+      std::vector<std::pair<std::string, gossip::StatePull>> again;
+      j.pulling->on_tick(now_ms(s), again);
+      for (auto& [address, pull] : again) send_to(self, address, pull);
+    }
+    elastic::JobControl::Output out;
+    j.control->on_tick(now_ms(s), local_of(j), out);
+    apply_control(self, job_id, out);
   }
   if (s.job) keep_ending(self);
   if (s.pending || s.held || s.job) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
@@ -1097,7 +1439,12 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
         else if (const auto* state = std::get_if<gossip::ShardState>(&m.body)) on_shard_state(self, peer, *state);
         else if (const auto* average = std::get_if<gossip::GossipAverage>(&m.body)) on_gossip(self, peer, *average);
         else if (const auto* start = std::get_if<gossip::JobStart>(&m.body))
-          start->coordinator.empty() ? on_submitted(self, peer, *start) : on_assigned(self, peer, *start);
+          start->coordinator.empty()   ? on_submitted(self, peer, *start)
+          : start->generation >= 2 ? on_install(self, peer, *start)
+                                   : on_assigned(self, peer, *start);
+        else if (const auto* vote = std::get_if<gossip::GenerationVote>(&m.body)) on_vote(self, peer, *vote);
+        else if (const auto* pull = std::get_if<gossip::StatePull>(&m.body)) on_state_pull(self, peer, *pull);
+        else if (const auto* piece = std::get_if<gossip::StatePiece>(&m.body)) on_state_piece(self, peer, *piece);
         else if (const auto* control = std::get_if<gossip::Control>(&m.body)) on_control(self, peer, *control);
       },
       [self](step_atom) { do_step(self); },

@@ -45,6 +45,7 @@ struct TrainerOptions {
   /// 0: the job's [compute] threads.
   int64_t threads = 0;
   int64_t max_frame_kb = 64 << 10;  ///< the largest frame this node accepts: ring chunks must fit
+  uint64_t boot_id = 0;             ///< this run of the node's process (job control tells restarts by it)
 };
 
 /// The role "trainer" under the supervisor. It keeps no snapshot: a restarted trainer has lost its

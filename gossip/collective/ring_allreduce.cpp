@@ -7,7 +7,7 @@
 
 namespace tepdist::gossip::collective {
 
-RingAllReduce::RingAllReduce(Options options) : o_(options) {
+RingAllReduce::RingAllReduce(Options options) : o_(options), step_(options.steps_done) {
   o_.world = std::max<uint32_t>(1, o_.world);
   o_.chunk_elements = std::max<size_t>(1, o_.chunk_elements);
   // Slots: every chunk this rank receives in one step, phase by phase, round by round.

@@ -36,6 +36,7 @@ class RingAllReduce {
     uint32_t rank = 0, world = 1;
     size_t elements = 0;             ///< the buffer's length, the same on every rank
     size_t chunk_elements = 65536;   ///< the largest piece one message carries
+    uint64_t steps_done = 0;         ///< steps summed before this ring existed: the first start() is steps_done + 1
   };
 
   explicit RingAllReduce(Options options);

@@ -126,6 +126,7 @@ struct Encoder {
             put_progress(b.initResume(), m.resume);
             put_texts(b.initDonors(static_cast<unsigned>(m.donors.size())), m.donors);
             b.setPreviousWorld(m.previous_world);
+            b.setReferenceBatch(m.reference_batch);
           } else if constexpr (std::is_same_v<T, GenerationVote>) {
             auto b = e.initGenerationVote();
             b.setJobId(m.job_id);
@@ -326,6 +327,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       j.resume = get_progress(r.getResume());
       for (auto d : r.getDonors()) j.donors.emplace_back(d);
       j.previous_world = r.getPreviousWorld();
+      j.reference_batch = r.getReferenceBatch();
       return j;
     }
     case wire::Envelope::GENERATION_VOTE: {

@@ -159,6 +159,7 @@ struct JobStart {
   JobProgress resume = {};                      ///< where this generation starts
   std::vector<std::string> donors = {};         ///< members holding the state at resume
   uint32_t previous_world = 0;                  ///< workers in the generation before (0: none)
+  uint64_t reference_batch = 0;                 ///< the global batch optimizer.lr is meant for
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 

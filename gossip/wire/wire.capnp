@@ -191,6 +191,7 @@ struct JobStart {
   resume @10 :JobProgress;   # where the generation starts (sync: what every member holds alike)
   donors @11 :List(Text);    # members that hold the state at resume: the others pull it from them
   previousWorld @12 :UInt32; # workers in the generation before (the rate policy's ramp starts there)
+  referenceBatch @13 :UInt64; # the global batch optimizer.lr is meant for: the first generation's
 }
 
 struct JobProgress {

@@ -61,7 +61,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       Control{"node-0", 5, Control::Command::job_finished, 11, {}},
       Control{"node-0", 5, Control::Command::target_reached, 11, {}},
       JobStart{9, "[job]", "127.0.0.1:9000", {"a", "b"}, {"127.0.0.1:1", "127.0.0.1:2"}, "a", 4, "submitter-7", {5, 6},
-               3, JobProgress{40, 1, 192, 6336}, {"a"}, 3},
+               3, JobProgress{40, 1, 192, 6336}, {"a"}, 3, 192},
       RingChunk{9, 0, 1, chunk, 3},
       GenerationVote{9, GenerationVote::Kind::propose, 4, 3, {"a", "c"}},
       GenerationVote{9, GenerationVote::Kind::ack, 4, 3, {}, JobProgress{41, 1, 384, 6528}, true, 77},

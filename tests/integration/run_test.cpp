@@ -16,56 +16,17 @@
 #include <set>
 
 #include "tests/support/process.hpp"
+#include "tests/support/processes.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
 using tepdist::test::Child;
 using tepdist::test::TempDir;
+using tepdist::test::all_gone;
+using tepdist::test::processes_mentioning;
+using tepdist::test::read_json;
 
 namespace {
-
-/// Pids of the processes whose command line mentions `needle` (the test's own directory), and
-/// `also` if given.
-std::vector<pid_t> processes_mentioning(const std::string& needle, const std::string& also = "") {
-  std::vector<pid_t> out;
-  for (const auto& entry : fs::directory_iterator("/proc")) {
-    const std::string name = entry.path().filename();
-    if (name.find_first_not_of("0123456789") != std::string::npos) continue;
-    std::ifstream in(entry.path() / "cmdline");
-    std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-    if (cmdline.find(needle) != std::string::npos && cmdline.find(also) != std::string::npos &&
-        std::stoi(name) != ::getpid())
-      out.push_back(std::stoi(name));
-  }
-  return out;
-}
-
-/// Waits (on pidfds, not by sleeping) until every process mentioning needle has exited; false if
-/// some are still there after `limit`. Kills the stragglers either way.
-bool all_gone(const std::string& needle, std::chrono::milliseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
-  for (pid_t pid : processes_mentioning(needle)) {
-    const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
-    if (fd < 0) continue;  // already gone
-    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
-    pollfd p{fd, POLLIN, 0};
-    const bool exited = ::poll(&p, 1, static_cast<int>(std::max<int64_t>(0, left.count()))) == 1;
-    ::close(fd);
-    if (!exited) {
-      for (pid_t straggler : processes_mentioning(needle)) {
-        std::ifstream in("/proc/" + std::to_string(straggler) + "/cmdline");
-        std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-        fprintf(stderr, "still running after %lld ms: pid %d: %s\n", static_cast<long long>(limit.count()), straggler,
-                cmdline.c_str());
-        ::kill(straggler, SIGKILL);
-      }
-      return false;
-    }
-  }
-  return true;
-}
 
 /// The float data of a .safetensors file written by tepdist (header skipped).
 std::vector<float> tensor_data(const fs::path& file) {
@@ -77,11 +38,6 @@ std::vector<float> tensor_data(const fs::path& file) {
   std::vector<float> out(bytes.size() / sizeof(float));
   std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
   return out;
-}
-
-nlohmann::json read_json(const fs::path& file) {
-  std::ifstream in(file);
-  return nlohmann::json::parse(in);
 }
 
 /// Fashion-MNIST, 6,144 training samples: 32 global steps of 3 x 64 per epoch.
@@ -192,19 +148,6 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
   CHECK((fs::status(dir.path / "sync" / "secret").permissions() & (fs::perms::group_all | fs::perms::others_all)) ==
         fs::perms::none);
-}
-
-TEST_CASE("a node killed during a sync job stops it with an error naming the node", "[integration][run]") {
-  TempDir dir;
-  auto run = training_run(dir, "3");
-  const auto victim = processes_mentioning(dir.path.string(), "--name node-01");
-  REQUIRE(victim.size() == 1);
-  ::kill(victim[0], SIGKILL);
-  const auto failed = run->wait_for("the job failed", std::chrono::seconds(30));
-  REQUIRE(failed);
-  CHECK_THAT(*failed, Catch::Contains("node-01"));
-  CHECK(run->wait() == 1);
-  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
 TEST_CASE("a launcher killed with SIGKILL takes its nodes with it", "[integration][run]") {

@@ -1,0 +1,79 @@
+#pragma once
+// State transfer, sans-IO: a member behind (or a joiner) pulls a job's state from the members
+// that hold it (donors), striped over all of them at once, and a donor answers from its own.
+//
+//   state       one flat vector of floats made of several buffers laid end to end (parameters,
+//               then each optimiser state buffer); StateView maps offsets into them, so neither
+//               side copies the whole state to send or receive it.
+//   striping    [0, total) is cut into one stripe per donor, each asked for in pieces of at most
+//               `piece` elements, all at once (the donors' links work in parallel).
+//   loss        a piece not received `retry_ms` after it was asked for is asked again from the
+//               next donor in turn; a donor that answers for another step is refused (sync
+//               donors hold the state of exactly one step).
+//   done        when every element has arrived once (pieces are placed by offset; a duplicate
+//               changes nothing).
+
+#include <cstdint>
+#include <expected>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "gossip/wire/messages.hpp"
+
+namespace tepdist::elastic {
+
+/// Buffers laid end to end as one vector.
+class StateView {
+ public:
+  explicit StateView(std::vector<std::span<float>> parts) : parts_(std::move(parts)) {}
+  size_t size() const;
+  /// Copies [offset, offset + out.size()) out; false if that is outside the state.
+  bool read(size_t offset, std::span<float> out) const;
+  /// Copies `in` to [offset, offset + in.size()); false if that is outside the state.
+  bool write(size_t offset, std::span<const float> in) const;
+
+ private:
+  std::vector<std::span<float>> parts_;
+};
+
+class StatePuller {
+ public:
+  struct Options {
+    uint64_t job_id = 0;
+    uint64_t step = 0;            ///< the step the state is wanted at
+    size_t total = 0;             ///< elements in the whole state
+    size_t piece = 1 << 16;       ///< elements per request
+    double retry_ms = 5000;
+    std::vector<std::string> donors;  ///< addresses
+  };
+  explicit StatePuller(Options options);
+  /// The first requests: (donor address, request).
+  void start(double now, std::vector<std::pair<std::string, gossip::StatePull>>& out);
+  /// A piece; written into `state` if it is one asked for and not had yet.
+  std::expected<void, std::string> on_piece(const gossip::StatePiece& piece, const StateView& state);
+  /// Asks again, from the next donor, for pieces that did not come in time.
+  void on_tick(double now, std::vector<std::pair<std::string, gossip::StatePull>>& out);
+  bool done() const { return received_ == requests_.size(); }
+  size_t pieces() const { return requests_.size(); }
+
+ private:
+  struct Request {
+    size_t offset, count;
+    size_t donor;
+    double asked_at;
+    bool received = false;
+  };
+  Options o_;
+  std::vector<Request> requests_;
+  size_t received_ = 0;
+};
+
+/// A donor's answer to `pull` from `state`, whose step is `step`: pieces of at most `piece`
+/// elements, each an immutable snapshot. An error (another job, another step, out of range) says why.
+std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const gossip::StatePull& pull, uint64_t job_id,
+                                                                       uint64_t step, const StateView& state,
+                                                                       size_t piece);
+
+}  // namespace tepdist::elastic

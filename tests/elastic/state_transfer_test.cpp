@@ -1,0 +1,92 @@
+// State transfer between a puller and donors over a lossy mock network.
+
+#include <catch2/catch.hpp>
+#include <map>
+#include <numeric>
+
+#include "elastic/state_transfer.hpp"
+
+using namespace tepdist;
+
+namespace {
+
+struct Holder {
+  std::vector<float> params, momentum;
+  elastic::StateView view() { return elastic::StateView({params, momentum}); }
+};
+
+Holder filled(size_t n, float base) {
+  Holder h{std::vector<float>(n), std::vector<float>(n)};
+  std::iota(h.params.begin(), h.params.end(), base);
+  std::iota(h.momentum.begin(), h.momentum.end(), -base);
+  return h;
+}
+
+}  // namespace
+
+TEST_CASE("a state view reads and writes across its buffers", "[elastic][state]") {
+  Holder h = filled(10, 0);
+  const auto v = h.view();
+  CHECK(v.size() == 20);
+  std::vector<float> out(6);
+  REQUIRE(v.read(7, out));
+  CHECK(out == std::vector<float>{7, 8, 9, 0, 1, 2});
+  const std::vector<float> in = {-1, -2, -3};
+  REQUIRE(v.write(9, in));
+  CHECK(h.params[9] == -1);
+  CHECK(h.momentum[0] == -2);
+  CHECK_FALSE(v.read(18, out));
+}
+
+TEST_CASE("a state pulled from three donors, striped, with lost pieces asked again of the next donor",
+          "[elastic][state]") {
+  const size_t n = 1000;
+  Holder donor = filled(n, 5);
+  Holder puller{std::vector<float>(n), std::vector<float>(n)};
+  elastic::StatePuller p({7, 42, 2 * n, 64, 5000, {"a", "b", "c"}});
+  std::vector<std::pair<std::string, gossip::StatePull>> asks;
+  p.start(0, asks);
+  CHECK(asks.size() == p.pieces());
+  std::map<std::string, size_t> per_donor;
+  for (const auto& [to, ask] : asks) per_donor[to] += ask.count;
+  CHECK(per_donor.size() == 3);  // striped over all three
+  // Donor "b" is gone: its requests are lost.
+  auto serve = [&](const std::vector<std::pair<std::string, gossip::StatePull>>& list) {
+    for (const auto& [to, ask] : list) {
+      if (to == "b") continue;
+      auto pieces = elastic::serve_state(ask, 7, 42, donor.view(), 64);
+      REQUIRE(pieces);
+      for (const auto& piece : *pieces) REQUIRE(p.on_piece(piece, puller.view()));
+    }
+  };
+  serve(asks);
+  CHECK_FALSE(p.done());
+  asks.clear();
+  p.on_tick(1000, asks);
+  CHECK(asks.empty());  // not yet due
+  p.on_tick(5000, asks);
+  CHECK_FALSE(asks.empty());
+  for (const auto& [to, ask] : asks) CHECK(to == "c");  // b's stripe, from the next donor
+  serve(asks);
+  CHECK(p.done());
+  CHECK(puller.params == donor.params);
+  CHECK(puller.momentum == donor.momentum);
+}
+
+TEST_CASE("a donor refuses another step or job and ranges outside its state; a puller refuses what it did not ask for",
+          "[elastic][state]") {
+  Holder donor = filled(100, 1);
+  CHECK_FALSE(elastic::serve_state({7, 41, 0, 10}, 7, 42, donor.view(), 64));
+  CHECK_FALSE(elastic::serve_state({8, 42, 0, 10}, 7, 42, donor.view(), 64));
+  CHECK_FALSE(elastic::serve_state({7, 42, 190, 20}, 7, 42, donor.view(), 64));
+  CHECK_FALSE(elastic::serve_state({7, 42, 0, 0}, 7, 42, donor.view(), 64));
+  Holder puller{std::vector<float>(100), std::vector<float>(100)};
+  elastic::StatePuller p({7, 42, 200, 64, 5000, {"a"}});
+  const auto odd = elastic::serve_state({7, 42, 3, 10}, 7, 42, donor.view(), 64);
+  REQUIRE(odd);
+  CHECK_FALSE(p.on_piece(odd->front(), puller.view()));
+  const auto other_step = elastic::serve_state({7, 43, 0, 64}, 7, 43, donor.view(), 64);
+  REQUIRE(other_step);
+  CHECK_FALSE(p.on_piece(other_step->front(), puller.view()));
+  CHECK(std::all_of(puller.params.begin(), puller.params.end(), [](float x) { return x == 0; }));
+}

@@ -1,0 +1,160 @@
+// Elastic training as a user meets it: `tepdist run` on three local nodes, and while the job runs
+// nodes are killed, restarted, added and stopped. Each fault is injected on an event the launcher
+// prints (a progress line, a new generation), never after a sleep; each job must finish and learn
+// as a fault-free one does.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <set>
+
+#include "tests/support/process.hpp"
+#include "tests/support/processes.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace fs = std::filesystem;
+using tepdist::test::all_gone;
+using tepdist::test::Child;
+using tepdist::test::processes_mentioning;
+using tepdist::test::read_json;
+using tepdist::test::TempDir;
+
+namespace {
+
+/// Fashion-MNIST, 6,144 training samples, 12 epochs of 32 steps at 3 x 64: long enough for a
+/// sequence of faults, each of which costs about a second and a half.
+std::string elastic_job(const TempDir& dir) {
+  const auto path = dir.path / "job.toml";
+  std::ofstream(path) << R"([job]
+epochs = 12
+seed = 3
+log_every_steps = 4
+[data]
+train_samples = 6144
+test_samples = 2000
+[optimizer]
+lr = 0.05
+momentum = 0.9
+[membership]
+probe_interval_ms = 200
+probe_timeout_ms = 100
+suspicion_mult = 2
+)";
+  return path.string();
+}
+
+/// A `tepdist run` of three local nodes, started and training, and the nodes the test adds.
+struct ElasticRun {
+  const TempDir& dir;
+  std::string mode;
+  std::unique_ptr<Child> run;
+  std::string seed;  // where an added node joins
+  std::vector<std::unique_ptr<Child>> added;
+
+  ElasticRun(const TempDir& d, std::string m) : dir(d), mode(std::move(m)) {
+    run = std::make_unique<Child>(std::vector<std::string>{TEPDIST_BINARY, "run", elastic_job(dir), "--mode", mode,
+                                                           "--nodes", "3", "--out", (dir.path / "out").string()});
+    const auto hint = run->wait_for("add a node:", std::chrono::seconds(60));
+    REQUIRE(hint);
+    seed = hint->substr(hint->rfind(' ') + 1);
+    REQUIRE(run->wait_for("samples/s", std::chrono::seconds(60)));
+  }
+
+  ~ElasticRun() {
+    for (auto& c : added) c->signal(SIGKILL);
+  }
+
+  pid_t pid_of(const std::string& name) {
+    const auto pids = processes_mentioning((dir.path / "out").string(), "--name " + name);
+    REQUIRE(pids.size() == 1);
+    return pids[0];
+  }
+
+  /// Starts `tepdist node` on the job's cluster file under `name`, joining through the first node.
+  void add_node(const std::string& name) {
+    added.push_back(std::make_unique<Child>(std::vector<std::string>{
+        TEPDIST_BINARY, "node", (dir.path / "out" / "cluster.toml").string(), "--name", name, "--join", seed, "--set",
+        "compute.threads=1"}));
+  }
+
+  /// Waits for the launcher's line on generation n, and checks what it says changed.
+  void expect_generation(int n, const std::string& change) {
+    const auto line = run->wait_for(fmt("generation ", n, ":"), std::chrono::seconds(60));
+    INFO(run->all());
+    REQUIRE(line);
+    CHECK_THAT(*line, Catch::Contains(change));
+    // Training goes on in the new generation before the next fault.
+    REQUIRE(run->wait_for("samples/s", std::chrono::seconds(60)));
+  }
+
+  static std::string fmt(const std::string& a, int n, const std::string& b) { return a + std::to_string(n) + b; }
+
+  /// The job ends by itself; its result.json.
+  nlohmann::json finish() {
+    const int status = run->wait();
+    INFO(run->all());
+    REQUIRE(status == 0);
+    for (auto& c : added) {
+      c->signal(SIGTERM);
+      c->wait();
+    }
+    CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+    return read_json(dir.path / "out" / "result.json");
+  }
+};
+
+/// What every elastic job must show at its end: it learned (the fault-free runs of this job reach
+/// about 0.85), the generations the faults made, and in sync replicas that are bit-identical.
+void check_result(const nlohmann::json& r, const std::string& mode, size_t workers, size_t generations) {
+  INFO(r.dump(2));
+  CHECK(r["mode"] == mode);
+  CHECK(r["nodes"] == workers);
+  CHECK(r["test_accuracy"].get<double>() >= 0.78);
+  CHECK(r["generations"].size() == generations);
+  CHECK(r["membership_events"].get<size_t>() >= generations - 1);
+  CHECK(r["workers"].size() == workers);
+  if (mode == "sync") {
+    std::set<std::string> checksums;
+    for (const auto& w : r["workers"]) checksums.insert(w["parameter_checksum"].get<std::string>());
+    CHECK(checksums.size() == 1);
+    CHECK(r["epochs"] == 12);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("a worker killed, then restarted under its name, then the coordinator's node killed: the job goes on",
+          "[integration][elastic]") {
+  for (const std::string mode : {"sync", "gossip"}) {
+    INFO(mode);
+    TempDir dir;
+    ElasticRun r(dir, mode);
+    ::kill(r.pid_of("node-01"), SIGKILL);
+    r.expect_generation(2, "gone node-01");
+    r.add_node("node-01");  // the same name, a new process: a restart
+    r.expect_generation(3, "joined node-01");
+    ::kill(r.pid_of("node-00"), SIGKILL);  // the duty holder, rank 0, the submitter's seed
+    r.expect_generation(4, "gone node-00");
+    check_result(r.finish(), mode, 2, 4);
+  }
+}
+
+TEST_CASE("a node joins a running job, and one leaves it on SIGTERM: the job goes on with them", "[integration][elastic]") {
+  for (const std::string mode : {"sync", "gossip"}) {
+    INFO(mode);
+    TempDir dir;
+    ElasticRun r(dir, mode);
+    r.add_node("node-09");
+    r.expect_generation(2, "joined node-09");
+    ::kill(r.pid_of("node-02"), SIGTERM);
+    r.expect_generation(3, "gone node-02");
+    const auto result = r.finish();
+    check_result(result, mode, 3, 3);
+    CHECK(result["generations"][1]["added"] == nlohmann::json::array({"node-09"}));
+    CHECK(result["generations"][2]["removed"] == nlohmann::json::array({"node-02"}));
+  }
+}
