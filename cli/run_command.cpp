@@ -4,13 +4,17 @@
 #include <fmt/core.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/eventfd.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <mutex>
@@ -72,6 +76,81 @@ class LocalNodes {
   /// process dies, however it dies (PR_SET_PDEATHSIG), and sits in its own process group, so a
   /// Ctrl-C reaches only the launcher, which then stops it in order.
   std::expected<pid_t, std::string> start(const std::vector<std::string>& args, const fs::path& log) {
+    auto pid = spawn(args, log);
+    if (!pid) return pid;
+    std::lock_guard lock(mutex_);
+    pids_.push_back(*pid);
+    specs_.push_back({args, log, 0});
+    return pid;
+  }
+
+  /// From here on a node that dies of anything but a clean exit (a crash, SIGKILL) is started
+  /// again under its name, joining through `seeds`, at most `budget` times per node; `report`
+  /// hears of each restart (on the keeper's thread). A node stopped by SIGTERM or SIGINT left
+  /// gracefully and stays gone.
+  void keep(int64_t budget, std::vector<std::string> seeds, std::function<void(const std::string&)> report) {
+    wake_ = ::eventfd(0, EFD_CLOEXEC);
+    if (wake_ < 0) return;
+    keeper_ = std::thread([this, budget, seeds = std::move(seeds), report = std::move(report)] {
+      for (;;) {
+        std::vector<pollfd> fds{{wake_, POLLIN, 0}};
+        std::vector<size_t> which;
+        {
+          std::lock_guard lock(mutex_);
+          for (size_t i = 0; i < pids_.size(); ++i) {
+            if (pids_[i] <= 0) continue;
+            const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pids_[i], 0));
+            if (fd < 0) continue;
+            fds.push_back({fd, POLLIN, 0});
+            which.push_back(i);
+          }
+        }
+        ::poll(fds.data(), fds.size(), -1);
+        for (size_t k = 1; k < fds.size(); ++k) ::close(fds[k].fd);
+        if (fds[0].revents & POLLIN) return;  // stopping
+        for (size_t k = 1; k < fds.size(); ++k) {
+          if (!(fds[k].revents & POLLIN)) continue;
+          std::lock_guard lock(mutex_);
+          const size_t i = which[k - 1];
+          int status = 0;
+          if (::waitpid(pids_[i], &status, WNOHANG) != pids_[i]) continue;
+          pids_[i] = -1;
+          auto& spec = specs_[i];
+          const std::string name = spec.args.size() > 2 ? spec.args[2] : std::to_string(i);
+          const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+          const std::string how = WIFSIGNALED(status) ? fmt::format("signal {}", WTERMSIG(status))
+                                                     : fmt::format("status {}", WEXITSTATUS(status));
+          if (clean) {
+            report(fmt::format("{} left (exited cleanly); not restarted", name));
+            continue;
+          }
+          if (spec.restarts >= budget) {
+            report(fmt::format("{} died ({}); restart budget of {} spent ([elastic] restart_budget)", name, how, budget));
+            continue;
+          }
+          ++spec.restarts;
+          std::vector<std::string> args;
+          for (size_t a = 0; a < spec.args.size(); ++a) {
+            if (spec.args[a] == "--join") {
+              ++a;
+              continue;
+            }
+            args.push_back(spec.args[a]);
+          }
+          for (const auto& seed : seeds) args.insert(args.end(), {"--join", seed});
+          if (auto pid = spawn(args, spec.log)) {
+            pids_[i] = *pid;
+            report(fmt::format("{} died ({}); restarted it (restart {} of {})", name, how, spec.restarts, budget));
+          } else {
+            report(fmt::format("{} died ({}); cannot restart it: {}", name, how, pid.error()));
+          }
+        }
+      }
+    });
+  }
+
+ private:
+  std::expected<pid_t, std::string> spawn(const std::vector<std::string>& args, const fs::path& log) {
     const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
     if (fd < 0) return std::unexpected(fmt::format("cannot open {}", log.string()));
     const pid_t parent = ::getpid();
@@ -100,12 +179,13 @@ class LocalNodes {
       ::_exit(127);
     }
     ::close(fd);
-    pids_.push_back(pid);
     return pid;
   }
 
-  /// The first node that exited, with its status, if any did.
+ public:
+  /// The first node that exited, with its status, if any did (before keep()).
   std::optional<std::pair<size_t, int>> exited() {
+    std::lock_guard lock(mutex_);
     for (size_t i = 0; i < pids_.size(); ++i) {
       int status = 0;
       if (pids_[i] > 0 && ::waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
@@ -117,6 +197,13 @@ class LocalNodes {
   }
 
   void stop() {
+    if (keeper_.joinable()) {
+      const uint64_t one = 1;
+      [[maybe_unused]] const auto n = ::write(wake_, &one, sizeof one);
+      keeper_.join();
+    }
+    if (wake_ >= 0) ::close(wake_), wake_ = -1;
+    std::lock_guard lock(mutex_);
     for (pid_t p : pids_)
       if (p > 0) ::kill(p, SIGTERM);
     const auto deadline = Clock::now() + std::chrono::seconds(5);
@@ -131,7 +218,16 @@ class LocalNodes {
   }
 
  private:
+  struct Spec {
+    std::vector<std::string> args;
+    fs::path log;
+    int64_t restarts;
+  };
+  std::mutex mutex_;  // pids_ and specs_: the keeper's thread and the launcher's
   std::vector<pid_t> pids_;
+  std::vector<Spec> specs_;
+  std::thread keeper_;
+  int wake_ = -1;
 };
 
 std::string read_ready_file(const fs::path& path) {
@@ -317,6 +413,11 @@ int run_run_command(const RunArgs& args) {
     if (!with_seeds || !write_private_file(cluster_file, with_seeds->text))
       return runtime_error(fmt::format("cannot write {}", cluster_file.string()));
     cluster = *with_seeds;
+    if (c.elastic.restart == "on-failure")
+      nodes.keep(c.elastic.restart_budget, seeds, [](const std::string& what) {
+        fmt::print("\nlocal node {}\n", what);
+        std::fflush(stdout);
+      });
     fmt::print("tepdist run: {} local nodes ({} threads each), logs in {}\n", local, threads, (out / "logs").string());
     fmt::print("  add a node:   tepdist node {} --join {}\n", cluster_file.string(), seeds[0]);
     fmt::print("  see them:     tepdist status {} --peer {}\n", cluster_file.string(), seeds[0]);
@@ -384,27 +485,35 @@ int run_run_command(const RunArgs& args) {
     std::lock_guard lock(collected->mutex);
     collected->membership_events.push_back(event);
   };
-  auto previous_workers = std::make_shared<std::vector<std::string>>();
-  submission->on_generation = [&, collected, previous_workers](const gossip::JobStart& g) {
+  auto previous = std::make_shared<std::map<std::string, uint64_t>>();  // worker -> boot id
+  submission->on_generation = [&, collected, previous](const gossip::JobStart& g) {
     std::lock_guard lock(collected->mutex);
     // Why, as the change of workers from the generation before (the first: all of them).
-    std::vector<std::string> added, removed;
-    for (const auto& w : g.workers)
-      if (std::find(previous_workers->begin(), previous_workers->end(), w) == previous_workers->end()) added.push_back(w);
-    for (const auto& w : *previous_workers)
-      if (std::find(g.workers.begin(), g.workers.end(), w) == g.workers.end()) removed.push_back(w);
-    *previous_workers = g.workers;
+    std::vector<std::string> added, removed, restarted;
+    std::map<std::string, uint64_t> now;
+    for (size_t i = 0; i < g.workers.size(); ++i) {
+      const auto& w = g.workers[i];
+      now[w] = i < g.worker_boot_ids.size() ? g.worker_boot_ids[i] : 0;
+      const auto it = previous->find(w);
+      if (it == previous->end()) added.push_back(w);
+      else if (it->second && now[w] && it->second != now[w]) restarted.push_back(w);
+    }
+    for (const auto& [w, boot] : *previous)
+      if (!now.contains(w)) removed.push_back(w);
+    *previous = now;
     collected->generations.push_back({{"generation", g.generation},
                                       {"at_seconds", std::chrono::duration<double>(Clock::now() - process_start).count()},
                                       {"workers", g.workers},
                                       {"added", added},
                                       {"removed", removed},
+                                      {"restarted", restarted},
                                       {"resume_step", g.resume.step},
                                       {"donors", g.donors}});
     if (g.generation > 1)
-      fmt::print("{}generation {}: {} workers{}{}, resuming at step {}\n", tty ? "\r\033[K" : "", g.generation,
-               g.workers.size(), added.empty() ? "" : fmt::format(", joined {}", fmt::join(added, " ")),
-               removed.empty() ? "" : fmt::format(", gone {}", fmt::join(removed, " ")), g.resume.step);
+      fmt::print("{}generation {}: {} workers{}{}{}, resuming at step {}\n", tty ? "\r\033[K" : "", g.generation,
+                 g.workers.size(), added.empty() ? "" : fmt::format(", joined {}", fmt::join(added, " ")),
+                 removed.empty() ? "" : fmt::format(", gone {}", fmt::join(removed, " ")),
+                 restarted.empty() ? "" : fmt::format(", restarted {}", fmt::join(restarted, " ")), g.resume.step);
     std::fflush(stdout);
   };
   std::string end_reason;

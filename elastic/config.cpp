@@ -267,6 +267,14 @@ const std::vector<Key>& keys() {
         "scale to the new one's over this many global batches (the rate is lr x global batch / reference "
         "batch). 0: at once. 0 to 100000."},
        0, 100000, false, false, {}, assign<&J::elastic, &J::Elastic::rescale_batches>},
+      {{"elastic", "restart", KeyType::string, "\"on-failure\"",
+        "`tepdist run`: a local node that dies of anything but a clean exit (a crash, SIGKILL) is started again "
+        "under its name and rejoins the job (\"on-failure\"), or not (\"never\"). A node stopped by SIGTERM "
+        "left gracefully and is not restarted."},
+       -inf, inf, false, false, {"on-failure", "never"}, assign<&J::elastic, &J::Elastic::restart>},
+      {{"elastic", "restart_budget", KeyType::integer, "3",
+        "`tepdist run`: restarts per local node under restart = \"on-failure\". 0 to 1000."},
+       0, 1000, false, false, {}, assign<&J::elastic, &J::Elastic::restart_budget>},
       {{"membership", "profile", KeyType::string, "\"lan\"",
         "SWIM defaults: \"lan\" (probe every 200 ms, ack timeout 100 ms, suspicion at least 3 x log10(N) "
         "intervals) or \"wan\" (1 s, 500 ms, 4 x log10(N): round trips up to about 250 ms); the keys below "

@@ -91,6 +91,8 @@ struct JobConfig {
     std::string quorum = "majority";  ///< job control: "majority" of the previous generation, or "any" one survivor
     int64_t min_workers = 1;        ///< no generation with fewer workers
     int64_t rescale_batches = 8;    ///< global batches over which the rate moves to a new world's scale
+    std::string restart = "on-failure";  ///< `tepdist run`: restart crashed local nodes ("on-failure") or not ("never")
+    int64_t restart_budget = 3;     ///< restarts per local node
     friend bool operator==(const Elastic&, const Elastic&) = default;
   } elastic;
 
