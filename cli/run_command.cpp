@@ -302,6 +302,15 @@ std::optional<RingBounds> ring_bounds(const elastic::JobConfig& c, size_t n, dou
                     std::max(path_ms / 1000, transfer_s) + compute_s};
 }
 
+/// Changes of the job's workers over its generations: each worker added, removed or restarted
+/// after the first generation counts one.
+size_t worker_changes(const nlohmann::json& generations) {
+  size_t n = 0;
+  for (size_t g = 1; g < generations.size(); ++g)
+    n += generations[g]["added"].size() + generations[g]["removed"].size() + generations[g]["restarted"].size();
+  return n;
+}
+
 /// What the submitter's hooks gather, from the submitter's thread; read after run_node returns.
 struct Collected {
   std::mutex mutex;
@@ -608,7 +617,7 @@ int run_run_command(const RunArgs& args) {
       {"test_loss", rank0->test_loss},
       {"target_accuracy", c.job.target_accuracy},
       {"time_to_target_seconds", time_to_target ? nlohmann::json(*time_to_target) : nlohmann::json(nullptr)},
-      {"membership_events", collected->membership_events.size()},
+      {"membership_events", worker_changes(collected->generations)},
       {"membership_event_list", collected->membership_events},
       {"generations", collected->generations},
       {"checkpoint", nullptr},

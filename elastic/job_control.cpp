@@ -86,6 +86,13 @@ void JobControl::on_view(double now, const std::vector<Member>& view, const Loca
 }
 
 void JobControl::on_tick(double now, const Local& mine, Output& out) {
+  if (paused() && !promised_to_.empty() && now - promised_at_ >= o_.retry_ms) {
+    // The install may have been lost: the proposer answers a repeated ack with its record.
+    GenerationVote a = ack_of(promised_, mine);
+    a.job_id = record_.job_id ? record_.job_id : job_id_;
+    out.sends.emplace_back(promised_to_, std::move(a));
+    promised_at_ = now;
+  }
   if (!holds_duty() || now < quiet_until_) return;
   if (proposal_ && now - proposal_->at >= o_.retry_ms) {
     out.log.push_back(fmt::format("generation {} was not installed within {:.0f} ms; proposing again",
@@ -129,6 +136,7 @@ void JobControl::propose(double now, const Local& mine, Output& out) {
 void JobControl::on_vote(double now, const std::string& from, const GenerationVote& vote, const Local& mine,
                          Output& out) {
   if (has_record() && vote.job_id != record_.job_id) return;
+  if (!has_record()) job_id_ = vote.job_id;
   highest_seen_ = std::max(highest_seen_, vote.number);
   switch (vote.kind) {
     case GenerationVote::Kind::propose: {
@@ -159,8 +167,14 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
       }
       GenerationVote a = ack_of(vote.number, mine);
       a.job_id = vote.job_id;
-      if (const Member* m = find(view_, from)) out.sends.emplace_back(m->address, std::move(a));
-      else out.log.push_back(fmt::format("cannot ack generation {}: {} is not in this view", vote.number, from));
+      promised_at_ = now;
+      promised_to_.clear();
+      if (const Member* m = find(view_, from)) {
+        promised_to_ = m->address;
+        out.sends.emplace_back(m->address, std::move(a));
+      } else {
+        out.log.push_back(fmt::format("cannot ack generation {}: {} is not in this view", vote.number, from));
+      }
       return;
     }
     case GenerationVote::Kind::ack: return on_ack(from, vote, out);
@@ -176,6 +190,16 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
 }
 
 void JobControl::on_ack(const std::string& from, const GenerationVote& vote, Output& out) {
+  if (has_record() && vote.number <= record_.generation && from != o_.self) {
+    // An ack repeated by a worker that missed the install (or of a proposal overtaken since):
+    // the record tells it where the job stands.
+    for (size_t i = 0; i < record_.workers.size(); ++i)
+      if (record_.workers[i] == from) out.sends.emplace_back(record_.addresses[i], record_);
+    if (const Member* m = find(view_, from);
+        m && std::find(record_.workers.begin(), record_.workers.end(), from) == record_.workers.end())
+      out.sends.emplace_back(m->address, record_);
+    return;
+  }
   if (!proposal_ || vote.number != proposal_->number) return;
   const auto& ids = proposal_->roster.ids;
   if (std::find(ids.begin(), ids.end(), from) == ids.end()) return;

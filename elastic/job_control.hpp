@@ -26,7 +26,10 @@
 //   refuse      an older number, or one built on an older generation, is refused with the
 //               refuser's highest number; the proposer proposes again above it.
 //   retry       a proposal not installed after retry_ms is proposed again, numbered higher; a
-//               view change while proposing does it at once.
+//               view change while proposing does it at once. A worker paused for retry_ms acks
+//               its promise again to the proposer, which answers a repeated ack of a generation
+//               it has installed with the record (an install lost on the way is not waited for
+//               forever).
 //
 // Safety: a worker acks at most one proposal per number, and an install needs a majority of the
 // previous generation, so two sides of a partition cannot both install a successor of one
@@ -126,6 +129,9 @@ class JobControl {
   std::optional<Proposal> proposal_;  // the duty holder's, while it collects acks
   std::string waiting_;               // why the duty holder does not propose (logged once)
   double quiet_until_ = 0;            // acked another node's proposal: no own proposal before this
+  std::string promised_to_;           // the address of the proposer of promised_ (not this node's own)
+  uint64_t job_id_ = 0;               // a joiner's: the job of the proposals it heard
+  double promised_at_ = 0;            // when the promise was made or last repeated
 };
 
 }  // namespace tepdist::elastic

@@ -78,7 +78,19 @@ void load_knobs(const toml::value& f, const std::string& name, Fault& fault) {
 
 Scenario parse(const toml::value& root) {
   Scenario s;
-  only(root, "file", {"scenario", "network", "fault", "invariants"});
+  only(root, "file", {"scenario", "network", "fault", "invariants", "job"});
+  if (root.contains("job")) {
+    const auto& t = root.at("job");
+    only(t, "job", {"samples", "batch", "step_ms", "quorum"});
+    s.job.enabled = true;
+    s.job.samples = static_cast<int64_t>(number(t, "job", "samples", 4096, 1, 1e9));
+    s.job.batch = static_cast<int64_t>(number(t, "job", "batch", 32, 1, 1e6));
+    s.job.step_ms = number(t, "job", "step_ms", 50, 1, 60000);
+    const std::string quorum = t.contains("quorum") ? toml::find<std::string>(t, "quorum") : "majority";
+    if (quorum != "majority" && quorum != "any")
+      throw Bad{fmt::format("{}: job.quorum must be \"majority\" or \"any\"", where(t.at("quorum")))};
+    s.job.quorum = quorum == "any" ? elastic::Quorum::any : elastic::Quorum::majority;
+  }
   if (root.contains("scenario")) {
     const auto& t = root.at("scenario");
     only(t, "scenario", {"name", "nodes", "duration_s", "profile", "probe_interval_ms", "probe_timeout_ms",

@@ -57,7 +57,7 @@ struct Node {
 struct Action {
   double at;
   uint64_t seq;  // ties broken by insertion order: deterministic
-  enum class Kind { deliver, timer, fault, heal_check, handle } kind;
+  enum class Kind { deliver, timer, fault, heal_check, handle, job } kind;
   int node = -1;             // deliver: to; timer, handle: whose
   uint64_t generation = 0;   // timer, handle: stale unless it matches the node's
   std::string from;          // deliver
@@ -88,6 +88,11 @@ class Sim {
     std::vector<Member> everyone;
     for (int i = 0; i < s_.nodes; ++i) everyone.push_back(member(i, 1));
     const auto interned = Swim::intern(*directory_, everyone);
+    if (s_.job.enabled) {
+      job_ = std::make_unique<SimJob>(s_.job);
+      for (int i = 0; i < s_.nodes; ++i) founders_.push_back(node_id(i)), founder_boots_.push_back(1);
+      push({s_.job.step_ms, 0, Action::Kind::job, -1, 0, "", {}, 0});
+    }
     for (int i = 0; i < s_.nodes; ++i) start(i, 1, {}, &interned);
     for (size_t f = 0; f < s_.faults.size(); ++f) push({s_.faults[f].at_s * 1000, 0, Action::Kind::fault, -1, 0, "", {}, f});
     const double end = s_.duration_s * 1000;
@@ -103,6 +108,7 @@ class Sim {
         case Action::Kind::fault: fault(s_.faults[a.fault]); break;
         case Action::Kind::heal_check: heal_check(); break;
         case Action::Kind::handle: handle(a); break;
+        case Action::Kind::job: job_round(); break;
       }
     }
     now_ = end;
@@ -121,8 +127,9 @@ class Sim {
   }
 
  private:
+  /// Each start of a node is a new run: its first incarnation doubles as its boot id.
   Member member(int i, uint64_t incarnation) const {
-    return {node_id(i), node_id(i), incarnation, Member::State::alive, "sim", {}};
+    return {node_id(i), node_id(i), incarnation, Member::State::alive, "sim", {"worker"}, {}, incarnation};
   }
 
   void push(Action a) {
@@ -158,6 +165,7 @@ class Sim {
     ++n.handle_generation;
     n.swim = std::make_unique<Swim>(member(i, incarnation), s_.swim, [this](uint64_t k) { return rng_() % k; },
                                     directory_);
+    if (job_) job_->start(n.id, incarnation, known != nullptr, founders_, founder_boots_);
     Output out;
     n.swim->join(now_, seeds, out);
     if (known) n.swim->adopt(now_, *known);  // the formed cluster's bookkeeping is not news
@@ -193,6 +201,48 @@ class Sim {
       push({now_ + delay, 0, Action::Kind::deliver, to, 0, n.id, std::move(send.body), 0});
     }
     schedule_timer(i);
+    if (job_ && !out.events.empty()) {
+      SimJob::Sends sends;
+      job_->on_view(n.id, now_, n.swim->members(), sends);
+      send_job(i, sends);
+    }
+  }
+
+  /// Job control's messages, over the same simulated links as membership's.
+  void send_job(int from, SimJob::Sends& sends) {
+    for (auto& send : sends) {
+      ++messages_;
+      const int to = std::stoi(send.to.substr(1));
+      if (static_cast<size_t>(to) >= nodes_.size()) continue;
+      const SimLink link = link_between(from, to);
+      if (dropped(from, to, link.loss)) continue;
+      std::normal_distribution<double> jitter(0.0, link.jitter_ms);
+      const double delay = std::max(0.05, link.latency_ms + (link.jitter_ms > 0 ? jitter(rng_) : 0.0));
+      push({now_ + delay, 0, Action::Kind::deliver, to, 0, node_id(from), std::move(send.body), 0});
+    }
+  }
+
+  /// Every step_ms: generations that can step do; every 500 ms each node's job control ticks.
+  void job_round() {
+    auto ready = [this](const std::string& id) {
+      const auto& n = nodes_[static_cast<size_t>(std::stoi(id.substr(1)))];
+      return n.running && !paused(n);
+    };
+    auto reach = [this](const std::string& a, const std::string& b) {
+      const int x = std::stoi(a.substr(1)), y = std::stoi(b.substr(1));
+      for (const auto& [start, end, side] : partitions_)
+        if (now_ >= start && now_ < end && side.count(x) != side.count(y)) return false;
+      return true;
+    };
+    job_->step(now_, ready, reach);
+    if (++job_rounds_ % std::max<uint64_t>(1, static_cast<uint64_t>(500 / s_.job.step_ms)) == 0)
+      for (size_t i = 0; i < nodes_.size(); ++i) {
+        if (!nodes_[i].running || paused(nodes_[i])) continue;
+        SimJob::Sends sends;
+        job_->on_tick(nodes_[i].id, now_, sends);
+        send_job(static_cast<int>(i), sends);
+      }
+    push({now_ + s_.job.step_ms, 0, Action::Kind::job, -1, 0, "", {}, 0});
   }
 
   static size_t body_bytes(const gossip::Body& b) {
@@ -236,6 +286,12 @@ class Sim {
       a.at = n.paused_until;
       push(std::move(a));
       return;
+    }
+    if (std::holds_alternative<gossip::GenerationVote>(a.body) || std::holds_alternative<gossip::JobStart>(a.body)) {
+      if (!job_) return;
+      SimJob::Sends sends;
+      job_->on_message(n.id, now_, a.from, a.body, sends);
+      return send_job(a.node, sends);
     }
     if (queues(n)) return enqueue(a.node, {now_, false, std::move(a.from), std::move(a.body)});
     if (watched(n.id)) watch("handled", n.id, a.from, a.body);
@@ -400,6 +456,7 @@ class Sim {
           nodes_[static_cast<size_t>(i)].running = false;
           nodes_[static_cast<size_t>(i)].ever_killed = true;
           kills_.push_back({i, now_});
+          if (job_) job_->stop(node_id(i));
         }
         break;
       case Fault::Kind::restart:
@@ -442,6 +499,7 @@ class Sim {
           apply(i, out);
           n.running = false;
           n.left = true;
+          if (job_) job_->stop(n.id);
         }
         break;
     }
@@ -521,6 +579,13 @@ class Sim {
     std::vector<int> live;
     for (size_t i = 0; i < nodes_.size(); ++i)
       if (nodes_[i].running) live.push_back(static_cast<int>(i));
+    if (job_) {
+      std::vector<std::string> running;
+      for (int i : live) running.push_back(node_id(i));
+      job_->check_settled(running);
+      for (const auto& b : job_->broken()) report_.broken.push_back(b);
+      report_.job = job_->report();
+    }
     uint64_t truth = 0;
     for (int i : live) truth += mix(std::hash<std::string>{}(node_id(i)));
     auto seen_live = [&](int observer, const std::string& id) {
@@ -631,6 +696,10 @@ class Sim {
   std::map<std::string, std::map<std::string, double>> dead_seen_, joined_seen_;
   std::string false_positive_;  // the last one, for the report
   uint64_t messages_ = 0, bytes_ = 0;
+  std::unique_ptr<SimJob> job_;  // with [job]
+  std::vector<std::string> founders_;
+  std::vector<uint64_t> founder_boots_;
+  uint64_t job_rounds_ = 0;
   uint64_t hash_ = 0xcbf29ce484222325ull;
   Report report_;
   bool trace_ = std::getenv("TEPDIST_SIM_TRACE") != nullptr;  // every event on stderr, for debugging a seed
@@ -688,6 +757,9 @@ std::string format_report(const Report& r, bool json) {
                         {"wall_s", r.wall_s},
                         {"peak_rss_mb", r.peak_rss_mb},
                         {"broken", r.broken}};
+    if (r.job)
+      j["job"] = {{"generations", r.job->generations}, {"steps", r.job->steps}, {"epochs", r.job->epochs},
+                  {"pulls", r.job->pulls}};
     return j.dump(2) + "\n";
   }
   std::string s = fmt::format("scenario {} seed {}: {} nodes, {} simulated s in {:.2f} s wall, peak {:.0f} MB\n",
@@ -711,6 +783,9 @@ std::string format_report(const Report& r, bool json) {
   for (size_t k = 0; k < r.false_deaths.size() && k < 10; ++k)
     s += fmt::format("  false death: {}\n", r.false_deaths[k]);
   s += fmt::format("  {} events, event log hash {:016x}\n", r.events, r.event_log_hash);
+  if (r.job)
+    s += fmt::format("  job: {} generations installed, {} steps, {} epochs, {} state pulls\n", r.job->generations,
+                     r.job->steps, r.job->epochs, r.job->pulls);
   for (const auto& b : r.broken) s += fmt::format("  BROKEN {}\n", b);
   s += r.broken.empty() ? "  all invariants hold\n" : fmt::format("  replay with --seed {}\n", r.seed);
   return s;

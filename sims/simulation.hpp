@@ -15,10 +15,12 @@
 #include <expected>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "gossip/swim/config.hpp"
+#include "sims/job.hpp"
 #include "sims/load.hpp"
 
 namespace tepdist::sims {
@@ -54,6 +56,8 @@ struct Scenario {
   bool no_false_positives = true;  ///< no node that was never killed is declared dead
   bool one_coordinator = true;     ///< live nodes agree on the coordinator (lowest live id)
   bool join_rounds = false;        ///< the last join is known to all within 3 log2(N) probe rounds
+  /// [job]: an elastic sync job on every node (sims/job.hpp), with its invariants.
+  JobScenario job;
 };
 
 /// Reads a scenario file; errors name the file, line and key.
@@ -84,6 +88,7 @@ struct Report {
   double wall_s = 0;
   double peak_rss_mb = 0;
   std::vector<std::string> broken;  ///< invariants that failed, with why
+  std::optional<JobReport> job;     ///< with [job]: the simulated job's generations and steps
 };
 
 Report simulate(const Scenario& scenario, uint64_t seed);

@@ -77,6 +77,7 @@ struct Job {
   uint64_t generation = 1;
   gossip::JobProgress progress;  // sync: the job's, alike on every member; gossip: this worker's own
   bool has_state = true;         // false: a joiner, or a member behind, until it has pulled the state
+  bool member = true;            // a worker of the installed generation (false: left out of it; waits)
   std::optional<elastic::StatePuller> pulling;
   std::optional<elastic::RatePolicy> rate;
   bool stop_voted = false;       // sync: a stop vote was in the last sum
@@ -433,7 +434,9 @@ int64_t compute_slice(Job& j, int64_t t, float& loss) {
 
 /// Whether this worker may take a step now: not while it has promised a generation that is not
 /// installed yet, nor while it pulls the state.
-bool may_step(const Job& j) { return !j.control || (!j.control->paused() && !j.pulling && j.has_state); }
+bool may_step(const Job& j) {
+  return !j.control || (j.member && !j.control->paused() && !j.pulling && j.has_state);
+}
 
 void sync_step(Trainer* self) {
   auto& j = *self->state.job;
@@ -966,8 +969,13 @@ void apply_control(Trainer* self, uint64_t job_id, elastic::JobControl::Output& 
   auto& j = *s.job;
   if (out.paused) node_events().info("job_paused job={} step={} promised={}", job_id, j.step, j.control->promised());
   if (!out.dropped.empty()) {
+    // Not a worker of the installed generation (it was taken for gone): it lets its state go and
+    // waits, holding the record and its promises, to be proposed again as a joiner.
     node_events().info("job_left job={} reason=\"{}\"", job_id, out.dropped);
-    return drop_job(self, false);
+    j.member = false;
+    j.has_state = false;
+    j.pulling.reset();
+    return;
   }
   if (out.installed) enter_generation(self);
 }
@@ -1066,6 +1074,7 @@ void enter_generation(Trainer* self) {
   const auto& r = j.start;
   const auto me = std::find(r.workers.begin(), r.workers.end(), s.o.self_id);
   if (me == r.workers.end()) return fail(self, fmt::format("generation {} does not name this worker", r.generation));
+  j.member = true;
   j.generation = r.generation;
   j.world = static_cast<uint32_t>(r.workers.size());
   j.rank = static_cast<uint32_t>(me - r.workers.begin());
@@ -1226,6 +1235,7 @@ void on_vote(Trainer* self, const std::string& peer, const gossip::GenerationVot
   // No job here: proposed as a joiner. Its acks say it holds nothing.
   if (vote.kind != gossip::GenerationVote::Kind::propose) return;
   if (!s.joining) s.joining = make_control(s, nullptr);
+  start_ticking(self);
   s.joining->on_view(now_ms(s), s.view, {}, out);
   s.joining->on_vote(now_ms(s), peer, vote, {}, out);
   apply_control(self, vote.job_id, out);
@@ -1356,7 +1366,8 @@ void on_tick(Trainer* self) {
     if (auto ok = elastic::check_assignment(start, s.view); !ok)
       fail_start(self, start, fmt::format("{}, still after {:.0f} s", ok.error(), TrainerState::held_limit_s));
   }
-  if (s.job && !s.job->finishing && seconds_between(s.job->progress_at, Clock::now()) > s.job->config.job.step_timeout_s) {
+  if (s.job && s.job->member && !s.job->finishing &&
+      seconds_between(s.job->progress_at, Clock::now()) > s.job->config.job.step_timeout_s) {
     auto& j = *s.job;
     const auto limit = j.config.job.step_timeout_s;
     // Gossip: workers end their local steps at different times, so the final average waits for
@@ -1380,8 +1391,14 @@ void on_tick(Trainer* self) {
     j.control->on_tick(now_ms(s), local_of(j), out);
     apply_control(self, job_id, out);
   }
-  if (s.job) keep_ending(self);
-  if (s.pending || s.held || s.job) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+  if (s.job && s.job->member) keep_ending(self);
+  if (!s.job && s.joining) {
+    // A joiner's promise whose install did not come: it asks again (the core knows whom).
+    elastic::JobControl::Output out;
+    s.joining->on_tick(now_ms(s), {}, out);
+    for (auto& [address, body] : out.sends) send_to(self, address, std::move(body));
+  }
+  if (s.pending || s.held || s.job || s.joining) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
   else s.ticking = false;
 }
 

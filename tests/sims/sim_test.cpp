@@ -120,3 +120,53 @@ TEST_CASE("a load fault without nodes, or load knobs on another fault, is refuse
   CHECK_THAT(b.out, Catch::Contains("misplaced.toml:7") &&
                         Catch::Contains("fault[1].service_ms applies only to kind = \"load\""));
 }
+
+TEST_CASE("an elastic job holds its invariants through kills, restarts, partitions, joins, leaves and pauses",
+          "[sims][job]") {
+  for (const char* s : {"elastic_job.toml", "elastic_churn.toml"})
+    for (int seed = 1; seed <= 25; ++seed) {
+      INFO(s << " seed " << seed);
+      const auto r = report(s, seed);
+      CHECK(r["broken"].empty());
+      CHECK(r["job"]["generations"].get<int>() >= 5);  // the faults made new generations
+      CHECK(r["job"]["epochs"].get<int>() >= 10);      // and the job trained through them
+    }
+}
+
+TEST_CASE("with quorum = \"any\" a partition forks the job, and the invariants say so", "[sims][job]") {
+  tepdist::test::TempDir dir;
+  const auto file = dir.path / "fork.toml";
+  std::ofstream(file) << R"([scenario]
+nodes = 6
+duration_s = 40
+[job]
+quorum = "any"
+[[fault]]
+kind = "partition"
+at_s = 5
+duration_s = 10
+nodes = [0, 1, 2]
+[invariants]
+no_false_positives = false
+)";
+  const auto r = sim({file.string(), "--seed", "1"});
+  CHECK(r.status == 1);
+  CHECK_THAT(r.out, Catch::Contains("one_side") || Catch::Contains("one_generation"));
+  // The same partition with a majority quorum: three of six is no majority, so neither side goes
+  // on until the heal, and nothing breaks.
+  std::ofstream(file) << R"([scenario]
+nodes = 6
+duration_s = 40
+[job]
+[[fault]]
+kind = "partition"
+at_s = 5
+duration_s = 10
+nodes = [0, 1, 2]
+[invariants]
+no_false_positives = false
+)";
+  const auto safe = sim({file.string(), "--seed", "1"});
+  INFO(safe.out);
+  CHECK(safe.status == 0);
+}
