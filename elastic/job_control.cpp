@@ -38,12 +38,16 @@ std::string job_duty_holder(const JobStart& record, const std::vector<Member>& v
   return best;
 }
 
-Roster desired_roster(const JobStart& record, const std::vector<Member>& view) {
+Roster desired_roster(const JobStart& record, const std::vector<Member>& view,
+                      const std::map<std::string, uint64_t>& excluded) {
   std::vector<std::tuple<std::string, std::string, uint64_t>> rows;
-  for (const auto& m : view)
+  for (const auto& m : view) {
+    const auto out = excluded.find(m.id);
+    if (out != excluded.end() && (out->second == m.boot_id || !out->second || !m.boot_id)) continue;
     if (is_live(m) && has_role(m, "worker")) rows.emplace_back(m.id, m.address, m.boot_id);
+  }
   for (size_t i = 0; i < record.workers.size(); ++i)
-    if (!find(view, record.workers[i]))
+    if (!find(view, record.workers[i]) && !excluded.contains(record.workers[i]))
       rows.emplace_back(record.workers[i], record.addresses[i],
                         i < record.worker_boot_ids.size() ? record.worker_boot_ids[i] : 0);
   std::sort(rows.begin(), rows.end());
@@ -78,7 +82,7 @@ GenerationVote JobControl::ack_of(uint64_t number, const Local& mine) const {
 void JobControl::on_view(double now, const std::vector<Member>& view, const Local& mine, Output& out) {
   view_ = view;
   if (!holds_duty() || now < quiet_until_) return;
-  const Roster want = desired_roster(record_, view_);
+  const Roster want = desired_roster(record_, view_, excluded_);
   const bool differs = want.ids != record_.workers || want.boot_ids != record_.worker_boot_ids;
   // A proposal under way for another roster is superseded at once: waiting for the acks of a
   // worker that is gone would only run into the retry.
@@ -105,7 +109,7 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
 }
 
 void JobControl::propose(double now, const Local& mine, Output& out) {
-  Roster want = desired_roster(record_, view_);
+  Roster want = desired_roster(record_, view_, excluded_);
   if (want.ids.size() < std::max<size_t>(1, o_.min_workers)) {
     const auto why = fmt::format("{} live workers, fewer than elastic.min_workers = {}", want.ids.size(), o_.min_workers);
     if (why != waiting_) out.log.push_back("not proposing a generation: " + why);
@@ -178,6 +182,11 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
       return;
     }
     case GenerationVote::Kind::ack: return on_ack(from, vote, out);
+    case GenerationVote::Kind::evict:
+      if (vote.workers.size() != 1 || vote.number != record_.generation || !holds_duty()) return;
+      if (std::find(record_.workers.begin(), record_.workers.end(), from) == record_.workers.end()) return;
+      out.log.push_back(fmt::format("{} asks to leave {} out: it blocks the ring", from, vote.workers[0]));
+      return evict(now, vote.workers[0], mine, out);
     case GenerationVote::Kind::refuse:
       if (!proposal_ || !holds_duty()) return;
       out.log.push_back(fmt::format("{} refused generation {}: {}", from, proposal_->number, vote.reason));
@@ -257,10 +266,34 @@ void JobControl::try_install(Output& out) {
   proposal_.reset();
   for (size_t i = 0; i < next.workers.size(); ++i)
     if (next.workers[i] != o_.self) out.sends.emplace_back(next.addresses[i], next);
+  // Workers left out that are still live (evicted, or taken for gone by a view they will refute)
+  // learn it at once, rather than wait on a ring that has moved on.
+  for (size_t i = 0; i < record_.workers.size(); ++i)
+    if (std::find(next.workers.begin(), next.workers.end(), record_.workers[i]) == next.workers.end())
+      if (const Member* m = find(view_, record_.workers[i]); m && is_live(*m)) out.sends.emplace_back(m->address, next);
   if (!next.submitter.empty()) out.sends.emplace_back(next.submitter, next);
   out.log.push_back(fmt::format("installed generation {}: {} workers, resume at step {}, {} donors", next.generation,
                                 next.workers.size(), next.resume.step, next.donors.size()));
   install(next, out);
+}
+
+void JobControl::evict(double now, const std::string& id, const Local& mine, Output& out) {
+  if (!has_record()) return;
+  const auto it = std::find(record_.workers.begin(), record_.workers.end(), id);
+  if (it == record_.workers.end() || id == o_.self) return;
+  if (!holds_duty()) {
+    const std::string holder = job_duty_holder(record_, view_);
+    for (size_t i = 0; i < record_.workers.size(); ++i)
+      if (record_.workers[i] == holder)
+        out.sends.emplace_back(record_.addresses[i], GenerationVote{record_.job_id, GenerationVote::Kind::evict,
+                                                                    record_.generation, record_.generation, {id}});
+    return;
+  }
+  const auto i = static_cast<size_t>(it - record_.workers.begin());
+  excluded_[id] = i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
+  out.log.push_back(fmt::format("leaving {} out of the next generation: alive, but it blocks the ring", id));
+  quiet_until_ = 0;
+  propose(now, mine, out);
 }
 
 std::expected<void, std::string> JobControl::on_install(const JobStart& record, Output& out) {

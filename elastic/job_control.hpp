@@ -25,6 +25,9 @@
 //               pull the state from the donors.
 //   refuse      an older number, or one built on an older generation, is refused with the
 //               refuser's highest number; the proposer proposes again above it.
+//   evict       a worker that has waited step_timeout_s for a ring neighbour that membership still
+//               holds live asks the duty holder to leave it out; it stays out, in the duty
+//               holder's proposals, until it runs again with another boot id.
 //   retry       a proposal not installed after retry_ms is proposed again, numbered higher; a
 //               view change while proposing does it at once. A worker paused for retry_ms acks
 //               its promise again to the proposer, which answers a repeated ack of a generation
@@ -61,7 +64,9 @@ struct Roster {
   std::vector<uint64_t> boot_ids;
   friend bool operator==(const Roster&, const Roster&) = default;
 };
-Roster desired_roster(const gossip::JobStart& record, const std::vector<gossip::Member>& view);
+/// `excluded`: workers evicted, by id with the boot id of the run that was evicted.
+Roster desired_roster(const gossip::JobStart& record, const std::vector<gossip::Member>& view,
+                      const std::map<std::string, uint64_t>& excluded = {});
 
 class JobControl {
  public:
@@ -96,6 +101,9 @@ class JobControl {
   void on_tick(double now, const Local& mine, Output& out);
   /// A vote from `from` (a member id; the transport authenticated it).
   void on_vote(double now, const std::string& from, const gossip::GenerationVote& vote, const Local& mine, Output& out);
+  /// This worker waited too long for `id`, which membership holds live: the duty holder leaves it
+  /// out of the next generation (this node, or the one it asks).
+  void evict(double now, const std::string& id, const Local& mine, Output& out);
   /// A record of a generation (from its proposer, or forwarded by a member that has it).
   std::expected<void, std::string> on_install(const gossip::JobStart& record, Output& out);
 
@@ -131,6 +139,7 @@ class JobControl {
   double quiet_until_ = 0;            // acked another node's proposal: no own proposal before this
   std::string promised_to_;           // the address of the proposer of promised_ (not this node's own)
   uint64_t job_id_ = 0;               // a joiner's: the job of the proposals it heard
+  std::map<std::string, uint64_t> excluded_;  // evicted workers: id -> boot id of the evicted run
   double promised_at_ = 0;            // when the promise was made or last repeated
 };
 

@@ -78,6 +78,7 @@ struct Job {
   gossip::JobProgress progress;  // sync: the job's, alike on every member; gossip: this worker's own
   bool has_state = true;         // false: a joiner, or a member behind, until it has pulled the state
   bool member = true;            // a worker of the installed generation (false: left out of it; waits)
+  bool stepped_in_generation = false;  // the first step of each generation is logged (bench/chaos.sh times it)
   std::optional<elastic::StatePuller> pulling;
   std::optional<elastic::RatePolicy> rate;
   bool stop_voted = false;       // sync: a stop vote was in the last sum
@@ -360,6 +361,13 @@ void evaluate_snapshot(Trainer* self) {
       });
 }
 
+/// The first step a worker completes in a generation: when training resumed after a change.
+void note_first_step(Job& j) {
+  if (j.stepped_in_generation) return;
+  j.stepped_in_generation = true;
+  node_events().info("generation_first_step job={} generation={} step={}", j.start.job_id, j.generation, j.step);
+}
+
 /// Sync: whether the job is over at the progress every member shares (or a stop vote was summed).
 bool sync_finished(const Job& j) {
   return j.stop_voted || elastic::job_finished(j.progress, j.config.job.epochs, j.config.job.max_steps);
@@ -385,6 +393,7 @@ void finish_step(Trainer* self) {
   j.ring_seconds += seconds_between(j.waiting_since, j.last_step_end);
   const bool epoch_end = static_cast<int64_t>(j.progress.epoch) != j.epoch;
   j.epoch = static_cast<int64_t>(j.progress.epoch);
+  note_first_step(j);
   const bool over = sync_finished(j);
   if (j.rank == 0) {
     if (j.step % j.config.job.log_every_steps == 0 || over) {
@@ -441,6 +450,8 @@ bool may_step(const Job& j) {
 void sync_step(Trainer* self) {
   auto& j = *self->state.job;
   if (!may_step(j)) return;
+  // A member that pulled the state of the job's last step (the others finished meanwhile) is done.
+  if (sync_finished(j)) return finish_job(self);
   // One step at a time: a step message left over from an earlier job or step finds the ring busy.
   if (j.ring->step() == j.progress.step + 1 && !j.ring->done()) return;
   const size_t e = j.elements();
@@ -475,6 +486,7 @@ void sync_step(Trainer* self) {
 void after_local_step(Trainer* self, int64_t samples, float loss) {
   auto& j = *self->state.job;
   ++j.step;
+  note_first_step(j);
   j.own_samples += static_cast<uint64_t>(samples);
   j.window_samples += static_cast<uint64_t>(samples);
   j.loss = loss;
@@ -1075,6 +1087,7 @@ void enter_generation(Trainer* self) {
   const auto me = std::find(r.workers.begin(), r.workers.end(), s.o.self_id);
   if (me == r.workers.end()) return fail(self, fmt::format("generation {} does not name this worker", r.generation));
   j.member = true;
+  j.stepped_in_generation = false;
   j.generation = r.generation;
   j.world = static_cast<uint32_t>(r.workers.size());
   j.rank = static_cast<uint32_t>(me - r.workers.begin());
@@ -1372,7 +1385,18 @@ void on_tick(Trainer* self) {
     const auto limit = j.config.job.step_timeout_s;
     // Gossip: workers end their local steps at different times, so the final average waits for
     // the previous worker without a limit until its first chunk comes (a dead one is membership's).
-    if (j.mode == Mode::sync || (j.mode == Mode::gossip && j.final_average && j.heard_final))
+    const bool ring_wait = j.mode == Mode::sync || (j.mode == Mode::gossip && j.final_average && j.heard_final);
+    if (ring_wait && j.control && !j.control->paused() && !j.pulling && j.prev_id != s.o.self_id) {
+      // Membership holds the previous worker live, yet the ring has not moved: leave it out of
+      // the next generation rather than end the job.
+      node_events().warn("worker_evicting job={} worker={} reason=\"{} {} waited {:.0f} s for it\"", j.start.job_id,
+                         j.prev_id, j.mode == Mode::sync ? "step" : "the final average after step", j.step + 1, limit);
+      j.progress_at = Clock::now();
+      elastic::JobControl::Output out;
+      const uint64_t job_id = j.start.job_id;
+      j.control->evict(now_ms(s), j.prev_id, local_of(j), out);
+      apply_control(self, job_id, out);
+    } else if (ring_wait)
       fail(self, fmt::format("{} {} waited {:.0f} s for worker {} (the previous one in the ring)",
                              j.mode == Mode::sync ? "step" : "the final average after step", j.step + 1, limit, j.prev_id));
     else if (j.mode == Mode::async && !j.serving && !j.assembling && (j.blocked || j.step >= j.total_steps) &&

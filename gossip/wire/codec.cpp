@@ -333,7 +333,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::GENERATION_VOTE: {
       auto r = e.getGenerationVote();
       const auto kind = r.getKind();
-      if (kind > wire::GenerationVote::Kind::REFUSE)
+      if (kind > wire::GenerationVote::Kind::EVICT)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown generation vote kind {}", static_cast<int>(kind))};
       GenerationVote v{r.getJobId(), static_cast<GenerationVote::Kind>(kind), r.getNumber(), r.getBase()};
       for (auto w : r.getWorkers()) v.workers.emplace_back(w);

@@ -165,12 +165,12 @@ struct JobStart {
 
 /// Job control's votes (elastic/job_control.hpp).
 struct GenerationVote {
-  enum class Kind : uint8_t { propose, ack, refuse };
+  enum class Kind : uint8_t { propose, ack, refuse, evict };
   uint64_t job_id = 0;
   Kind kind = Kind::propose;
   uint64_t number = 0;  ///< proposed; refuse: the highest the refuser has promised or installed
   uint64_t base = 0;    ///< the generation it succeeds; ack: the acker's installed one
-  std::vector<std::string> workers = {};  ///< propose: in ring order
+  std::vector<std::string> workers = {};  ///< propose: in ring order; evict: the worker to leave out
   JobProgress progress = {};              ///< ack
   bool has_state = false;                 ///< ack: holds the job's parameters
   uint64_t boot_id = 0;                   ///< ack

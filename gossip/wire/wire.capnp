@@ -216,6 +216,7 @@ struct GenerationVote {
     propose @0;
     ack @1;
     refuse @2;
+    evict @3;                # to the duty holder: workers[0] blocks the ring though membership holds it live
   }
 }
 

@@ -373,3 +373,32 @@ TEST_CASE("random kills, restarts, joins and partitions: one generation per numb
     }
   }
 }
+
+TEST_CASE("a worker that blocks the ring while alive is left out until it runs again with another boot id",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+  // w2 waited for w1 (its previous in the ring), which membership holds live: it asks the duty holder.
+  auto& w2 = net.nodes.at("w2");
+  JobControl::Output out;
+  w2.control->evict(net.now, "w1", w2.local, out);
+  net.apply(w2, out);
+  net.deliver_all();
+  CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
+  CHECK(net.nodes.at("w1").dropped);
+  // Still alive and the same run: later views do not bring it back.
+  for (int i = 0; i < 3; ++i) {
+    net.tick(3000);
+    for (auto id : {"w0", "w2"}) net.set_view(id, {});
+    net.deliver_all();
+  }
+  CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
+  // Restarted, it is a joiner like any other.
+  net.add("w1", 2);
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+  net.deliver_all();
+  CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
+  CHECK(net.nodes.at("w1").control->record().generation == net.nodes.at("w0").control->record().generation);
+}

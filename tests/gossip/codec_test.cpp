@@ -66,6 +66,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       GenerationVote{9, GenerationVote::Kind::propose, 4, 3, {"a", "c"}},
       GenerationVote{9, GenerationVote::Kind::ack, 4, 3, {}, JobProgress{41, 1, 384, 6528}, true, 77},
       GenerationVote{9, GenerationVote::Kind::refuse, 6, 3, {}, {}, false, 0, "promised generation 6"},
+      GenerationVote{9, GenerationVote::Kind::evict, 3, 3, {"b"}},
       StatePull{9, 41, 1000, 4096},
       StatePiece{9, chunk},
   };

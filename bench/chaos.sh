@@ -1,0 +1,179 @@
+#!/usr/bin/env bash
+# Elastic training under chaos, against fault-free runs, on this machine: `tepdist run` of four
+# local nodes training LeNet on Fashion-MNIST, in sync and in gossip mode. During the chaos run a
+# fault comes every FAULT_GAP seconds, drawn from the seed: kill -9 of a launcher's node (the
+# launcher restarts it), SIGSTOP for 3 s then SIGCONT, a join of a new node, a graceful leave
+# (SIGTERM) of a node this script added; and one partition of the link emulator (nodes 0, 1 in
+# region a, 2, 3 in b) 25 s into the cluster's life, for 4 s. Beside it, fault-free runs at 4 and
+# at 3 workers. Per mode, medians over the seeds:
+#   completion        chaos runs that finished (exit 0)
+#   accuracy          final test accuracy, chaos and fault-free (goal: within 0.5 points)
+#   goodput           epochs x samples / wall time, chaos over fault-free at 4 and at 3 workers
+#                     (goal >= 0.85 of the 4-worker run)
+#   kill to step      a kill -9 to the survivors' next committed step (the first step any node
+#                     logs in a generation begun after the kill; goal <= 3 s)
+#   join to step      a join to the joiner's first step (goal <= 5 s)
+#   unexplained       deaths of members no fault touched (must be 0)
+#
+#   bench/chaos.sh [BUILD_DIR] [SEEDS] [EPOCHS]        (defaults: build 3 3; FAULT_GAP=4)
+#
+# Figures depend on the machine; the script prints what it ran on. It is a benchmark, not a test.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+seeds=${2:-3}
+epochs=${3:-3}
+gap=${FAULT_GAP:-4}
+tepdist="$(pwd)/$build/cli/tepdist"
+[[ -x $tepdist ]] || { echo "chaos: $tepdist not built" >&2; exit 2; }
+dir=$(mktemp -d /tmp/tepdist-chaos.XXXXXX)
+added=()
+cleanup() {
+  for p in "${added[@]}"; do kill -9 "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  [[ ${KEEP:-0} == 1 ]] && echo "chaos: everything in $dir" || rm -rf "$dir"
+}
+trap cleanup EXIT
+
+now() { date +%s.%N; }
+
+job() {  # job FILE: the benchmark's job, with the partition
+  cat >"$1" <<EOF
+[job]
+epochs = $epochs
+seed = 0
+eval_every_steps = 0
+log_every_steps = 20
+[model]
+preset = "lenet"
+[data]
+dataset = "fashion-mnist"
+dir = "/usr/share/datasets/fashion-mnist"
+batch_size = 64
+[optimizer]
+lr = 0.04
+momentum = 0.9
+warmup_steps = 100
+[network]
+regions = ["a", "a", "b", "b"]
+[[network.partition]]
+at_s = 25
+duration_s = 4
+between = ["a", "b"]
+EOF
+}
+
+# run MODE NODES OUT [chaos SEED]: one `tepdist run`; faults when asked. Writes OUT/faults.txt
+# (time kind node) and OUT/status.
+run() {
+  local mode=$1 nodes=$2 out=$3 chaos=${4:-} seed=${5:-0}
+  mkdir -p "$out"
+  job "$out/job.toml"
+  now >"$out/started"
+  "$tepdist" run "$out/job.toml" --mode "$mode" --nodes "$nodes" --out "$out/run" >"$out/launcher.log" 2>&1 &
+  local launcher=$!
+  : >"$out/faults.txt"
+  if [[ $chaos == chaos ]]; then
+    RANDOM=$seed
+    local joined=0
+    for _ in $(seq 600); do grep -q "samples/s" "$out/launcher.log" 2>/dev/null && break; sleep 0.1; done
+    local seed_addr
+    seed_addr=$(grep -o -m1 'join [0-9.:]*' "$out/launcher.log" | cut -d' ' -f2)
+    while kill -0 "$launcher" 2>/dev/null; do
+      sleep "$gap"
+      kill -0 "$launcher" 2>/dev/null || break
+      local kind=$((RANDOM % 4)) victim="node-0$((RANDOM % nodes))"
+      case $kind in
+        0) pkill -9 -f -- "$out/run/cluster.toml --name $victim " && echo "$(now) kill $victim" >>"$out/faults.txt" ;;
+        1) local p
+           p=$(pgrep -f -- "$out/run/cluster.toml --name $victim ")
+           [[ -n $p ]] && { echo "$(now) stop $victim" >>"$out/faults.txt"; kill -STOP $p; sleep 3; kill -CONT $p; } ;;
+        2) local name="node-1$joined"
+           joined=$((joined + 1))
+           echo "$(now) join $name" >>"$out/faults.txt"
+           "$tepdist" node "$out/run/cluster.toml" --name "$name" --join "$seed_addr" --set compute.threads=1 \
+             >"$out/$name.log" 2>&1 &
+           added+=($!) ;;
+        3) local leaver
+           leaver=$(for ((k = 0; k < joined; k++)); do pgrep -f -- "--name node-1$k " >/dev/null && echo "node-1$k"; done | head -1)
+           [[ -n $leaver ]] && pkill -TERM -f -- "--name $leaver " && echo "$(now) leave $leaver" >>"$out/faults.txt" ;;
+      esac
+    done
+  fi
+  wait "$launcher"
+  echo $? >"$out/status"
+  for p in "${added[@]}"; do kill -TERM "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  added=()
+}
+
+echo "chaos: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $epochs epochs, faults every ${gap} s, $seeds seeds"
+for mode in sync gossip; do
+  for ((s = 1; s <= seeds; s++)); do
+    run "$mode" 4 "$dir/$mode-$s-free4"
+    run "$mode" 3 "$dir/$mode-$s-free3"
+    run "$mode" 4 "$dir/$mode-$s-chaos" chaos "$s"
+    echo "chaos: $mode seed $s: free4 exit $(cat "$dir/$mode-$s-free4/status"), free3 exit $(cat "$dir/$mode-$s-free3/status"), chaos exit $(cat "$dir/$mode-$s-chaos/status"), $(wc -l <"$dir/$mode-$s-chaos/faults.txt") faults"
+  done
+done
+
+python3 - "$dir" "$seeds" <<'EOF'
+import glob, json, os, re, statistics, sys
+from datetime import datetime
+root, seeds = sys.argv[1], int(sys.argv[2])
+
+def stamp(line):  # node logs: "2026-11-30T17:37:02.562 ..." in local time
+    return datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
+
+def result(d):
+    f = os.path.join(d, "run", "result.json")
+    return json.load(open(f)) if os.path.exists(f) else None
+
+def med(v):
+    return statistics.median(v) if v else float("nan")
+
+rows = []
+for mode in ("sync", "gossip"):
+    done = 0
+    accs_c, accs_f, goods4, goods3, kills, joins, unexplained, faults = [], [], [], [], [], [], 0, 0
+    for s in range(1, seeds + 1):
+        base = os.path.join(root, f"{mode}-{s}")
+        free4, free3, chaos = (result(base + x) for x in ("-free4", "-free3", "-chaos"))
+        lines = [l.split() for l in open(base + "-chaos/faults.txt")]
+        faults += len(lines)
+        if not chaos or not free4:
+            continue
+        done += 1
+        accs_c.append(chaos["test_accuracy"]); accs_f.append(free4["test_accuracy"])
+        goods4.append(free4["wall_seconds"] / chaos["wall_seconds"])
+        if free3: goods3.append(free3["wall_seconds"] / chaos["wall_seconds"])
+        logs = glob.glob(base + "-chaos/run/logs/node-*.log") + glob.glob(base + "-chaos/node-*.log")
+        firsts, deaths = [], []
+        for log in logs:
+            name = os.path.basename(log)
+            for line in open(log, errors="replace"):
+                if "generation_first_step" in line:
+                    firsts.append((stamp(line), log))
+                elif "member_dead" in line:
+                    deaths.append((stamp(line), re.search(r"id=(\S+)", line).group(1)))
+        for t, kind, node in ((float(a), b, c) for a, b, c in lines):
+            if kind == "kill":
+                after = [f for f, _ in firsts if f > t]
+                if after: kills.append(min(after) - t)
+            if kind == "join":
+                mine = [f for f, log in firsts if f > t and os.path.basename(log) == f"{node}.log"]
+                if mine: joins.append(min(mine) - t)
+        touched = {node for _, _, node in lines}
+        started = float(open(base + "-chaos/started").read())
+        for who in {who for t, who in deaths
+                    # The partition, 25 to 29 s into the cluster's life, may make anyone dead for a while.
+                    if who not in touched and not who.startswith("submitter") and not 20 <= t - started <= 40}:
+            unexplained += 1
+    rows.append((mode, f"{done}/{seeds}", med(accs_c), med(accs_f), med(goods4), med(goods3), med(kills),
+                 len(kills), med(joins), len(joins), unexplained, faults))
+
+print("\n| mode | completed | accuracy chaos / fault-free | goodput vs 4 / vs 3 workers | kill to next step (median, n) | join to first step (median, n) | unexplained deaths | faults |")
+print("|---|---|---|---|---|---|---|---|")
+for m, c, ac, af, g4, g3, k, kn, j, jn, u, f in rows:
+    print(f"| {m} | {c} | {ac:.4f} / {af:.4f} | {g4:.2f} / {g3:.2f} | {k:.2f} s ({kn}) | {j:.2f} s ({jn}) | {u} | {f} |")
+EOF
