@@ -93,10 +93,11 @@ const std::vector<Key>& keys() {
         "finely, at more messages per step. 1 to 65536."},
        1, 65536, false, false, {}, assign<&J::job, &J::Job::ring_chunk_kb>},
       {{"job", "step_timeout_s", KeyType::number, "60",
-        "A step that waits this long fails the job, naming what it waited for: in sync the previous worker "
-        "in the ring; in async the shard primaries' answers (once max_staleness steps are unanswered, or at "
-        "the end); in gossip the previous worker in the final average, once that one has started it. A "
-        "membership change fails it sooner. Seconds, (0, 86400]."},
+        "A step that waits this long for what it needs: in sync (and in gossip's final average, once the "
+        "previous worker has started it) the previous worker in the ring, which membership still holds live, "
+        "is left out of the next generation (evicted); in async the job fails, naming the shard primaries "
+        "whose answers it waited for (once max_staleness steps are unanswered, or at the end). A worker that "
+        "dies is membership's, and sooner. Seconds, (0, 86400]."},
        0, 86400, true, false, {}, assign<&J::job, &J::Job::step_timeout_s>},
       {{"job", "max_staleness", KeyType::integer, "16",
         "async: a push computed on a shard version more than this many updates old is refused (counted as "

@@ -15,7 +15,7 @@ nodes=()
 cleanup() {
   for p in "${nodes[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
-  [[ ${KEEP:-0} == 1 ]] || rm -rf "$work" secret job.toml out/quickstart out/three out/single tepdist-run
+  [[ ${KEEP:-0} == 1 ]] || rm -rf "$work" secret job.toml out/quickstart out/three out/single out/elastic tepdist-run
 }
 trap cleanup EXIT
 
@@ -42,6 +42,27 @@ example gossip build/cli/tepdist run configs/gossip.toml --epochs 1
 example cross-region-gossip build/cli/tepdist run configs/cross_region.toml --mode gossip
 example train build/cli/tepdist train --epochs 10 --set optimizer.name=adam --set optimizer.lr=0.001 --out out/single
 example train-resume build/cli/tepdist train --resume --epochs 15 --set optimizer.name=adam --set optimizer.lr=0.001 --out out/single
+
+# Elastic training: a worker added and one killed while the job trains (the launcher restarts it).
+elastic() {
+  rm -rf out/elastic
+  build/cli/tepdist run configs/quickstart.toml --epochs 6 --out out/elastic >"$work/elastic-run.log" 2>&1 &
+  local run=$!
+  for _ in $(seq 600); do grep -q "samples/s" "$work/elastic-run.log" 2>/dev/null && break; sleep 0.1; done
+  build/cli/tepdist node out/elastic/cluster.toml --name extra --join "$(head -1 out/elastic/run/node-0.ready)" \
+    >"$work/elastic-extra.log" 2>&1 &
+  local extra=$!
+  for _ in $(seq 600); do grep -q "joined extra" "$work/elastic-run.log" 2>/dev/null && break; sleep 0.1; done
+  pkill -9 -f 'out/elastic/cluster.toml --name node-02 '
+  wait $run
+  local status=$?
+  kill $extra 2>/dev/null
+  wait $extra 2>/dev/null
+  cat "$work/elastic-run.log"
+  grep -q "restarted it" "$work/elastic-run.log" && grep -q "joined extra" "$work/elastic-run.log" && return $status
+  return 1
+}
+example elastic elastic
 
 # Nodes, status, and a job submitted to the running cluster (job.toml: the quickstart's job with
 # the cluster's secret file, 40 steps).

@@ -162,6 +162,8 @@ struct TrainerState {
   // A node without the job that was proposed as a worker of a running one (a joiner, a restarted
   // node, a worker that was dropped): its votes, until the install makes it a worker.
   std::unique_ptr<elastic::JobControl> joining;
+  Clock::time_point joining_since;
+  static constexpr double joining_limit_s = 60;  // a proposal whose install never comes is forgotten
   std::set<uint64_t> ended_jobs;  // finished, failed or abandoned here: never joined again
   Clock::time_point started = Clock::now();
   static constexpr double held_limit_s = 10;
@@ -1247,7 +1249,10 @@ void on_vote(Trainer* self, const std::string& peer, const gossip::GenerationVot
   }
   // No job here: proposed as a joiner. Its acks say it holds nothing.
   if (vote.kind != gossip::GenerationVote::Kind::propose) return;
-  if (!s.joining) s.joining = make_control(s, nullptr);
+  if (!s.joining) {
+    s.joining = make_control(s, nullptr);
+    s.joining_since = Clock::now();
+  }
   start_ticking(self);
   s.joining->on_view(now_ms(s), s.view, {}, out);
   s.joining->on_vote(now_ms(s), peer, vote, {}, out);
@@ -1416,6 +1421,12 @@ void on_tick(Trainer* self) {
     apply_control(self, job_id, out);
   }
   if (s.job && s.job->member) keep_ending(self);
+  if (s.joining && seconds_between(s.joining_since, Clock::now()) > TrainerState::joining_limit_s) {
+    node_events().warn("job_joining_abandoned reason=\"proposed as a worker {:.0f} s ago, and no generation "
+                       "naming this node came\"",
+                       TrainerState::joining_limit_s);
+    s.joining.reset();
+  }
   if (!s.job && s.joining) {
     // A joiner's promise whose install did not come: it asks again (the core knows whom).
     elastic::JobControl::Output out;

@@ -18,10 +18,15 @@
 // parameters every [job] eval_every_steps steps and at epoch ends in a second actor, so
 // evaluation never holds up the ring.
 //
-// A worker of the job that dies or leaves, a worker that joins, or a step that waits step_timeout_s
-// for what it needs fails the job with a report naming the node; the trainer then waits for the
-// next job. The router hands it frames as (wire_atom, peer, address, Message) and the membership
-// as (view_atom, members) on every change.
+// Sync and gossip jobs are elastic (elastic/job_control.hpp, docs/architecture.md "Elastic job
+// control"): a worker that dies, leaves, restarts or joins makes the duty holder propose the next
+// generation; members ack (and pause), the install rebuilds the ring, and members behind or
+// joining pull the state from the donors (elastic/state_transfer.hpp). A worker left out of a
+// generation keeps the job's record and waits to be proposed again. A ring neighbour that
+// membership holds live but that does not move for step_timeout_s is left out (evicted). Async
+// jobs still end on a change, saying so. A node without the job that is proposed as a worker acks
+// as a joiner and starts the job from the record it is sent. The router hands the trainer frames
+// as (wire_atom, peer, address, Message) and the membership as (view_atom, members) on every change.
 
 #include <caf/actor.hpp>
 #include <caf/allowed_unsafe_message_type.hpp>
@@ -49,7 +54,8 @@ struct TrainerOptions {
 };
 
 /// The role "trainer" under the supervisor. It keeps no snapshot: a restarted trainer has lost its
-/// job, which the submitter sees as a failure, and waits for the next.
+/// job and waits for the next (its node still runs, with the same boot id, so job control does not
+/// see it as a restart: the ring waits for it until step_timeout_s evicts it).
 /// It registers with the router (job_atom) each time it starts.
 RoleSpec trainer_role(TrainerOptions options, caf::actor router);
 
