@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "elastic/coordination.hpp"
+#include "elastic/progress.hpp"
 
 namespace tepdist::elastic {
 
@@ -76,6 +77,7 @@ GenerationVote JobControl::ack_of(uint64_t number, const Local& mine) const {
   v.progress = mine.progress;
   v.has_state = mine.has_state;
   v.boot_id = o_.boot_id;
+  v.cursors = mine.cursors;
   return v;
 }
 
@@ -263,6 +265,25 @@ void JobControl::try_install(Output& out) {
   next.donors.clear();
   for (const auto& id : counted)
     if (p.acks.at(id).progress == resume) next.donors.push_back(id);
+  if (!record_.spans.empty()) {
+    // Gossip: every old worker's list from its cursor on, re-split among the new workers. A
+    // cursor counts only from an ack of a worker in this generation (its own), or as seen in
+    // mixings by ackers in it; a worker gone keeps only what it mixed.
+    std::vector<Spans> rests;
+    for (size_t i = 0; i < record_.workers.size(); ++i) {
+      const auto& id = record_.workers[i];
+      uint64_t consumed = 0;
+      for (const auto& [acker, ack] : p.acks) {
+        if (ack.base != record_.generation) continue;
+        if (acker == id && ack.has_state) consumed = std::max(consumed, ack.progress.position);
+        for (const auto& [worker, cursor] : ack.cursors)
+          if (worker == id) consumed = std::max(consumed, cursor);
+      }
+      rests.push_back(rest_after(i < record_.spans.size() ? spans_of(record_.spans[i]) : Spans{}, consumed));
+    }
+    next.spans.clear();
+    for (const auto& list : resplit(rests, next.workers.size())) next.spans.push_back(triples_of(list));
+  }
   proposal_.reset();
   for (size_t i = 0; i < next.workers.size(); ++i)
     if (next.workers[i] != o_.self) out.sends.emplace_back(next.addresses[i], next);

@@ -22,7 +22,9 @@
 //               run, by boot id), the proposer installs: the record with the new workers, resume
 //               = the furthest progress among the acks with state, donors = the ackers there. It
 //               goes to every worker and the submitter. Nothing is rolled back: members behind
-//               pull the state from the donors.
+//               pull the state from the donors. A record with spans (gossip) gets new ones: the
+//               rest of every old worker's list after its cursor (its own ack's, or for one gone
+//               the furthest any acker saw it mix at), re-split among the new workers.
 //   refuse      an older number, or one built on an older generation, is refused with the
 //               refuser's highest number; the proposer proposes again above it.
 //   evict       a worker that has waited step_timeout_s for a ring neighbour that membership still
@@ -79,8 +81,9 @@ class JobControl {
   };
   /// What this node holds, for its acks.
   struct Local {
-    gossip::JobProgress progress;
+    gossip::JobProgress progress;  ///< gossip: position is the cursor in this worker's list of spans
     bool has_state = false;
+    std::vector<std::pair<std::string, uint64_t>> cursors = {};  ///< gossip: others', from mixings
   };
   struct Output {
     std::vector<std::pair<std::string, gossip::Body>> sends;  ///< (address, body)

@@ -27,6 +27,93 @@ bool job_finished(const gossip::JobProgress& p, int64_t epochs, int64_t max_step
   return static_cast<int64_t>(p.epoch) >= epochs || (max_steps > 0 && static_cast<int64_t>(p.step) >= max_steps);
 }
 
+Spans spans_of(const std::vector<uint64_t>& triples) {
+  Spans out;
+  for (size_t k = 0; k + 2 < triples.size(); k += 3) out.push_back({triples[k], triples[k + 1], triples[k + 2]});
+  return out;
+}
+
+std::vector<uint64_t> triples_of(const Spans& spans) {
+  std::vector<uint64_t> out;
+  for (const auto& s : spans) out.insert(out.end(), {s.epoch, s.begin, s.end});
+  return out;
+}
+
+std::vector<Spans> initial_spans(int64_t n, int64_t epochs, int64_t workers) {
+  std::vector<Spans> out(static_cast<size_t>(std::max<int64_t>(1, workers)));
+  const auto w = static_cast<uint64_t>(out.size()), total = static_cast<uint64_t>(n);
+  for (uint64_t e = 0; e < static_cast<uint64_t>(epochs); ++e)
+    for (uint64_t r = 0; r < w; ++r) {
+      const uint64_t begin = total * r / w, end = total * (r + 1) / w;
+      if (end > begin) out[r].push_back({e, begin, end});
+    }
+  return out;
+}
+
+uint64_t span_total(const Spans& spans) {
+  uint64_t n = 0;
+  for (const auto& s : spans) n += s.end - s.begin;
+  return n;
+}
+
+Spans rest_after(const Spans& spans, uint64_t consumed) {
+  Spans out;
+  for (const auto& s : spans) {
+    const uint64_t size = s.end - s.begin;
+    if (consumed >= size) {
+      consumed -= size;
+      continue;
+    }
+    out.push_back({s.epoch, s.begin + consumed, s.end});
+    consumed = 0;
+  }
+  return out;
+}
+
+std::vector<Spans> resplit(const std::vector<Spans>& rests, size_t workers) {
+  std::vector<Spans> out(std::max<size_t>(1, workers));
+  std::vector<Span> all;
+  for (const auto& r : rests) all.insert(all.end(), r.begin(), r.end());
+  std::sort(all.begin(), all.end(), [](const Span& a, const Span& b) {
+    return a.epoch != b.epoch ? a.epoch < b.epoch : a.begin < b.begin;
+  });
+  for (size_t i = 0; i < all.size();) {
+    // One epoch's rest: total, then contiguous shares.
+    size_t j = i;
+    uint64_t total = 0;
+    for (; j < all.size() && all[j].epoch == all[i].epoch; ++j) total += all[j].end - all[j].begin;
+    const auto w = static_cast<uint64_t>(out.size());
+    size_t k = i;
+    uint64_t offset = 0;  // into all[k]
+    for (uint64_t share = 0; share < w; ++share) {
+      uint64_t want = total * (share + 1) / w - total * share / w;
+      while (want > 0 && k < j) {
+        const uint64_t begin = all[k].begin + offset;
+        const uint64_t take = std::min(want, all[k].end - begin);
+        out[share].push_back({all[k].epoch, begin, begin + take});
+        want -= take;
+        offset += take;
+        if (all[k].begin + offset == all[k].end) ++k, offset = 0;
+      }
+    }
+    i = j;
+  }
+  return out;
+}
+
+StepSlice next_slice(const Spans& spans, uint64_t consumed, uint64_t batch) {
+  StepSlice out;
+  for (const auto& s : rest_after(spans, consumed)) {
+    if (out.count == batch) break;
+    if (out.count > 0 && s.epoch != out.epoch) break;  // a step never spans two epochs
+    out.epoch = s.epoch;
+    const uint64_t take = std::min(batch - out.count, s.end - s.begin);
+    out.pieces.emplace_back(s.begin, s.begin + take);
+    out.count += take;
+  }
+  return out;
+}
+
 RatePolicy::RatePolicy(compute::LrSchedule schedule, Options options) : schedule_(schedule), o_(options) {
   o_.reference_batch = std::max<int64_t>(1, o_.reference_batch);
 }

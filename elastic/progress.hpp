@@ -12,9 +12,17 @@
 //               is scaled linearly with the global batch (ref: the job's initial global batch, so
 //               a job that never changes keeps its rates), and after a change the scale ramps from
 //               the old batch's to the new one's over ramp_batches global batches.
+//   gossip      each worker owns a list of spans (epoch, [begin, end)) and trains through it in
+//               order, b positions a local step, never two epochs in one step. The first
+//               generation gives worker r of W the r-th of W equal parts of every epoch. On a
+//               change the rest of every old worker's list after its cursor (positions consumed;
+//               for a worker gone, the cursor its last mixing carried: steps never mixed did not
+//               count) is re-split, epoch by epoch, into equal contiguous shares of the new workers.
+//               Within an epoch no position is used twice or skipped, whatever the changes.
 
 #include <cstdint>
 #include <utility>
+#include <vector>
 
 #include "compute/optimizer.hpp"
 #include "gossip/wire/messages.hpp"
@@ -30,6 +38,36 @@ gossip::JobProgress after_sync_step(gossip::JobProgress p, int64_t n, int64_t wo
 
 /// Whether a job of `epochs` epochs (and at most max_steps steps, 0: no limit) is over at p.
 bool job_finished(const gossip::JobProgress& p, int64_t epochs, int64_t max_steps);
+
+/// A run of positions of one epoch's permutation.
+struct Span {
+  uint64_t epoch = 0, begin = 0, end = 0;
+  friend bool operator==(const Span&, const Span&) = default;
+};
+using Spans = std::vector<Span>;
+
+/// Spans to and from the wire's (epoch, begin, end) triples (gossip::JobStart::spans).
+Spans spans_of(const std::vector<uint64_t>& triples);
+std::vector<uint64_t> triples_of(const Spans& spans);
+
+/// The first generation's lists: worker r of `workers` gets the r-th equal part of every epoch.
+std::vector<Spans> initial_spans(int64_t n, int64_t epochs, int64_t workers);
+/// Positions in a list.
+uint64_t span_total(const Spans& spans);
+/// What of `spans` is left after its first `consumed` positions.
+Spans rest_after(const Spans& spans, uint64_t consumed);
+/// The rests of the old workers' lists re-split among `workers` new ones: epoch by epoch, the
+/// epoch's rest in position order cut into `workers` contiguous shares of sizes differing by at
+/// most one; each new list has the earlier epochs first.
+std::vector<Spans> resplit(const std::vector<Spans>& rests, size_t workers);
+/// The next local step after `consumed` positions of `spans`: up to `batch` positions, all of one
+/// epoch, as [begin, end) pieces. count 0: the list is done.
+struct StepSlice {
+  uint64_t epoch = 0;
+  std::vector<std::pair<uint64_t, uint64_t>> pieces;
+  uint64_t count = 0;
+};
+StepSlice next_slice(const Spans& spans, uint64_t consumed, uint64_t batch);
 
 class RatePolicy {
  public:

@@ -9,6 +9,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <map>
 #include <numeric>
 #include <optional>
 #include <random>
@@ -82,6 +84,11 @@ struct Job {
   std::optional<elastic::StatePuller> pulling;
   std::optional<elastic::RatePolicy> rate;
   bool stop_voted = false;       // sync: a stop vote was in the last sum
+  // Gossip: this worker's positions (elastic/progress.hpp), how far it is through them, and how far
+  // the others were when they last mixed with it (for the next re-split, should one be gone).
+  elastic::Spans spans;
+  uint64_t consumed = 0;
+  std::map<std::string, uint64_t> cursors;
   // Ring chunks of a generation this worker has not installed yet (a faster member started it).
   std::vector<std::pair<std::string, gossip::RingChunk>> ahead;
   size_t ahead_bytes = 0;
@@ -433,6 +440,20 @@ int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, flo
   return end - begin;
 }
 
+/// Gossip: the gradient of one local step's pieces of positions (one epoch) into the model's
+/// gradients; returns the samples and sets their loss.
+int64_t compute_pieces(Job& j, const elastic::StepSlice& slice, float& loss) {
+  if (slice.count == 0) return 0;
+  compute_positions(j, static_cast<int64_t>(slice.epoch), 0, 0, loss);  // the epoch's order
+  std::vector<int64_t> idx;
+  idx.reserve(slice.count);
+  for (const auto& [begin, end] : slice.pieces)
+    idx.insert(idx.end(), j.order.begin() + static_cast<ptrdiff_t>(begin), j.order.begin() + static_cast<ptrdiff_t>(end));
+  compute::gather_batch(j.data.train, idx, j.x, j.y);
+  loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
+  return static_cast<int64_t>(idx.size());
+}
+
 /// Async and gossip: the gradient of this worker's slice of global batch t (of epoch t /
 /// steps_per_epoch) into the model's gradients; returns the samples in the slice (0 for a short
 /// last step) and their loss.
@@ -493,10 +514,20 @@ void after_local_step(Trainer* self, int64_t samples, float loss) {
   j.window_samples += static_cast<uint64_t>(samples);
   j.loss = loss;
   j.last_step_end = Clock::now();
-  const bool epoch_end = j.step % j.steps_per_epoch == 0;
-  if (epoch_end) ++j.epoch;
+  // Gossip: the epoch is that of the step's positions (set by the step); async counts steps.
+  const bool epoch_end =
+      j.mode == Mode::gossip
+          ? elastic::next_slice(j.spans, j.consumed, static_cast<uint64_t>(j.config.data.batch_size)).epoch !=
+                static_cast<uint64_t>(j.epoch)
+          : j.step % j.steps_per_epoch == 0;
+  if (epoch_end && j.mode != Mode::gossip) ++j.epoch;
+  // This worker's last step: gossip at the end of its list, async at its step count.
+  const bool last = j.step >= j.total_steps ||
+                    (j.mode == Mode::gossip &&
+                     elastic::next_slice(j.spans, j.consumed, static_cast<uint64_t>(j.config.data.batch_size)).count == 0);
+  if (last && j.mode == Mode::gossip) j.epoch = static_cast<int64_t>(j.spans.empty() ? 0 : j.spans.back().epoch + 1);
   if (j.rank != 0) return;
-  if (j.step % j.config.job.log_every_steps == 0 || j.step == j.total_steps) {
+  if (j.step % j.config.job.log_every_steps == 0 || last) {
     JobReport r = report_of(j, JobReport::Kind::progress);
     r.samples = j.own_samples * j.world;
     r.samples_per_second = static_cast<double>(j.window_samples * j.world) /
@@ -507,7 +538,7 @@ void after_local_step(Trainer* self, int64_t samples, float loss) {
   }
   // The final model is evaluated once it exists (after the final average or the shard pull).
   const auto every = j.config.job.eval_every_steps;
-  if (j.step < j.total_steps && ((every > 0 && j.step % every == 0) || epoch_end)) evaluate_snapshot(self);
+  if (!last && ((every > 0 && j.step % every == 0) || epoch_end)) evaluate_snapshot(self);
 }
 
 void send_all(Trainer* self, elastic::Outgoing<gossip::ShardUpdate>& out) {
@@ -664,6 +695,7 @@ void end_final_average(Trainer* self) {
   const float inv = 1.0f / static_cast<float>(j.world);
   for (size_t i = 0; i < p.size(); ++i) p[i] = j.buffer[i] * inv;
   j.ring_seconds += seconds_between(j.waiting_since, Clock::now());
+  j.last_eval_step = -1;  // the average is another model than the replica evaluated at this step
   if (j.rank == 0) evaluate_snapshot(self);
   finish_job(self);
 }
@@ -680,17 +712,22 @@ gossip::JobProgress gossip_progress(const Job& j) {
 void gossip_step(Trainer* self) {
   auto& j = *self->state.job;
   if (j.final_average || !may_step(j)) return;
-  if (j.step >= j.total_steps) return start_final_average(self);
+  const auto slice = elastic::next_slice(j.spans, j.consumed, static_cast<uint64_t>(j.config.data.batch_size));
+  if (slice.count == 0 || j.step >= j.total_steps) return start_final_average(self);
   const auto now = Clock::now();
   if (!j.first_step) j.first_step = j.window_start = now;
   float loss = 0;
-  const int64_t samples = compute_slice(j, j.step, loss);
+  const int64_t samples = compute_pieces(j, slice, loss);
+  j.consumed += slice.count;
+  j.epoch = static_cast<int64_t>(slice.epoch);
   if (samples > 0) j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(gossip_progress(j)));
   if (j.gossip->after_step()) {
     j.partner = j.gossip->partner(j.random());
     std::vector<gossip::GossipAverage> out;
     j.gossip->begin(j.next_exchange++, j.model->parameters(), out);
     for (auto& m : out) {
+      m.generation = j.generation;
+      m.consumed = j.consumed;
       j.tensor_bytes += m.chunk.data.size_bytes();
       if (!send_to(self, j.start.addresses[j.partner], std::move(m)))
         return fail(self, fmt::format("the send queue to worker {} is full; raise [cluster] send_queue_mb",
@@ -727,6 +764,8 @@ void on_gossip(Trainer* self, const std::string& peer, const gossip::GossipAvera
     return;
   }
   const auto from = static_cast<uint32_t>(it - j.start.workers.begin());
+  // What it had trained on when it sent this is in the mixing: counted, should it die.
+  if (m.generation == j.generation) j.cursors[peer] = std::max(j.cursors[peer], m.consumed);
   if (m.reply) {
     if (from != j.partner) {
       node_events().warn("gossip_refused from={} reason=\"not the partner of this exchange\"", peer);
@@ -743,6 +782,8 @@ void on_gossip(Trainer* self, const std::string& peer, const gossip::GossipAvera
     return;
   }
   for (auto& r : out) {
+    r.generation = j.generation;
+    r.consumed = j.consumed;
     j.tensor_bytes += r.chunk.data.size_bytes();
     send_to(self, j.start.addresses[from], std::move(r));
   }
@@ -920,6 +961,11 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   } else if (mode == "gossip") {
     j.mode = Mode::gossip;
     j.buffer.assign(j.elements(), 0.0f);
+    // Each worker trains through its own list of positions; the job ends when all are done.
+    if (j.start.spans.empty())
+      for (const auto& list : elastic::initial_spans(j.data.train.size(), j.config.job.epochs, j.world))
+        j.start.spans.push_back(elastic::triples_of(list));
+    j.total_steps = j.config.job.max_steps > 0 ? j.config.job.max_steps : std::numeric_limits<int64_t>::max();
   } else if (mode == "async") {
     j.mode = Mode::async;
     if (auto ok = setup_async(self, j); !ok) return ok;
@@ -951,7 +997,10 @@ std::expected<void, std::string> ensure_evaluator(Trainer* self, Job& j) {
 double now_ms(const TrainerState& s) { return std::chrono::duration<double, std::milli>(Clock::now() - s.started).count(); }
 
 elastic::JobControl::Local local_of(const Job& j) {
-  return {j.mode == Mode::sync ? j.progress : gossip_progress(j), j.has_state};
+  if (j.mode == Mode::sync) return {j.progress, j.has_state};
+  auto progress = gossip_progress(j);
+  progress.position = j.consumed;  // the cursor in this worker's list
+  return {progress, j.has_state, {j.cursors.begin(), j.cursors.end()}};
 }
 
 /// The job's state as one vector: the parameters, then each optimiser state buffer.
@@ -1113,6 +1162,9 @@ void enter_generation(Trainer* self) {
                                                                   chunk_elements(j), every, std::max<uint64_t>(16, 4 * every)});
     j.random.seed(j.config.job.seed * 1000003 + j.rank + r.generation * 7919);
     j.final_average = j.heard_final = false;
+    j.spans = j.rank < r.spans.size() ? elastic::spans_of(r.spans[j.rank]) : elastic::Spans{};
+    j.consumed = 0;
+    j.cursors.clear();
   }
   if (j.rank == 0)
     if (auto ok = ensure_evaluator(self, j); !ok) return fail(self, ok.error());

@@ -127,6 +127,11 @@ struct Encoder {
             put_texts(b.initDonors(static_cast<unsigned>(m.donors.size())), m.donors);
             b.setPreviousWorld(m.previous_world);
             b.setReferenceBatch(m.reference_batch);
+            auto spans = b.initSpans(static_cast<unsigned>(m.spans.size()));
+            for (unsigned i = 0; i < m.spans.size(); ++i) {
+              auto list = spans[i].initSpans(static_cast<unsigned>(m.spans[i].size()));
+              for (unsigned k = 0; k < m.spans[i].size(); ++k) list.set(k, m.spans[i][k]);
+            }
           } else if constexpr (std::is_same_v<T, GenerationVote>) {
             auto b = e.initGenerationVote();
             b.setJobId(m.job_id);
@@ -138,6 +143,11 @@ struct Encoder {
             b.setHasState(m.has_state);
             b.setBootId(m.boot_id);
             b.setReason(m.reason);
+            auto cursors = b.initCursors(static_cast<unsigned>(m.cursors.size()));
+            for (unsigned i = 0; i < m.cursors.size(); ++i) {
+              cursors[i].setWorker(m.cursors[i].first);
+              cursors[i].setConsumed(m.cursors[i].second);
+            }
           } else if constexpr (std::is_same_v<T, StatePull>) {
             auto b = e.initStatePull();
             b.setJobId(m.job_id);
@@ -200,6 +210,8 @@ struct Encoder {
             b.setExchange(m.exchange);
             b.setReply(m.reply);
             put_chunk(b.initChunk(), m.chunk);
+            b.setGeneration(m.generation);
+            b.setConsumed(m.consumed);
           } else if constexpr (std::is_same_v<T, MetricsSnapshot>) {
             auto list = e.initMetrics().initEntries(static_cast<unsigned>(m.entries.size()));
             for (unsigned i = 0; i < m.entries.size(); ++i) {
@@ -328,6 +340,19 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       for (auto d : r.getDonors()) j.donors.emplace_back(d);
       j.previous_world = r.getPreviousWorld();
       j.reference_batch = r.getReferenceBatch();
+      for (auto list : r.getSpans()) {
+        auto& spans = j.spans.emplace_back();
+        for (auto v : list.getSpans()) spans.push_back(v);
+        if (spans.size() % 3 != 0)
+          throw WireError{WireErrc::malformed, "job start spans are not (epoch, begin, end) triples"};
+        for (size_t k = 0; k < spans.size(); k += 3)
+          if (spans[k + 1] > spans[k + 2])
+            throw WireError{WireErrc::malformed, fmt::format("job start span [{}, {}) ends before it begins",
+                                                             spans[k + 1], spans[k + 2])};
+      }
+      if (!j.spans.empty() && j.spans.size() != j.workers.size())
+        throw WireError{WireErrc::malformed, fmt::format("job start names {} workers but {} span lists",
+                                                         j.workers.size(), j.spans.size())};
       return j;
     }
     case wire::Envelope::GENERATION_VOTE: {
@@ -341,6 +366,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       v.has_state = r.getHasState();
       v.boot_id = r.getBootId();
       v.reason = r.getReason();
+      for (auto c : r.getCursors()) v.cursors.emplace_back(c.getWorker(), c.getConsumed());
       return v;
     }
     case wire::Envelope::STATE_PULL: {
@@ -387,7 +413,8 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     }
     case wire::Envelope::GOSSIP_AVERAGE: {
       auto r = e.getGossipAverage();
-      return GossipAverage{r.getJobId(), r.getExchange(), r.getReply(), get_chunk(r.getChunk(), owner)};
+      return GossipAverage{r.getJobId(), r.getExchange(), r.getReply(), get_chunk(r.getChunk(), owner),
+                           r.getGeneration(), r.getConsumed()};
     }
     case wire::Envelope::METRICS: {
       MetricsSnapshot s;

@@ -160,6 +160,8 @@ struct JobStart {
   std::vector<std::string> donors = {};         ///< members holding the state at resume
   uint32_t previous_world = 0;                  ///< workers in the generation before (0: none)
   uint64_t reference_batch = 0;                 ///< the global batch optimizer.lr is meant for
+  /// Gossip: each worker's positions as (epoch, begin, end) triples, aligned with workers.
+  std::vector<std::vector<uint64_t>> spans = {};
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 
@@ -175,6 +177,8 @@ struct GenerationVote {
   bool has_state = false;                 ///< ack: holds the job's parameters
   uint64_t boot_id = 0;                   ///< ack
   std::string reason = {};                ///< refuse
+  /// ack, gossip: other workers' cursors as the acker learned them from mixings.
+  std::vector<std::pair<std::string, uint64_t>> cursors = {};
   friend bool operator==(const GenerationVote&, const GenerationVote&) = default;
 };
 
@@ -248,6 +252,8 @@ struct GossipAverage {
   uint64_t exchange = 0;
   bool reply = false;
   TensorChunk chunk;
+  uint64_t generation = 0;  ///< the sender's generation
+  uint64_t consumed = 0;    ///< the sender's cursor in its list of positions
   friend bool operator==(const GossipAverage&, const GossipAverage&) = default;
 };
 

@@ -192,6 +192,16 @@ struct JobStart {
   donors @11 :List(Text);    # members that hold the state at resume: the others pull it from them
   previousWorld @12 :UInt32; # workers in the generation before (the rate policy's ramp starts there)
   referenceBatch @13 :UInt64; # the global batch optimizer.lr is meant for: the first generation's
+  spans @14 :List(WorkerSpans);  # gossip: each worker's positions, same order as workers (elastic/progress.hpp)
+}
+
+struct WorkerSpans {
+  spans @0 :List(UInt64);    # (epoch, begin, end) triples, in the order the worker trains them
+}
+
+struct Cursor {
+  worker @0 :Text;
+  consumed @1 :UInt64;       # positions of its list it had trained on when it last mixed with the sender
 }
 
 struct JobProgress {
@@ -212,6 +222,7 @@ struct GenerationVote {
   hasState @6 :Bool;         # ack: the acker holds the job's parameters (a joiner does not)
   bootId @7 :UInt64;         # ack: the acker's boot id (a restarted member's state is gone)
   reason @8 :Text;           # refuse: why
+  cursors @9 :List(Cursor);  # ack, gossip: the cursors of other workers the acker knows from mixings
   enum Kind {
     propose @0;
     ack @1;
@@ -304,4 +315,6 @@ struct GossipAverage {
   exchange @1 :UInt64;       # chosen by the active side; the reply repeats it
   reply @2 :Bool;            # false: an active worker's parameters; true: the passive one's, before it averaged
   chunk @3 :TensorChunk;     # offset and total place it in the parameter buffer
+  generation @4 :UInt64;     # the sender's generation of the job
+  consumed @5 :UInt64;       # the sender's cursor in its list of positions when it sent this
 }

@@ -9,6 +9,7 @@
 #include <set>
 
 #include "elastic/job_control.hpp"
+#include "elastic/progress.hpp"
 
 using namespace tepdist;
 using elastic::JobControl;
@@ -401,4 +402,40 @@ TEST_CASE("a worker that blocks the ring while alive is left out until it runs a
   net.deliver_all();
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
   CHECK(net.nodes.at("w1").control->record().generation == net.nodes.at("w0").control->record().generation);
+}
+
+TEST_CASE("gossip: the install re-splits every list after its cursor; a worker gone keeps only what it mixed",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  // The record of a gossip job: 300 positions, one epoch, a hundred each.
+  JobStart r = net.nodes.at("w0").control->record();
+  for (const auto& list : elastic::initial_spans(300, 1, 3)) r.spans.push_back(elastic::triples_of(list));
+  for (auto id : {"w0", "w1", "w2"}) net.nodes.at(id).control = std::make_unique<JobControl>(
+      JobControl::Options{id, 1, elastic::Quorum::majority, 1, 3000});
+  for (auto id : {"w0", "w1", "w2"}) net.nodes.at(id).control->adopt(r);
+  // w0 trained 40 of its positions, w1 60; w2 trained 90 but last mixed (with w1) at 30, then died.
+  net.nodes.at("w0").local.progress.position = 40;
+  net.nodes.at("w1").local.progress.position = 60;
+  net.nodes.at("w1").local.cursors = {{"w2", 30}};
+  for (auto id : {"w0", "w1"}) net.set_view(id, {"w2"});
+  net.deliver_all();
+  const auto& next = net.nodes.at("w0").control->record();
+  REQUIRE(next.generation == 2);
+  REQUIRE(next.spans.size() == 2);
+  // Left: w0's [40, 100), w1's [160, 200), w2's [230, 300): 170 positions, 85 each, none twice.
+  std::vector<int> used(300, 0);
+  uint64_t total = 0;
+  for (const auto& triples : next.spans)
+    for (const auto& s : elastic::spans_of(triples)) {
+      total += s.end - s.begin;
+      for (auto p = s.begin; p < s.end; ++p) ++used[p];
+    }
+  CHECK(total == 170);
+  CHECK(elastic::span_total(elastic::spans_of(next.spans[0])) == 85);
+  for (uint64_t p = 0; p < 300; ++p) {
+    const bool left = (p >= 40 && p < 100) || (p >= 160 && p < 200) || (p >= 230 && p < 300);
+    CHECK(used[p] == (left ? 1 : 0));
+  }
 }

@@ -89,3 +89,78 @@ TEST_CASE("the rate: the schedule by samples, scaled with the global batch, ramp
   // The schedule counts samples: 1152 + 512 positions into epoch 1 is reference step 34 + 8.
   CHECK(policy.schedule_step(later) == 34 + 8);
 }
+
+TEST_CASE("gossip spans: whatever the changes, every position of every epoch is trained on once", "[elastic][progress]") {
+  for (uint64_t seed = 1; seed <= 200; ++seed) {
+    INFO("seed " << seed);
+    std::mt19937_64 random(seed);
+    const int64_t n = 100 + static_cast<int64_t>(random() % 900), epochs = 1 + static_cast<int64_t>(random() % 3);
+    const uint64_t batch = 1 + random() % 40;
+    auto lists = elastic::initial_spans(n, epochs, 1 + static_cast<int64_t>(random() % 5));
+    std::vector<uint64_t> consumed(lists.size(), 0), mixed(lists.size(), 0);
+    std::vector<std::vector<int>> used(static_cast<size_t>(epochs), std::vector<int>(static_cast<size_t>(n), 0));
+    // What each worker trained on since its last mixing: lost if it dies before the next.
+    std::vector<std::vector<std::pair<uint64_t, uint64_t>>> unmixed(lists.size());
+    std::vector<uint64_t> unmixed_epoch(lists.size());
+    for (int round = 0; round < 60; ++round) {
+      // Some local steps on random workers, now and then a mixing.
+      for (int k = 0; k < 20; ++k) {
+        const size_t w = random() % lists.size();
+        const auto slice = elastic::next_slice(lists[w], consumed[w], batch);
+        if (slice.count == 0) continue;
+        for (const auto& [b, e] : slice.pieces) {
+          for (uint64_t p = b; p < e; ++p) ++used[slice.epoch][p];
+          unmixed[w].push_back({slice.epoch, 0});
+          unmixed[w].back() = {slice.epoch * 1000000 + b, e - b};
+        }
+        consumed[w] += slice.count;
+        if (random() % 3 == 0) mixed[w] = consumed[w], unmixed[w].clear();
+      }
+      if (random() % 4 != 0) continue;
+      // A change: one worker dies (its unmixed steps are undone), one joins, or both.
+      std::vector<elastic::Spans> rests;
+      const bool kill = lists.size() > 1 && random() % 2 == 0;
+      const size_t victim = random() % lists.size();
+      for (size_t w = 0; w < lists.size(); ++w) {
+        if (kill && w == victim) {
+          for (const auto& [key, len] : unmixed[w])
+            for (uint64_t p = key % 1000000; p < key % 1000000 + len; ++p) --used[key / 1000000][p];
+          rests.push_back(elastic::rest_after(lists[w], mixed[w]));
+        } else {
+          rests.push_back(elastic::rest_after(lists[w], consumed[w]));
+        }
+      }
+      const size_t next = lists.size() - (kill ? 1 : 0) + (random() % 2);
+      lists = elastic::resplit(rests, std::max<size_t>(1, next));
+      consumed.assign(lists.size(), 0);
+      mixed.assign(lists.size(), 0);
+      unmixed.assign(lists.size(), {});
+    }
+    // Everyone trains to the end of their lists.
+    for (size_t w = 0; w < lists.size(); ++w)
+      for (auto slice = elastic::next_slice(lists[w], consumed[w], batch); slice.count > 0;
+           slice = elastic::next_slice(lists[w], consumed[w], batch)) {
+        for (const auto& [b, e] : slice.pieces)
+          for (uint64_t p = b; p < e; ++p) ++used[slice.epoch][p];
+        consumed[w] += slice.count;
+      }
+    for (const auto& epoch : used) CHECK(std::all_of(epoch.begin(), epoch.end(), [](int u) { return u == 1; }));
+  }
+}
+
+TEST_CASE("gossip spans: a step stays in one epoch; the first split is the equal one", "[elastic][progress]") {
+  const auto lists = elastic::initial_spans(10, 2, 3);
+  REQUIRE(lists.size() == 3);
+  CHECK(lists[0] == elastic::Spans{{0, 0, 3}, {1, 0, 3}});
+  CHECK(lists[2] == elastic::Spans{{0, 6, 10}, {1, 6, 10}});
+  const auto s = elastic::next_slice(lists[2], 2, 5);
+  CHECK(s.epoch == 0);
+  CHECK(s.count == 2);  // the rest of epoch 0, not into epoch 1
+  CHECK(elastic::next_slice(lists[2], 8, 5).count == 0);
+  const auto re = elastic::resplit({elastic::rest_after(lists[0], 2), elastic::rest_after(lists[1], 3)}, 2);
+  // Epoch 0 rest: [2,3) and nothing of worker 1's; epoch 1: [0,3) and [3,6): 7 positions.
+  CHECK(elastic::span_total(re[0]) + elastic::span_total(re[1]) == 7);
+  // Epoch 0's one position left goes to one share, epoch 1's six are split three and three.
+  CHECK(re[1].front() == elastic::Span{0, 2, 3});
+  CHECK(elastic::span_total(re[0]) == 3);
+}
