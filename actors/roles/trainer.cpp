@@ -1443,7 +1443,22 @@ void on_tick(Trainer* self) {
     // Gossip: workers end their local steps at different times, so the final average waits for
     // the previous worker without a limit until its first chunk comes (a dead one is membership's).
     const bool ring_wait = j.mode == Mode::sync || (j.mode == Mode::gossip && j.final_average && j.heard_final);
-    if (ring_wait && j.control && !j.control->paused() && !j.pulling && j.prev_id != s.o.self_id) {
+    if (j.control && j.pulling) {
+      // A worker that cannot get the state from any donor steps out of the job rather than end it
+      // for everyone: the others' ring leaves it out (eviction), and it may be proposed again.
+      node_events().warn("job_left job={} reason=\"no donor answered the state pull for {:.0f} s\"", j.start.job_id,
+                         limit);
+      j.member = false;
+      j.has_state = false;
+      j.pulling.reset();
+    } else if (j.control && j.control->paused()) {
+      // Waiting for a generation (the side of a partition without a quorum): the state is kept,
+      // whatever the wait; the job is not this worker's to end.
+      j.progress_at = Clock::now();
+      node_events().warn("job_waiting job={} promised={} reason=\"no generation installed for {:.0f} s (a quorum "
+                         "lost, or the other side of a partition)\"",
+                         j.start.job_id, j.control->promised(), limit);
+    } else if (ring_wait && j.control && j.prev_id != s.o.self_id) {
       // Membership holds the previous worker live, yet the ring has not moved: leave it out of
       // the next generation rather than end the job.
       node_events().warn("worker_evicting job={} worker={} reason=\"{} {} waited {:.0f} s for it\"", j.start.job_id,
