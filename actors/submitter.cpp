@@ -106,10 +106,11 @@ void on_frame(Submitter* self, const std::string& peer, const gossip::Message& m
       s.assigned = *start;
       return s.submission->on_generation(*start);
     }
-    // A later generation, from its proposer: a worker of the generation this node knows.
+    // A later generation, from its proposer (the record names it), or from a worker of the
+    // generation this node knows. (Records of two generations may arrive out of order.)
     const auto& workers = s.assigned->workers;
     if (start->generation <= s.assigned->generation) return;
-    if (std::find(workers.begin(), workers.end(), peer) == workers.end()) {
+    if (peer != start->coordinator && std::find(workers.begin(), workers.end(), peer) == workers.end()) {
       node_events().warn("generation_refused from={} reason=\"not a worker of job {}'s generation {}\"", peer,
                          s.sent.job_id, s.assigned->generation);
       return;
@@ -194,8 +195,11 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
       [self](stop_atom) {
         auto& s = self->state;
         if (!s.submitted || s.ended) return;
-        send_to(self, s.coordinator_address,
-                gossip::Control{s.o.self_id, s.o.incarnation, gossip::Control::Command::stop_job, s.sent.job_id, {}});
+        // To every worker of the latest generation it knows (any of them relays it), else to the
+        // coordinator it submitted to.
+        const gossip::Control stop{s.o.self_id, s.o.incarnation, gossip::Control::Command::stop_job, s.sent.job_id, {}};
+        if (!s.assigned) return send_to(self, s.coordinator_address, stop);
+        for (const auto& address : s.assigned->addresses) send_to(self, address, stop);
       },
   };
 }

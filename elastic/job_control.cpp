@@ -93,13 +93,23 @@ void JobControl::on_view(double now, const std::vector<Member>& view, const Loca
 
 void JobControl::on_tick(double now, const Local& mine, Output& out) {
   if (paused() && !promised_to_.empty() && now - promised_at_ >= o_.retry_ms) {
-    // The install may have been lost: the proposer answers a repeated ack with its record.
+    // The install may have been lost: the proposer answers a repeated ack with its record. The
+    // duty holder hears it too: should the proposer have lost the duty, it proposes anew.
     GenerationVote a = ack_of(promised_, mine);
     a.job_id = record_.job_id ? record_.job_id : job_id_;
-    out.sends.emplace_back(promised_to_, std::move(a));
+    out.sends.emplace_back(promised_to_, a);
+    if (has_record()) {
+      const std::string holder = job_duty_holder(record_, view_);
+      for (size_t i = 0; i < record_.workers.size(); ++i)
+        if (record_.workers[i] == holder && holder != o_.self && record_.addresses[i] != promised_to_)
+          out.sends.emplace_back(record_.addresses[i], a);
+    }
     promised_at_ = now;
   }
   if (!holds_duty() || now < quiet_until_) return;
+  // This node's own promise with no proposal behind it (its proposal was given up below
+  // min_workers, or overtaken): it proposes again rather than leave the others waiting.
+  if (paused() && !proposal_ && promised_to_.empty()) return propose(now, mine, out);
   if (proposal_ && now - proposal_->at >= o_.retry_ms) {
     out.log.push_back(fmt::format("generation {} was not installed within {:.0f} ms; proposing again",
                                   proposal_->number, o_.retry_ms));
@@ -134,6 +144,7 @@ void JobControl::propose(double now, const Local& mine, Output& out) {
   // The proposer is a worker of its own proposal (it holds the duty, so it is live in the roster).
   if (std::find(proposal_->roster.ids.begin(), proposal_->roster.ids.end(), o_.self) != proposal_->roster.ids.end()) {
     promised_ = proposal_->number;
+    promised_to_.clear();  // a promise to itself
     out.paused = true;
     on_ack(o_.self, ack_of(proposal_->number, mine), out);
   }
@@ -142,6 +153,8 @@ void JobControl::propose(double now, const Local& mine, Output& out) {
 void JobControl::on_vote(double now, const std::string& from, const GenerationVote& vote, const Local& mine,
                          Output& out) {
   if (has_record() && vote.job_id != record_.job_id) return;
+  // Numbers grow by one per proposal: one near the top of the range is garbage, not a generation.
+  if (vote.number > (uint64_t{1} << 62)) return;
   if (!has_record()) job_id_ = vote.job_id;
   highest_seen_ = std::max(highest_seen_, vote.number);
   switch (vote.kind) {
@@ -183,7 +196,15 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
       }
       return;
     }
-    case GenerationVote::Kind::ack: return on_ack(from, vote, out);
+    case GenerationVote::Kind::ack:
+      // A worker still waiting on a promise made to a proposer that lost the duty (or whose
+      // proposal died with it): the duty holder takes it up with a proposal above it.
+      if (!proposal_ && holds_duty() && vote.number > record_.generation && now >= quiet_until_) {
+        out.log.push_back(fmt::format("{} waits on generation {}, which nobody is proposing; proposing above it", from,
+                                      vote.number));
+        return propose(now, mine, out);
+      }
+      return on_ack(from, vote, out);
     case GenerationVote::Kind::evict:
       if (vote.workers.size() != 1 || vote.number != record_.generation || !holds_duty()) return;
       if (std::find(record_.workers.begin(), record_.workers.end(), from) == record_.workers.end()) return;

@@ -764,6 +764,9 @@ void on_gossip(Trainer* self, const std::string& peer, const gossip::GossipAvera
     return;
   }
   const auto from = static_cast<uint32_t>(it - j.start.workers.begin());
+  // Mixings happen within one generation, and not while this worker has promised the next: its
+  // ack's cursors must stay what was mixed.
+  if (m.generation != j.generation || !j.member || (j.control && j.control->paused())) return;
   // What it had trained on when it sent this is in the mixing: counted, should it die.
   if (m.generation == j.generation) j.cursors[peer] = std::max(j.cursors[peer], m.consumed);
   if (m.reply) {
@@ -1000,6 +1003,9 @@ elastic::JobControl::Local local_of(const Job& j) {
   if (j.mode == Mode::sync) return {j.progress, j.has_state};
   auto progress = gossip_progress(j);
   progress.position = j.consumed;  // the cursor in this worker's list
+  // Cursors count only in the generation they were measured in: the one the acks build on.
+  const bool current = j.member && j.control && j.control->record().generation == j.generation;
+  if (!current) return {progress, false, {}};
   return {progress, j.has_state, {j.cursors.begin(), j.cursors.end()}};
 }
 
@@ -1038,6 +1044,8 @@ void apply_control(Trainer* self, uint64_t job_id, elastic::JobControl::Output& 
     j.member = false;
     j.has_state = false;
     j.pulling.reset();
+    j.cursors.clear();  // they point into lists of a generation this worker is no longer in
+    j.consumed = 0;
     return;
   }
   if (out.installed) enter_generation(self);
@@ -1111,6 +1119,7 @@ void on_state_piece(Trainer* self, const std::string& peer, const gossip::StateP
     node_events().warn("state_piece_refused from={} reason=\"{}\"", peer, ok.error());
     return;
   }
+  j.progress_at = Clock::now();  // a slow pull that moves is not stuck
   if (!j.pulling->done()) return;
   j.pulling.reset();
   j.has_state = true;
@@ -1163,6 +1172,13 @@ void enter_generation(Trainer* self) {
     j.random.seed(j.config.job.seed * 1000003 + j.rank + r.generation * 7919);
     j.final_average = j.heard_final = false;
     j.spans = j.rank < r.spans.size() ? elastic::spans_of(r.spans[j.rank]) : elastic::Spans{};
+    for (const auto& span : j.spans)
+      if (span.end > static_cast<uint64_t>(j.data.train.size()) ||
+          span.epoch >= static_cast<uint64_t>(j.config.job.epochs))
+        return fail(self, fmt::format("generation {} gives this worker positions [{}, {}) of epoch {}, outside the "
+                                      "job's {} samples and {} epochs",
+                                      r.generation, span.begin, span.end, span.epoch, j.data.train.size(),
+                                      j.config.job.epochs));
     j.consumed = 0;
     j.cursors.clear();
   }
@@ -1533,12 +1549,14 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
     return finish_job(self);
   }
   if (c.command != Command::stop_job) return;
-  if (peer == s.job->start.coordinator) {
-    fail(self, "stopped by the submitter");
+  const auto& workers = s.job->start.workers;
+  if (peer != s.job->start.submitter_id) {
+    // Relayed by a worker of the job (whichever the submitter reached): stop.
+    if (std::find(workers.begin(), workers.end(), peer) != workers.end()) fail(self, "stopped by the submitter");
     return;
   }
-  // From the job's submitter: the coordinator relays it to the workers.
-  if (s.job->start.coordinator != s.o.self_id || peer != s.job->start.submitter_id) return;
+  // From the job's submitter: this worker relays it to the others (generations may have changed
+  // who the submitter first sent the job to).
   gossip::Control relay = c;
   relay.coordinator = s.o.self_id;
   relay.coordinator_incarnation = s.o.incarnation;

@@ -439,3 +439,17 @@ TEST_CASE("gossip: the install re-splits every list after its cursor; a worker g
     CHECK(used[p] == (left ? 1 : 0));
   }
 }
+
+TEST_CASE("a proposal numbered near the top of the range is ignored, not promised", "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1"}) net.add(id);
+  net.start({"w0", "w1"});
+  for (auto id : {"w0", "w1"}) net.set_view(id, {});
+  auto& w1 = net.nodes.at("w1");
+  JobControl::Output out;
+  GenerationVote hostile{7, GenerationVote::Kind::propose, ~uint64_t{0}, 1, {"w0", "w1"}};
+  w1.control->on_vote(net.now, "w0", hostile, w1.local, out);
+  CHECK(out.sends.empty());
+  CHECK_FALSE(w1.control->paused());
+  CHECK(w1.control->promised() == 1);
+}
