@@ -32,6 +32,13 @@ bool live_in_run(const JobStart& record, size_t i, const std::vector<Member>& vi
 
 }  // namespace
 
+const std::string* worker_address(const JobStart& record, const std::string& id) {
+  const auto it = std::find(record.workers.begin(), record.workers.end(), id);
+  if (it == record.workers.end()) return nullptr;
+  const auto i = static_cast<size_t>(it - record.workers.begin());
+  return i < record.addresses.size() ? &record.addresses[i] : nullptr;
+}
+
 std::string job_duty_holder(const JobStart& record, const std::vector<Member>& view) {
   std::string best;
   for (size_t i = 0; i < record.workers.size(); ++i)
@@ -100,9 +107,8 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
     out.sends.emplace_back(promised_to_, a);
     if (has_record()) {
       const std::string holder = job_duty_holder(record_, view_);
-      for (size_t i = 0; i < record_.workers.size(); ++i)
-        if (record_.workers[i] == holder && holder != o_.self && record_.addresses[i] != promised_to_)
-          out.sends.emplace_back(record_.addresses[i], a);
+      if (const auto* address = worker_address(record_, holder); address && holder != o_.self && *address != promised_to_)
+        out.sends.emplace_back(*address, a);
     }
     promised_at_ = now;
   }
@@ -225,11 +231,8 @@ void JobControl::on_ack(const std::string& from, const GenerationVote& vote, Out
   if (has_record() && vote.number <= record_.generation && from != o_.self) {
     // An ack repeated by a worker that missed the install (or of a proposal overtaken since):
     // the record tells it where the job stands.
-    for (size_t i = 0; i < record_.workers.size(); ++i)
-      if (record_.workers[i] == from) out.sends.emplace_back(record_.addresses[i], record_);
-    if (const Member* m = find(view_, from);
-        m && std::find(record_.workers.begin(), record_.workers.end(), from) == record_.workers.end())
-      out.sends.emplace_back(m->address, record_);
+    if (const auto* address = worker_address(record_, from)) out.sends.emplace_back(*address, record_);
+    else if (const Member* m = find(view_, from)) out.sends.emplace_back(m->address, record_);
     return;
   }
   if (!proposal_ || vote.number != proposal_->number) return;
@@ -324,11 +327,9 @@ void JobControl::evict(double now, const std::string& id, const Local& mine, Out
   const auto it = std::find(record_.workers.begin(), record_.workers.end(), id);
   if (it == record_.workers.end() || id == o_.self) return;
   if (!holds_duty()) {
-    const std::string holder = job_duty_holder(record_, view_);
-    for (size_t i = 0; i < record_.workers.size(); ++i)
-      if (record_.workers[i] == holder)
-        out.sends.emplace_back(record_.addresses[i], GenerationVote{record_.job_id, GenerationVote::Kind::evict,
-                                                                    record_.generation, record_.generation, {id}});
+    if (const auto* holder = worker_address(record_, job_duty_holder(record_, view_)))
+      out.sends.emplace_back(*holder, GenerationVote{record_.job_id, GenerationVote::Kind::evict, record_.generation,
+                                                     record_.generation, {id}});
     return;
   }
   const auto i = static_cast<size_t>(it - record_.workers.begin());

@@ -59,6 +59,9 @@ enum class Quorum { majority, any };
 /// as live). Empty if none is.
 std::string job_duty_holder(const gossip::JobStart& record, const std::vector<gossip::Member>& view);
 
+/// Where `record` says worker `id` listens; nullptr if it names no such worker.
+const std::string* worker_address(const gossip::JobStart& record, const std::string& id);
+
 /// Who should train according to `view`: every live member with the worker role, and the
 /// record's workers the view does not know yet, in id order, with addresses and boot ids.
 struct Roster {

@@ -4,9 +4,7 @@
 
 namespace tepdist::elastic {
 
-std::pair<int64_t, int64_t> sync_slice(const gossip::JobProgress& p, int64_t n, int64_t world, int64_t batch,
-                                       int64_t rank) {
-  (void)world;
+std::pair<int64_t, int64_t> sync_slice(const gossip::JobProgress& p, int64_t n, int64_t batch, int64_t rank) {
   const int64_t begin = std::min(n, static_cast<int64_t>(p.position) + rank * batch);
   return {begin, std::min(n, begin + batch)};
 }

@@ -30,8 +30,7 @@
 namespace tepdist::elastic {
 
 /// Sync: positions [begin, end) of the epoch that `rank` of `world` trains on in the step at p.
-std::pair<int64_t, int64_t> sync_slice(const gossip::JobProgress& p, int64_t n, int64_t world, int64_t batch,
-                                       int64_t rank);
+std::pair<int64_t, int64_t> sync_slice(const gossip::JobProgress& p, int64_t n, int64_t batch, int64_t rank);
 
 /// Sync: where the job stands after the step at p (samples counts the whole global batch).
 gossip::JobProgress after_sync_step(gossip::JobProgress p, int64_t n, int64_t world, int64_t batch);

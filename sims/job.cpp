@@ -105,9 +105,8 @@ void SimJob::on_tick(const std::string& id, double now, Sends& out) {
   apply(id, o, out);
 }
 
-void SimJob::step(double now, const std::function<bool(const std::string&)>& ready,
+void SimJob::step(const std::function<bool(const std::string&)>& ready,
                   const std::function<bool(const std::string&, const std::string&)>& reach) {
-  (void)now;
   // Members behind pull the state from a donor they reach.
   for (auto& [id, w] : workers_) {
     if (!w.running || !ready(id) || !w.control->has_record() || w.control->paused()) continue;

@@ -58,7 +58,7 @@ class SimJob {
   void on_tick(const std::string& id, double now, Sends& out);
   /// Every generation that can step takes one step. `ready(id)`: running and not paused;
   /// `reach(a, b)`: no partition between them.
-  void step(double now, const std::function<bool(const std::string&)>& ready,
+  void step(const std::function<bool(const std::string&)>& ready,
             const std::function<bool(const std::string&, const std::string&)>& reach);
   /// The end-of-run invariant over the nodes still running.
   void check_settled(const std::vector<std::string>& running);

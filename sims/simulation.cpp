@@ -234,7 +234,7 @@ class Sim {
         if (now_ >= start && now_ < end && side.count(x) != side.count(y)) return false;
       return true;
     };
-    job_->step(now_, ready, reach);
+    job_->step(ready, reach);
     if (++job_rounds_ % std::max<uint64_t>(1, static_cast<uint64_t>(500 / s_.job.step_ms)) == 0)
       for (size_t i = 0; i < nodes_.size(); ++i) {
         if (!nodes_[i].running || paused(nodes_[i])) continue;

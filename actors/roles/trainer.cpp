@@ -454,7 +454,7 @@ int64_t compute_pieces(Job& j, const elastic::StepSlice& slice, float& loss) {
   return static_cast<int64_t>(idx.size());
 }
 
-/// Async and gossip: the gradient of this worker's slice of global batch t (of epoch t /
+/// Async: the gradient of this worker's slice of global batch t (of epoch t /
 /// steps_per_epoch) into the model's gradients; returns the samples in the slice (0 for a short
 /// last step) and their loss.
 int64_t compute_slice(Job& j, int64_t t, float& loss) {
@@ -482,7 +482,7 @@ void sync_step(Trainer* self) {
   if (!j.first_step) j.first_step = j.window_start = now;
   float loss = 0;
   const auto [begin, end] =
-      elastic::sync_slice(j.progress, j.data.train.size(), j.world, j.config.data.batch_size, j.rank);
+      elastic::sync_slice(j.progress, j.data.train.size(), j.config.data.batch_size, j.rank);
   if (const int64_t samples = compute_positions(j, static_cast<int64_t>(j.progress.epoch), begin, end, loss);
       samples > 0) {
     const auto count = static_cast<float>(samples);
@@ -1072,9 +1072,7 @@ void start_pull(Trainer* self) {
   const auto& r = j.start;
   std::vector<std::string> donors;
   for (const auto& id : r.donors)
-    if (id != s.o.self_id)
-      for (size_t i = 0; i < r.workers.size(); ++i)
-        if (r.workers[i] == id) donors.push_back(r.addresses[i]);
+    if (const auto* address = elastic::worker_address(r, id); address && id != s.o.self_id) donors.push_back(*address);
   if (donors.empty())
     return fail(self, fmt::format("generation {} names no donor of the state at step {}", r.generation, r.resume.step));
   const auto view = state_view(j);
@@ -1092,8 +1090,8 @@ void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePu
   auto& s = self->state;
   if (!s.job || s.job->start.job_id != p.job_id || !s.job->control) return;
   auto& j = *s.job;
-  const auto it = std::find(j.start.workers.begin(), j.start.workers.end(), peer);
-  if (it == j.start.workers.end()) {
+  const auto* address = elastic::worker_address(j.start, peer);
+  if (!address) {
     node_events().warn("state_pull_refused from={} reason=\"not a worker of generation {}\"", peer, j.generation);
     return;
   }
@@ -1107,8 +1105,7 @@ void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePu
     node_events().warn("state_pull_refused from={} reason=\"{}\"", peer, pieces.error());
     return;
   }
-  const auto& address = j.start.addresses[static_cast<size_t>(it - j.start.workers.begin())];
-  for (auto& piece : *pieces) send_to(self, address, std::move(piece));
+  for (auto& piece : *pieces) send_to(self, *address, std::move(piece));
 }
 
 void on_state_piece(Trainer* self, const std::string& peer, const gossip::StatePiece& p) {

@@ -16,7 +16,7 @@ TEST_CASE("sync: with a fixed world the slices are the fixed split, step for ste
   const int64_t per_epoch = elastic::sync_steps_per_epoch(n, world, batch);
   for (int64_t t = 0; t < 2 * per_epoch; ++t) {
     for (int64_t r = 0; r < world; ++r)
-      CHECK(elastic::sync_slice(p, n, world, batch, r) == elastic::sync_batch_slice(n, world, batch, t % per_epoch, r));
+      CHECK(elastic::sync_slice(p, n, batch, r) == elastic::sync_batch_slice(n, world, batch, t % per_epoch, r));
     p = elastic::after_sync_step(p, n, world, batch);
     CHECK(p.step == static_cast<uint64_t>(t + 1));
     CHECK(p.epoch == static_cast<uint64_t>((t + 1) / per_epoch));
@@ -35,7 +35,7 @@ TEST_CASE("sync: whatever the world does from step to step, each epoch uses ever
     while (p.epoch < 3) {
       const int64_t world = 1 + static_cast<int64_t>(random() % 7);
       for (int64_t r = 0; r < world; ++r) {
-        const auto [b, e] = elastic::sync_slice(p, n, world, batch, r);
+        const auto [b, e] = elastic::sync_slice(p, n, batch, r);
         for (int64_t i = b; i < e; ++i) ++used[static_cast<size_t>(i)];
       }
       p = elastic::after_sync_step(p, n, world, batch);

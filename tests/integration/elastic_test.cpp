@@ -12,6 +12,7 @@
 #include <regex>
 #include <set>
 
+#include "tests/support/jobs.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/processes.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -28,23 +29,7 @@ namespace {
 /// Fashion-MNIST, 6,144 training samples, 12 epochs of 32 steps at 3 x 64: long enough for a
 /// sequence of faults, each of which costs about a second and a half.
 std::string elastic_job(const TempDir& dir) {
-  const auto path = dir.path / "job.toml";
-  std::ofstream(path) << R"([job]
-epochs = 12
-seed = 3
-log_every_steps = 4
-[data]
-train_samples = 6144
-test_samples = 2000
-[optimizer]
-lr = 0.05
-momentum = 0.9
-[membership]
-probe_interval_ms = 200
-probe_timeout_ms = 100
-suspicion_mult = 2
-)";
-  return path.string();
+  return tepdist::test::fashion_subset_job(dir, "epochs = 12\nlog_every_steps = 4\n");
 }
 
 /// A `tepdist run` of three local nodes, started and training, and the nodes the test adds.

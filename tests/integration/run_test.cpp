@@ -15,6 +15,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tests/support/jobs.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/processes.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -42,24 +43,7 @@ std::vector<float> tensor_data(const fs::path& file) {
 
 /// Fashion-MNIST, 6,144 training samples: 32 global steps of 3 x 64 per epoch.
 std::string job_file(const TempDir& dir) {
-  const auto path = dir.path / "job.toml";
-  std::ofstream(path) << R"([job]
-mode = "single"
-epochs = 2
-seed = 3
-log_every_steps = 8
-[data]
-train_samples = 6144
-test_samples = 2000
-[optimizer]
-lr = 0.05
-momentum = 0.9
-[membership]
-probe_interval_ms = 200
-probe_timeout_ms = 100
-suspicion_mult = 2
-)";
-  return path.string();
+  return tepdist::test::fashion_subset_job(dir, "mode = \"single\"\nepochs = 2\nlog_every_steps = 8\n");
 }
 
 /// One process at batch 3 x 64 on the job: the reference three workers at 64 are held to,
