@@ -18,8 +18,7 @@
 #include <random>
 
 #include "actors/atoms.hpp"
-#include "actors/roles/cluster_roles.hpp"
-#include "actors/roles/parameter_shard.hpp"
+#include "actors/roles/monitor.hpp"
 #include "actors/roles/trainer.hpp"
 #include "actors/router.hpp"
 #include "actors/supervisor.hpp"
@@ -187,8 +186,9 @@ int run_node(const NodeOptions& o) {
   }
   const std::string id = o.name.empty() ? *bound : o.name;  // the transport made the same choice
 
-  // The roles, under the supervisor. The shard holds deterministic values so a receiver's
-  // checksum can be compared.
+  // The roles, under the supervisor. The names a node advertises in its member record are what it
+  // can do: coordinate (the one rule picks who does), host async shards, train, monitor; the
+  // trainer actor does the first three for each job.
   std::vector<RoleSpec> roles;
   std::vector<std::string> role_names;
   if (o.submission) {
@@ -201,11 +201,7 @@ int run_node(const NodeOptions& o) {
              submitter_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation}, submission, router_actor)};
     role_names = {"submitter", "monitor"};
   } else {
-    ShardSnapshot shard{0, 0, std::vector<float>(o.shard_elements)};
-    for (size_t i = 0; i < shard.values.size(); ++i) shard.values[i] = static_cast<float>(i % 97) * 0.01f;
-    constexpr int64_t training_samples = 60000;  // the demo partition in the view log lines
-    roles = {coordinator_role(id), parameter_shard_role("parameter-shard", shard), worker_role(id, training_samples),
-             monitor_role(&metrics),
+    roles = {monitor_role(&metrics),
              trainer_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation, o.threads,
                                        o.config.cluster.max_frame_mb << 10, boot_id},
                                       router_actor)};

@@ -23,7 +23,6 @@ struct NodeOptions {
   std::string listen = "127.0.0.1:0";
   std::vector<std::string> join;    ///< seed addresses
   std::string ready_file;           ///< written with the bound address once listening
-  uint32_t shard_elements = 431080; ///< size of this node's demo parameter shard (a LeNet's worth)
   int64_t threads = 0;              ///< kernel threads for the jobs this node trains; 0: the job's
   /// Set: this node is `tepdist run`'s submitter (no worker roles); run_node returns when the job
   /// ends, with its status.

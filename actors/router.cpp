@@ -7,11 +7,10 @@
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
 
-#include <numeric>
+#include <algorithm>
 
 #include "actors/atoms.hpp"
-#include "actors/roles/cluster_roles.hpp"
-#include "actors/roles/parameter_shard.hpp"
+#include "elastic/coordination.hpp"
 
 namespace tepdist::actors {
 namespace {
@@ -33,43 +32,12 @@ void send(Router* self, const std::string& address, gossip::Body body) {
     node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
 }
 
-/// For requests whose failure only means there is nothing to do (a node without that role, a role
-/// restarting): an unhandled error would end the router.
-void ignore_error(const caf::error&) {}
-
-/// Sends a member this node's parameter shard, from an immutable snapshot the frame keeps alive.
-void send_shard(Router* self, const Member& to) {
-  self->request(self->state.supervisor, std::chrono::seconds(5), get_atom::value, role_atom::value,
-                std::string("parameter-shard"))
-      .then([self, to](const caf::actor& shard_actor) {
-        self->request(caf::actor_cast<parameter_shard_actor>(shard_actor), std::chrono::seconds(5), get_atom::value)
-            .then([self, to](const ShardSnapshot& s) {
-              auto values = std::make_shared<const std::vector<float>>(s.values);
-              gossip::TensorChunk chunk{s.version, s.shard, 0, values->size(), *values, values};
-              send(self, to.address, gossip::ParamPush{s.shard, s.version, chunk});
-            }, ignore_error);
-      }, ignore_error);
-}
-
-/// Tells the coordinator and worker roles the live ids, then logs the view they act on.
-void announce_view(Router* self) {
-  std::vector<std::string> ids;
-  for (const auto& m : self->state.swim->members())
-    if (m.state == Member::State::alive || m.state == Member::State::suspect) ids.push_back(m.id);
-  const auto n = ids.size();
-  for (std::string role : {"coordinator", "worker"})
-    self->request(self->state.supervisor, std::chrono::seconds(5), get_atom::value, role_atom::value, role)
-        .then([self, ids, role, n](const caf::actor& a) {
-          caf::anon_send(a, member_atom::value, ids);
-          if (role == "worker")
-            self->request(a, std::chrono::seconds(5), partition_atom::value).then([n](int64_t begin, int64_t end) {
-              node_events().info("view members={} partition=[{},{})", n, begin, end);
-            }, ignore_error);
-          else
-            self->request(a, std::chrono::seconds(5), get_atom::value).then([n](const std::string& coordinator) {
-              node_events().info("view members={} coordinator={}", n, coordinator);
-            }, ignore_error);
-        }, ignore_error);
+/// Logs the view and the coordinator it names (the one rule, elastic::coordinator_in).
+void log_view(Router* self) {
+  const auto members = self->state.swim->members();
+  const auto live = std::count_if(members.begin(), members.end(), [](const Member& m) { return elastic::is_live(m); });
+  const Member* coordinator = elastic::coordinator_in(members);
+  node_events().info("view members={} coordinator={}", live, coordinator ? coordinator->id : std::string("none"));
 }
 
 void schedule_tick(Router* self) {
@@ -98,11 +66,9 @@ void apply(Router* self, gossip::swim::Output& out) {
       node_events().info("member_{} id={} address={} incarnation={} region={}", gossip::swim::event_name(e.kind), m.id,
                          m.address, m.incarnation, m.region);
     view_changed |= e.kind != Event::Kind::updated && e.kind != Event::Kind::refuted;
-    if (e.kind == Event::Kind::joined && std::find(m.roles.begin(), m.roles.end(), "parameter-shard") != m.roles.end())
-      send_shard(self, m);
   }
   if (view_changed) {
-    announce_view(self);
+    log_view(self);
     if (self->state.job) caf::anon_send(self->state.job, view_atom::value, self->state.swim->members());
   }
   schedule_tick(self);
@@ -128,11 +94,6 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
     s.swim->on_message(now_ms(self), peer, address, m.body, out);
     apply(self, out);
     return;
-  }
-  if (const auto* push = std::get_if<gossip::ParamPush>(&m.body)) {
-    const double sum = std::accumulate(push->chunk.data.begin(), push->chunk.data.end(), 0.0);
-    node_events().info("param_push_received from={} shard={} version={} elements={} sum={:.6g}", peer, push->shard,
-                       push->version, push->chunk.data.size(), sum);
   }
   // Async jobs' gradients and pulls: the shard host, so they never wait behind a training step.
   if (const auto* u = std::get_if<gossip::ShardUpdate>(&m.body)) {
@@ -216,7 +177,7 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
     gossip::swim::Output out;
     s.swim->join(now_ms(self), init.seeds, out);
     apply(self, out);
-    announce_view(self);
+    log_view(self);
     self->become(caf::behavior{
         [self](wire_atom, const std::string& peer, const std::string& address, const gossip::Message& m) {
           on_frame(self, peer, address, m);

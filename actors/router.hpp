@@ -1,7 +1,7 @@
 #pragma once
 // The router: the actor between a node's transport and its roles. It drives the SWIM core
-// (membership messages in, timers, messages out), answers status queries, tells the coordinator
-// and worker roles the live members, and sends each new member this node's parameter shard.
+// (membership messages in, timers, messages out), answers status queries, logs each new view with
+// the coordinator it names, and hands job frames and views to the trainer (or submitter).
 
 #include <caf/actor.hpp>
 #include <caf/allowed_unsafe_message_type.hpp>

@@ -15,10 +15,10 @@ bool has_role(const Member& m, const std::string& role) {
 bool is_live(const Member& m) { return m.state == Member::State::alive || m.state == Member::State::suspect; }
 
 const Member* coordinator_in(const std::vector<Member>& view) {
-  const Member* best = nullptr;
-  for (const auto& m : view)
-    if (is_live(m) && has_role(m, "coordinator") && (!best || m.id < best->id)) best = &m;
-  return best;
+  LowestLiveId rule;
+  for (const auto& m : view) rule.offer(m.id, is_live(m) && has_role(m, "coordinator"));
+  if (!rule.holder()) return nullptr;
+  return &*std::find_if(view.begin(), view.end(), [&](const Member& m) { return &m.id == rule.holder(); });
 }
 
 std::expected<gossip::JobStart, std::string> assign_job(gossip::JobStart job, const std::vector<Member>& view,

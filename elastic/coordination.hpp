@@ -24,6 +24,23 @@ namespace tepdist::elastic {
 bool has_role(const gossip::Member& m, const std::string& role);
 bool is_live(const gossip::Member& m);
 
+/// The one rule for who holds a duty (assigning jobs, proposing generations, rank 0's evaluation):
+/// the lowest id among the live candidates, as each node's own view sees them. Every place that
+/// picks a duty holder (coordinator_in here, job_duty_holder in job_control.hpp, the simulator's
+/// check in sims/) offers its candidates to one of these, so the rule is written once.
+class LowestLiveId {
+ public:
+  /// Offers a candidate; ignored unless live. The id must outlive this object.
+  void offer(const std::string& id, bool live) {
+    if (live && (!best_ || id < *best_)) best_ = &id;
+  }
+  /// The holder, or nullptr when no live candidate was offered.
+  const std::string* holder() const { return best_; }
+
+ private:
+  const std::string* best_ = nullptr;
+};
+
 /// The lowest live id with the coordinator role, or nullptr if there is none.
 const gossip::Member* coordinator_in(const std::vector<gossip::Member>& view);
 

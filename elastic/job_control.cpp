@@ -40,10 +40,9 @@ const std::string* worker_address(const JobStart& record, const std::string& id)
 }
 
 std::string job_duty_holder(const JobStart& record, const std::vector<Member>& view) {
-  std::string best;
-  for (size_t i = 0; i < record.workers.size(); ++i)
-    if (live_in_run(record, i, view) && (best.empty() || record.workers[i] < best)) best = record.workers[i];
-  return best;
+  LowestLiveId rule;
+  for (size_t i = 0; i < record.workers.size(); ++i) rule.offer(record.workers[i], live_in_run(record, i, view));
+  return rule.holder() ? *rule.holder() : std::string();
 }
 
 Roster desired_roster(const JobStart& record, const std::vector<Member>& view,

@@ -15,6 +15,7 @@
 #include <random>
 #include <set>
 
+#include "elastic/coordination.hpp"
 #include "gossip/swim/swim.hpp"
 
 namespace tepdist::sims {
@@ -528,13 +529,13 @@ class Sim {
 
   static bool live(Member::State s) { return s == Member::State::alive || s == Member::State::suspect; }
 
-  /// The coordinator a node names: the lowest live id it knows, itself included.
+  /// The coordinator a node names: by the one rule (elastic::LowestLiveId) over the live ids it
+  /// knows, itself included.
   static std::string coordinator_of(const Node& n) {
-    const std::string* lowest = &n.id;
-    n.swim->for_each_member([&](const std::string& id, Member::State state) {
-      if (live(state) && id < *lowest) lowest = &id;
-    });
-    return *lowest;
+    elastic::LowestLiveId rule;
+    rule.offer(n.id, true);
+    n.swim->for_each_member([&](const std::string& id, Member::State state) { rule.offer(id, live(state)); });
+    return *rule.holder();
   }
 
   /// A node's view of who is live, as a count and an order-free digest of the ids: equal views

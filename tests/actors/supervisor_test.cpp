@@ -14,10 +14,11 @@
 #include <optional>
 #include <variant>
 
-#include "actors/roles/parameter_shard.hpp"
 #include "actors/supervisor.hpp"
+#include "tests/actors/snapshot_role.hpp"
 
 using namespace tepdist::actors;
+using namespace tepdist::actors::test;
 using namespace std::chrono_literals;
 
 namespace {

@@ -72,3 +72,19 @@ TEST_CASE("a worker that restarts is a change of the ring; one that refutes is n
   dead[0].state = Member::State::dead;
   CHECK(elastic::ring_changes(*job, dead) == std::vector<std::string>{"b (dead)"});
 }
+
+TEST_CASE("the duty rule picks the lowest live id and ignores the dead, whatever the order offered",
+          "[elastic][coordination]") {
+  const std::vector<std::string> ids{"n3", "n1", "n2", "n0"};
+  elastic::LowestLiveId rule;
+  CHECK(rule.holder() == nullptr);
+  for (const auto& id : ids) rule.offer(id, id != "n0");  // n0 is dead
+  REQUIRE(rule.holder());
+  CHECK(*rule.holder() == "n1");
+  // coordinator_in and job_duty_holder agree with it on the same view.
+  std::vector<Member> v = view();
+  v.push_back(node("0", 1, 44));
+  v.back().state = Member::State::dead;
+  REQUIRE(elastic::coordinator_in(v));
+  CHECK(elastic::coordinator_in(v)->id == "a");
+}

@@ -1,4 +1,4 @@
-// Real node processes on loopback: they connect, authenticate and exchange tensors, refuse
+// Real node processes on loopback: they connect, authenticate and agree on the coordinator, refuse
 // strangers, and are always reaped.
 
 #include <sys/stat.h>
@@ -42,7 +42,7 @@ struct Cluster {
 
 }  // namespace
 
-TEST_CASE("three nodes connect, authenticate and exchange tensors, then stop cleanly", "[integration][node]") {
+TEST_CASE("three nodes connect, authenticate and agree on the coordinator, then stop cleanly", "[integration][node]") {
   Cluster c;
   const auto ready_file = c.dir / "n1.ready";
   Child n1(c.node("n1", {"--ready-file", ready_file.string()}));
@@ -54,29 +54,14 @@ TEST_CASE("three nodes connect, authenticate and exchange tensors, then stop cle
   CHECK(from_file == seed);
   Child n2(c.node("n2", {"--join", seed}));
   Child n3(c.node("n3", {"--join", seed}));
+  // Once each sees all three, they name the same coordinator: the lowest id.
   for (Child* n : {&n1, &n2, &n3}) {
-    // Every node receives the other two nodes' shards: 431,080 floats each, same checksum.
-    for (int i = 0; i < 2; ++i) {
-      const auto push = n->wait_for("param_push_received");
-      INFO(n->all());
-      REQUIRE(push);
-      CHECK(field(*push, "elements") == "431080");
-      CHECK(field(*push, "sum") == "206913");
-    }
-  }
-  CHECK_THAT(n3.all(), Catch::Contains("member_joined id=n2"));  // learned through the seed
-  // Once each sees all three, they agree on the coordinator (the lowest id) and split the
-  // 60,000 training samples into disjoint, covering partitions.
-  std::vector<std::string> partitions;
-  for (Child* n : {&n1, &n2, &n3}) {
-    const auto coordinator = n->seen("view members=3 coordinator=");
+    const auto coordinator = n->wait_for("view members=3 coordinator=");
+    INFO(n->all());
     REQUIRE(coordinator);
     CHECK(field(*coordinator, "coordinator") == "n1");
-    const auto partition = n->seen("view members=3 partition=");
-    REQUIRE(partition);
-    partitions.push_back(field(*partition, "partition"));
   }
-  CHECK(partitions == std::vector<std::string>{"[0,20000)", "[20000,40000)", "[40000,60000)"});
+  CHECK_THAT(n3.all(), Catch::Contains("member_joined id=n2"));  // learned through the seed
   for (Child* n : {&n1, &n2, &n3}) n->signal(SIGTERM);
   for (Child* n : {&n1, &n2, &n3}) CHECK(n->wait() == 0);
 }

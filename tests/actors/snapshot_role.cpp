@@ -1,4 +1,4 @@
-#include "actors/roles/parameter_shard.hpp"
+#include "tests/actors/snapshot_role.hpp"
 
 #include <caf/actor_cast.hpp>
 #include <caf/local_actor.hpp>
@@ -6,7 +6,7 @@
 #include <caf/send.hpp>
 #include <fmt/format.h>
 
-namespace tepdist::actors {
+namespace tepdist::actors::test {
 
 parameter_shard_actor::behavior_type parameter_shard(parameter_shard_actor::stateful_pointer<ParameterShardState> self,
                                                      caf::actor supervisor, std::string role, ShardSnapshot start) {
@@ -39,4 +39,4 @@ RoleSpec parameter_shard_role(std::string role, ShardSnapshot initial) {
           }};
 }
 
-}  // namespace tepdist::actors
+}  // namespace tepdist::actors::test

@@ -1,8 +1,8 @@
 #pragma once
-// The parameter-shard role: one shard of the model's parameters, updated by pushed gradients, and
-// how it survives a crash: at each commit it hands the supervisor a snapshot, and a restart begins
-// from the last one. It holds no job's parameters: async jobs keep theirs in a shard host
-// (actors/roles/shard_host.hpp), which does not survive a crash yet.
+// A small stateful role for the supervisor's tests: a vector of floats updated by pushes, and how
+// it survives a crash: at each commit it hands the supervisor a snapshot, and a restart begins from
+// the last one. Test code only: no node runs it (async jobs keep their parameters in a shard host,
+// actors/roles/shard_host.hpp).
 
 #include <caf/meta/type_name.hpp>
 #include <caf/typed_actor.hpp>
@@ -15,7 +15,7 @@
 #include "actors/atoms.hpp"
 #include "actors/supervisor.hpp"
 
-namespace tepdist::actors {
+namespace tepdist::actors::test {
 
 /// A shard's whole state: what a commit hands the supervisor and a restart starts from.
 struct ShardSnapshot {
@@ -27,7 +27,7 @@ struct ShardSnapshot {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardSnapshot& x) {
-  return f(caf::meta::type_name("tepdist.shard_snapshot"), x.shard, x.version, x.values);
+  return f(caf::meta::type_name("tepdist.test.shard_snapshot"), x.shard, x.version, x.values);
 }
 
 /// push: (base version, gradient, learning rate) -> new version; values -= lr * gradient.
@@ -41,7 +41,7 @@ struct ParameterShardState {
   ShardSnapshot shard;
   caf::actor supervisor;
   std::string role;
-  static inline const char* name = "tepdist.parameter_shard";
+  static inline const char* name = "tepdist.test.parameter_shard";
 };
 
 parameter_shard_actor::behavior_type parameter_shard(parameter_shard_actor::stateful_pointer<ParameterShardState> self,
@@ -51,4 +51,4 @@ parameter_shard_actor::behavior_type parameter_shard(parameter_shard_actor::stat
 /// from `initial`.
 RoleSpec parameter_shard_role(std::string role, ShardSnapshot initial);
 
-}  // namespace tepdist::actors
+}  // namespace tepdist::actors::test
