@@ -150,6 +150,17 @@ int run_node(const NodeOptions& o) {
     }
     pthread_kill(waiter, SIGUSR1);
   };
+  // `tepdist leave` named this node: the router hands over the asker's address and the main thread
+  // takes the SIGTERM path (drain, then leave), answering the asker when it has drained.
+  std::mutex leave_mutex;
+  std::string leave_asker;
+  auto on_leave_request = [&](const std::string& asker) {
+    {
+      std::lock_guard lock(leave_mutex);
+      leave_asker = asker;
+    }
+    pthread_kill(waiter, SIGTERM);
+  };
   caf::actor router_actor;
   std::mutex router_mutex;  // the transport thread reads router_actor; it is set once, below
   auto to_router = [&](auto... xs) {
@@ -215,6 +226,7 @@ int run_node(const NodeOptions& o) {
   init.swim = o.config.membership.swim();
   init.epoch_unix_ms = incarnation;
   init.supervisor = caf::actor(sup);
+  if (!o.submission) init.on_leave_request = on_leave_request;
   caf::anon_send(router_actor, init_atom::value, init);
 
   // The supervisor's end wakes the main thread through SIGUSR1.
@@ -253,6 +265,24 @@ int run_node(const NodeOptions& o) {
       asker->request(caf::actor(sup), std::chrono::seconds(2), get_atom::value, role_atom::value, std::string("submitter"))
           .receive([](const caf::actor& a) { caf::anon_send(a, stop_atom::value); }, [](const caf::error&) {});
       status = 130;
+    } else {
+      // A drain: the step under way ends (the others commit it too), no other starts, then the
+      // graceful leave below tells the others, who go on in a generation without this node.
+      // Bounded: a ring that never completes (a neighbour dead) does not hold the leave up.
+      std::string where = "no trainer";
+      asker->request(caf::actor(sup), std::chrono::seconds(2), get_atom::value, role_atom::value, std::string("trainer"))
+          .receive(
+              [&](const caf::actor& trainer) {
+                asker->request(trainer, std::chrono::seconds(30), drain_atom::value)
+                    .receive([&](const std::string& w) { where = w; },
+                             [&](const caf::error& e) { where = "not drained: " + sys.render(e); });
+              },
+              [](const caf::error&) {});
+      node_events().info("node_drained id={} where=\"{}\"", id, where);
+      std::lock_guard lock(leave_mutex);
+      if (!leave_asker.empty())
+        transport.send(leave_asker, {id, incarnation, o.config.cluster.cluster_id,
+                                     gossip::LeaveRequest{id, gossip::LeaveRequest::Kind::done, where}});
     }
   }
   if (leave) {

@@ -6,6 +6,7 @@
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 #include <spdlog/spdlog.h>
+#include <fmt/format.h>
 
 #include <algorithm>
 
@@ -85,9 +86,26 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
     // An empty, unanswered sync from someone who is not a member is a status query
     // (`tepdist status`): answer with the whole view, and do not take the asker for a member.
     if (sync->members.empty() && !sync->reply) {
-      send(self, address, gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms, s.placement});
+      send(self, address, gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms, s.placement, s.job_status});
       return;
     }
+  }
+  if (const auto* leave = std::get_if<gossip::LeaveRequest>(&m.body); leave && leave->kind == gossip::LeaveRequest::Kind::request) {
+    // `tepdist leave NODE`, sent to the address the asker's view holds for NODE.
+    using Kind = gossip::LeaveRequest::Kind;
+    const std::string& self_id = s.swim->self().id;
+    if (leave->node != self_id)
+      return send(self, address, gossip::LeaveRequest{leave->node, Kind::refused,
+                                                      fmt::format("this is {}, not {}", self_id, leave->node)});
+    if (!s.on_leave_request)
+      return send(self, address, gossip::LeaveRequest{leave->node, Kind::refused, "this node submits a job; it trains nothing"});
+    node_events().info("leave_requested by={}", peer);
+    send(self, address, gossip::LeaveRequest{leave->node, Kind::accepted, "draining: the step under way ends, then it leaves"});
+    if (!s.leave_requested) {
+      s.leave_requested = true;
+      s.on_leave_request(address);
+    }
+    return;
   }
   if (gossip::is_membership(m.body)) {
     gossip::swim::Output out;
@@ -169,6 +187,7 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
   return {[self](init_atom, const RouterInit& init) {
     auto& s = self->state;
     s.supervisor = init.supervisor;
+    s.on_leave_request = init.on_leave_request;
     s.epoch_unix_ms = init.epoch_unix_ms;
     s.random.seed(init.self.incarnation);
     s.swim = std::make_unique<gossip::swim::Swim>(init.self, init.swim,
@@ -209,6 +228,7 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
           s.early_shards.clear();
           s.early_shard_bytes = 0;
         },
+        [self](status_atom, std::optional<gossip::JobStatus> status) { self->state.job_status = std::move(status); },
         [self](job_atom, const caf::actor& job) {
           auto& s = self->state;
           s.job = job;

@@ -8,7 +8,9 @@
 #include <caf/stateful_actor.hpp>
 #include <spdlog/spdlog.h>
 #include <chrono>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -25,15 +27,21 @@ struct RouterInit {
   gossip::swim::Config swim;
   uint64_t epoch_unix_ms = 0;
   caf::actor supervisor;
+  /// `tepdist leave` named this node: starts the drain and leave; from the router's thread, with
+  /// the asker's address for the final answer. Empty (a submitter): such requests are refused.
+  std::function<void(const std::string& asker)> on_leave_request;
 };
 
 struct RouterState {
   gossip::Transport* transport = nullptr;
   std::string cluster_id;
   caf::actor supervisor;
+  std::function<void(const std::string& asker)> on_leave_request;
+  bool leave_requested = false;
   caf::actor job;     ///< the trainer or submitter: job frames and views go there
   caf::actor shards;  ///< the async job's shard host: ShardUpdate frames go there
   std::vector<gossip::ShardHolders> placement;  ///< that job's shards, for status answers
+  std::optional<gossip::JobStatus> job_status;  ///< the trainer's job as it last told, for status answers
   /// ShardUpdate frames that came while no host was registered, for the next one.
   struct Early {
     std::string peer, address;
@@ -57,8 +65,9 @@ struct RouterState {
 /// (wire_atom, peer id, peer address, Message), peer news (peer_atom, up, id, detail), its own
 /// timer (tick_atom), (job_atom, actor) from the trainer or submitter that takes job frames and
 /// membership views, (shards_atom, actor, placement) from the trainer: the shard host of its async
-/// job and where that job's shards live (an empty actor when the job ends), and
-/// (leave_atom) -> true once the leave is announced.
+/// job and where that job's shards live (an empty actor when the job ends), (status_atom,
+/// optional JobStatus) from the trainer: its job for status answers, and (leave_atom) -> true once
+/// the leave is announced.
 caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id);
 
 /// The node's event stream on stdout: one line per event, key=value fields.
@@ -74,3 +83,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::gossip::Message)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::actors::RouterInit)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tepdist::gossip::Member>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tepdist::gossip::ShardHolders>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::optional<tepdist::gossip::JobStatus>)

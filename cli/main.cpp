@@ -5,6 +5,7 @@
 #include <CLI/Formatter.hpp>
 #include <fmt/core.h>
 
+#include "cli/leave_command.hpp"
 #include "cli/node_command.hpp"
 #include "cli/run_command.hpp"
 #include "cli/sim_command.hpp"
@@ -60,6 +61,13 @@ int main(int argc, char** argv) {
   status_cmd->add_option("--peer", status.peer, "HOST:PORT of a member to ask")->required();
   status_cmd->add_flag("--json", status.json, "Print JSON instead of a table");
 
+  tepdist::cli::LeaveArgs leave;
+  auto* leave_cmd = app.add_subcommand("leave", "Ask a node to drain (finish its step) and leave the cluster");
+  leave_cmd->add_option("node", leave.node, "Id of the node to leave (its --name)")->required();
+  leave_cmd->add_option("config", leave.config, "Job file (TOML) with the [cluster] secret")->check(CLI::ExistingFile);
+  leave_cmd->add_option("--set", leave.overrides, "Override a key: --set section.key=value (repeatable)");
+  leave_cmd->add_option("--peer", leave.peer, "HOST:PORT of any member, to find the node by")->required();
+
   tepdist::cli::SimArgs sim;
   auto* sim_cmd = app.add_subcommand("sim", "Run a scenario in the deterministic membership simulator");
   sim_cmd->add_option("scenario", sim.scenario, "Scenario file (sims/scenarios/*.toml)")->required()->check(CLI::ExistingFile);
@@ -75,6 +83,7 @@ int main(int argc, char** argv) {
   if (run_cmd->parsed()) return tepdist::cli::run_run_command(run);
   if (node_cmd->parsed()) return tepdist::cli::run_node_command(node);
   if (status_cmd->parsed()) return tepdist::cli::run_status_command(status);
+  if (leave_cmd->parsed()) return tepdist::cli::run_leave_command(leave);
   if (sim_cmd->parsed()) return tepdist::cli::run_sim_command(sim);
   return 2;
 }

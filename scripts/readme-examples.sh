@@ -43,7 +43,8 @@ example cross-region-gossip build/cli/tepdist run configs/cross_region.toml --mo
 example train build/cli/tepdist train --epochs 10 --set optimizer.name=adam --set optimizer.lr=0.001 --out out/single
 example train-resume build/cli/tepdist train --resume --epochs 15 --set optimizer.name=adam --set optimizer.lr=0.001 --out out/single
 
-# Elastic training: a worker added and one killed while the job trains (the launcher restarts it).
+# Elastic training: a worker added and one killed while the job trains (the launcher restarts it),
+# the status with the job's generation, and the added worker drained out with `tepdist leave`.
 elastic() {
   rm -rf out/elastic
   build/cli/tepdist run configs/quickstart.toml --epochs 6 --out out/elastic >"$work/elastic-run.log" 2>&1 &
@@ -54,12 +55,17 @@ elastic() {
   local extra=$!
   for _ in $(seq 600); do grep -q "joined extra" "$work/elastic-run.log" 2>/dev/null && break; sleep 0.1; done
   pkill -9 -f 'out/elastic/cluster.toml --name node-02 '
+  for _ in $(seq 600); do grep -q "restarted it" "$work/elastic-run.log" 2>/dev/null && break; sleep 0.1; done
+  local seed
+  seed="$(head -1 out/elastic/run/node-0.ready)"
+  build/cli/tepdist status out/elastic/cluster.toml --peer "$seed" || return 1
+  build/cli/tepdist leave extra out/elastic/cluster.toml --peer "$seed" || return 1
   wait $run
   local status=$?
-  kill $extra 2>/dev/null
   wait $extra 2>/dev/null
   cat "$work/elastic-run.log"
-  grep -q "restarted it" "$work/elastic-run.log" && grep -q "joined extra" "$work/elastic-run.log" && return $status
+  grep -q "restarted it" "$work/elastic-run.log" && grep -q "joined extra" "$work/elastic-run.log" &&
+    grep -q "gone extra" "$work/elastic-run.log" && return $status
   return 1
 }
 example elastic elastic

@@ -176,6 +176,9 @@ struct TrainerState {
   static constexpr double held_limit_s = 10;
   static constexpr double pending_limit_s = 30;  // how long a submission waits for this view
   bool ticking = false;
+  // Draining (the node leaves: SIGTERM, `tepdist leave`): the step under way ends, no other starts.
+  std::optional<caf::typed_response_promise<std::string>> drain;
+  bool drained = false;
   static inline const char* name = "tepdist.trainer";
 };
 
@@ -212,6 +215,34 @@ JobReport report_of(const Job& j, JobReport::Kind kind) {
   return r;
 }
 
+/// What this worker knows of its job, for status answers (elastic/status.hpp renders it).
+gossip::JobStatus job_status(const Job& j, const std::string& self_id) {
+  gossip::JobStatus st{j.start.job_id, mode_name(j.mode), j.generation, "training", {}};
+  if (j.finishing) st.phase = "finished";
+  else if (j.pulling) st.phase = "pulling";
+  else if (!j.member) st.phase = "waiting";
+  else if (j.control && j.control->paused()) st.phase = "voting";
+  const auto per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
+  const auto step = static_cast<uint64_t>(j.step);
+  if (j.mode == Mode::sync) st.progress = j.progress;
+  else st.progress = {step, per_epoch ? step / per_epoch : 0, j.consumed, j.own_samples};
+  for (const auto& w : j.start.workers) {
+    if (j.mode == Mode::async && w != self_id) continue;  // async workers do not tell each other
+    if (j.mode == Mode::sync) st.workers.emplace_back(w, j.progress.position);
+    else if (w == self_id) st.workers.emplace_back(w, j.consumed);
+    else if (const auto it = j.cursors.find(w); it != j.cursors.end()) st.workers.emplace_back(w, it->second);
+    else st.workers.emplace_back(w, 0);  // not heard from in this generation yet
+  }
+  return st;
+}
+
+/// Tells the router what to answer status queries with (called each tick and at each generation).
+void report_status(Trainer* self) {
+  auto& s = self->state;
+  caf::anon_send(s.router, status_atom::value,
+                 s.job ? std::optional(job_status(*s.job, s.o.self_id)) : std::optional<gossip::JobStatus>());
+}
+
 /// Ends the current job here: its evaluator goes with it. `over`: the job is over for this node
 /// (done, failed, abandoned), not merely left by it (a worker dropped from a generation may be
 /// proposed again).
@@ -226,6 +257,7 @@ void drop_job(Trainer* self, bool over = true) {
     caf::anon_send(self->state.router, shards_atom::value, caf::actor(), std::vector<gossip::ShardHolders>());
   }
   job.reset();
+  report_status(self);
 }
 
 void fail(Trainer* self, const std::string& why) {
@@ -792,8 +824,36 @@ void on_gossip(Trainer* self, const std::string& peer, const gossip::GossipAvera
   }
 }
 
+/// Sync: a ring step is under way (this worker sent its part and waits for the sum).
+bool mid_step(const Job& j) {
+  return j.mode == Mode::sync && j.ring && j.ring->step() == j.progress.step + 1 && !j.ring->done();
+}
+
+/// Ends a drain: this worker takes no further step; what it says is where it stopped.
+void end_drain(Trainer* self) {
+  auto& s = self->state;
+  const Job* j = s.job.get();
+  const std::string where = !j ? std::string("no job")
+                               : fmt::format("job {} generation {} after step {}", j->start.job_id, j->generation,
+                                             j->mode == Mode::sync ? j->progress.step : static_cast<uint64_t>(j->step));
+  node_events().info("trainer_drained {}", where);
+  s.drained = true;
+  if (s.drain) s.drain->deliver(where);
+  s.drain.reset();
+}
+
+/// Asked to drain: at once when no step is under way (between steps, paused, pulling, not a
+/// member, async), else when the step under way ends (do_step).
+void on_drain(Trainer* self) {
+  const Job* j = self->state.job.get();
+  if (!j || !j->member || j->finishing || !may_step(*j) || !mid_step(*j)) end_drain(self);
+}
+
 void do_step(Trainer* self) {
-  auto* j = self->state.job.get();
+  auto& s = self->state;
+  if (s.drain && !(s.job && mid_step(*s.job))) end_drain(self);
+  if (s.drained) return;
+  auto* j = s.job.get();
   if (!j || j->finishing) return;
   switch (j->mode) {
     case Mode::sync: return sync_step(self);
@@ -1185,6 +1245,7 @@ void enter_generation(Trainer* self) {
   for (const auto& d : r.donors) donors += (donors.empty() ? "" : ",") + d;
   node_events().info("generation_installed job={} generation={} rank={} workers={} resume_step={} donors={}", r.job_id,
                      r.generation, j.rank, j.world, r.resume.step, donors.empty() ? "-" : donors);
+  report_status(self);
   const bool behind = !j.has_state || (j.mode == Mode::sync && j.progress.step < r.resume.step);
   if (behind) {
     j.has_state = false;
@@ -1513,6 +1574,7 @@ void on_tick(Trainer* self) {
     s.joining->on_tick(now_ms(s), {}, out);
     for (auto& [address, body] : out.sends) send_to(self, address, std::move(body));
   }
+  if (s.job) report_status(self);
   if (s.pending || s.held || s.job || s.joining) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
   else s.ticking = false;
 }
@@ -1583,6 +1645,12 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
       },
       [self](step_atom) { do_step(self); },
       [self](tick_atom) { on_tick(self); },
+      [self](drain_atom) -> caf::result<std::string> {
+        self->state.drain = self->make_response_promise<std::string>();
+        auto promise = *self->state.drain;
+        on_drain(self);
+        return promise;
+      },
       // Connection trouble: membership decides who is gone; the step timeout covers the rest.
       [](peer_atom, const std::string&, const std::string&) {},
   };

@@ -92,6 +92,20 @@ struct Encoder {
               shards[i].setShard(m.shards[i].shard);
               put_texts(shards[i].initHolders(static_cast<unsigned>(m.shards[i].holders.size())), m.shards[i].holders);
             }
+            if (m.job) {
+              b.setHasJob(true);
+              auto j = b.initJob();
+              j.setJobId(m.job->job_id);
+              j.setMode(m.job->mode);
+              j.setGeneration(m.job->generation);
+              j.setPhase(m.job->phase);
+              put_progress(j.initProgress(), m.job->progress);
+              auto workers = j.initWorkers(static_cast<unsigned>(m.job->workers.size()));
+              for (unsigned i = 0; i < m.job->workers.size(); ++i) {
+                workers[i].setWorker(m.job->workers[i].first);
+                workers[i].setConsumed(m.job->workers[i].second);
+              }
+            }
           } else if constexpr (std::is_same_v<T, TensorChunk>) {
             put_chunk(e.initTensorChunk(), m);
           } else if constexpr (std::is_same_v<T, ParamPull>) {
@@ -158,6 +172,11 @@ struct Encoder {
             auto b = e.initStatePiece();
             b.setJobId(m.job_id);
             put_chunk(b.initChunk(), m.chunk);
+          } else if constexpr (std::is_same_v<T, LeaveRequest>) {
+            auto b = e.initLeaveRequest();
+            b.setNode(m.node);
+            b.setKind(static_cast<wire::LeaveRequest::Kind>(m.kind));
+            b.setDetail(m.detail);
           } else if constexpr (std::is_same_v<T, RingChunk>) {
             auto b = e.initRingChunk();
             b.setJobId(m.job_id);
@@ -302,6 +321,12 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
         for (auto id : h.getHolders()) holders.holders.emplace_back(id);
         s.shards.push_back(std::move(holders));
       }
+      if (r.getHasJob()) {
+        auto j = r.getJob();
+        JobStatus job{j.getJobId(), j.getMode(), j.getGeneration(), j.getPhase(), get_progress(j.getProgress())};
+        for (auto c : j.getWorkers()) job.workers.emplace_back(c.getWorker(), c.getConsumed());
+        s.job = std::move(job);
+      }
       return s;
     }
     case wire::Envelope::TENSOR_CHUNK: return get_chunk(e.getTensorChunk(), owner);
@@ -376,6 +401,13 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::STATE_PIECE: {
       auto r = e.getStatePiece();
       return StatePiece{r.getJobId(), get_chunk(r.getChunk(), owner)};
+    }
+    case wire::Envelope::LEAVE_REQUEST: {
+      auto r = e.getLeaveRequest();
+      const auto kind = r.getKind();
+      if (kind > wire::LeaveRequest::Kind::DONE)
+        throw WireError{WireErrc::unknown_kind, fmt::format("unknown leave request kind {}", static_cast<int>(kind))};
+      return LeaveRequest{r.getNode(), static_cast<LeaveRequest::Kind>(kind), r.getDetail()};
     }
     case wire::Envelope::RING_CHUNK: {
       auto r = e.getRingChunk();
@@ -528,7 +560,7 @@ const char* kind_name(const Body& body) {
   static constexpr const char* names[] = {"ping",         "ack",        "ping_req",   "join",    "leave",  "state_sync",
                                           "tensor_chunk", "param_pull", "param_push", "control", "metrics",
                                           "job_start",    "ring_chunk", "job_report", "shard_update", "shard_state",
-                                          "gossip_average", "generation_vote", "state_pull", "state_piece"};
+                                          "gossip_average", "generation_vote", "state_pull", "state_piece", "leave_request"};
   static_assert(std::size(names) == std::variant_size_v<Body>);
   return names[body.index()];
 }

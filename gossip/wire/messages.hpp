@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <optional>
 #include <string>
 #include <variant>
 #include <vector>
@@ -66,11 +67,37 @@ struct ShardHolders {
   friend bool operator==(const ShardHolders&, const ShardHolders&) = default;
 };
 
+/// Where a job stands. In sync every member of a generation holds the same; in gossip each worker
+/// holds its own.
+struct JobProgress {
+  uint64_t step = 0;      ///< updates applied (sync: global steps; gossip: the worker's own local steps)
+  uint64_t epoch = 0;     ///< epochs completed
+  uint64_t position = 0;  ///< samples of the current epoch's permutation consumed
+  uint64_t samples = 0;   ///< samples consumed since the job began
+  friend bool operator==(const JobProgress&, const JobProgress&) = default;
+  friend auto operator<=>(const JobProgress& a, const JobProgress& b) { return a.samples <=> b.samples; }
+};
+
+/// What one worker knows of the job it runs, for status answers (elastic/status.hpp renders it).
+struct JobStatus {
+  uint64_t job_id = 0;
+  std::string mode;
+  uint64_t generation = 0;
+  std::string phase;  ///< training, voting, pulling, waiting, finished
+  JobProgress progress;  ///< sync: the job's; gossip and async: the answering worker's own
+  /// The generation's workers in ring order, each with its position (samples of the current
+  /// epoch's permutation consumed) as the answering node knows it: sync, the job's; gossip, the
+  /// cursor it last heard from that worker.
+  std::vector<std::pair<std::string, uint64_t>> workers = {};
+  friend bool operator==(const JobStatus&, const JobStatus&) = default;
+};
+
 struct StateSync {
   std::vector<Member> members;
   bool reply = false;
   uint64_t epoch_unix_ms = 0;
   std::vector<ShardHolders> shards = {};  ///< status answers: the running async job's placement
+  std::optional<JobStatus> job = {};      ///< status answers: the answering node's job
   friend bool operator==(const StateSync&, const StateSync&) = default;
 };
 
@@ -132,16 +159,6 @@ struct MetricsSnapshot {
   friend bool operator==(const MetricsSnapshot&, const MetricsSnapshot&) = default;
 };
 
-/// Where a job stands. In sync every member of a generation holds the same; in gossip each worker
-/// holds its own.
-struct JobProgress {
-  uint64_t step = 0;      ///< updates applied (sync: global steps; gossip: the worker's own local steps)
-  uint64_t epoch = 0;     ///< epochs completed
-  uint64_t position = 0;  ///< samples of the current epoch's permutation consumed
-  uint64_t samples = 0;   ///< samples consumed since the job began
-  friend bool operator==(const JobProgress&, const JobProgress&) = default;
-  friend auto operator<=>(const JobProgress& a, const JobProgress& b) { return a.samples <=> b.samples; }
-};
 
 /// A training job, from the submitter to the coordinator, then from the coordinator to every
 /// worker with the ring order filled in. Later generations of the job travel as the same record
@@ -192,6 +209,16 @@ struct StatePiece {
   uint64_t job_id = 0;
   TensorChunk chunk;  ///< step: the state's step
   friend bool operator==(const StatePiece&, const StatePiece&) = default;
+};
+
+/// `tepdist leave NODE` and the node's answers: accepted (draining), then done (leaving now), or
+/// refused with the reason.
+struct LeaveRequest {
+  enum class Kind : uint8_t { request, accepted, refused, done };
+  std::string node;
+  Kind kind = Kind::request;
+  std::string detail = {};
+  friend bool operator==(const LeaveRequest&, const LeaveRequest&) = default;
 };
 
 /// One piece of a ring all-reduce (gossip/collective/ring_allreduce.hpp).
@@ -259,7 +286,7 @@ struct GossipAverage {
 
 using Body = std::variant<Ping, Ack, PingReq, Join, Leave, StateSync, TensorChunk, ParamPull, ParamPush, Control,
                           MetricsSnapshot, JobStart, RingChunk, JobReport, ShardUpdate, ShardState, GossipAverage,
-                          GenerationVote, StatePull, StatePiece>;
+                          GenerationVote, StatePull, StatePiece, LeaveRequest>;
 
 /// Everything after the handshake: who sent it and what.
 struct Message {

@@ -62,6 +62,7 @@ struct Envelope {
     generationVote @20 :GenerationVote;
     statePull @21 :StatePull;
     statePiece @22 :StatePiece;
+    leaveRequest @23 :LeaveRequest;
   }
 }
 
@@ -114,6 +115,18 @@ struct StateSync {
   reply @1 :Bool;
   epochUnixMs @2 :UInt64;    # the cluster epoch: link-emulator times count from it
   shards @3 :List(ShardHolders);  # status answers only: where the running async job's shards live
+  job @4 :JobStatus;         # status answers only: the answering node's job, when hasJob
+  hasJob @5 :Bool;
+}
+
+struct JobStatus {
+  # What one worker knows of its job (elastic/status.hpp): `tepdist status` and, later, /status.
+  jobId @0 :UInt64;
+  mode @1 :Text;
+  generation @2 :UInt64;
+  phase @3 :Text;            # training, voting, pulling, waiting, finished
+  progress @4 :JobProgress;  # sync: the job's; gossip and async: the answering worker's own
+  workers @5 :List(Cursor);  # the generation's workers, each with its position as this node knows it
 }
 
 struct ShardHolders {
@@ -242,6 +255,19 @@ struct StatePull {
 struct StatePiece {
   jobId @0 :UInt64;
   chunk @1 :TensorChunk;     # step: the state's step; offset and total place it in the state vector
+}
+
+struct LeaveRequest {
+  # `tepdist leave NODE`: the client asks the node to drain and leave; the node answers twice.
+  node @0 :Text;             # the node asked to leave
+  kind @1 :Kind;
+  detail @2 :Text;           # refused: why; done: where it stopped
+  enum Kind {
+    request @0;
+    accepted @1;             # the node is draining (finishing the step under way)
+    refused @2;
+    done @3;                 # drained; the graceful leave follows at once
+  }
 }
 
 struct RingChunk {

@@ -52,14 +52,16 @@ std::vector<Message> every_kind() {
   const TensorChunk chunk{3, 1, 0, 64, tensor, nullptr};
   const std::vector<Body> bodies{
       Ping{1, {member(1), member(2)}}, Ack{2, {member(3)}}, PingReq{3, member(4), {member(5)}}, Join{member(6)},
-      Leave{member(7)}, StateSync{{member(8), member(9)}, true, 123}, chunk, ParamPull{1, 9}, ParamPush{1, 10, chunk},
+      Leave{member(7)}, StateSync{{member(8), member(9)}, true, 123},
+      StateSync{{member(8)}, true, 5, {}, JobStatus{1, "sync", 2, "voting", {3, 0, 96, 96}, {{"a", 96}}}}, chunk, ParamPull{1, 9}, ParamPush{1, 10, chunk},
       Control{"node-0", 5, Control::Command::evaluate, 7, {1, 2, 3}}, MetricsSnapshot{{{"m", {{"k", "v"}}, 1.5}}},
       JobStart{1, "[job]", "127.0.0.1:1", {"a"}, {"127.0.0.1:2"}, "a", 1, "s"}, RingChunk{1, 0, 0, chunk},
       JobReport{1, JobReport::Kind::progress, 0, 1, 2, 0.5, 10, 2, 0, 0, 1, 64, 0, 0, "", 0, 0},
       ShardUpdate{1, 0, ShardUpdate::Kind::push, 3, 0.1f, chunk}, ShardState{1, 0, 4, false, 1, chunk},
       GossipAverage{1, 2, false, chunk},
       GenerationVote{1, GenerationVote::Kind::ack, 2, 1, {"a"}, JobProgress{1, 0, 64, 64}, true, 5},
-      StatePull{1, 2, 0, 64}, StatePiece{1, chunk}};
+      StatePull{1, 2, 0, 64}, StatePiece{1, chunk},
+      LeaveRequest{"n", LeaveRequest::Kind::request}};
   std::vector<Message> out;
   for (const auto& b : bodies) out.push_back({"fuzz", 1, "c1", b});
   return out;

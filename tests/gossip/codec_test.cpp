@@ -43,6 +43,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       Leave{member("g", Member::State::left)},
       StateSync{{member("h"), member("i")}, true, 1700000000000},
       StateSync{{member("h")}, true, 17, {{0, {"h", "i"}}, {1, {"i"}}}},
+      StateSync{{member("h")}, true, 17, {}, JobStatus{4, "gossip", 3, "training", {12, 1, 640, 60640}, {{"h", 640}, {"i", 512}}}},
       chunk,
       ParamPull{7, 99},
       ParamPush{7, 100, chunk},
@@ -69,6 +70,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       GenerationVote{9, GenerationVote::Kind::refuse, 6, 3, {}, {}, false, 0, "promised generation 6"},
       GenerationVote{9, GenerationVote::Kind::evict, 3, 3, {"b"}},
       StatePull{9, 41, 1000, 4096},
+      LeaveRequest{"node-02", LeaveRequest::Kind::done, "after step 41"},
       StatePiece{9, chunk},
   };
   for (const auto& body : bodies) {

@@ -78,6 +78,16 @@ struct ElasticRun {
     REQUIRE(run->wait_for("samples/s", std::chrono::seconds(60)));
   }
 
+  /// Runs `tepdist COMMAND ... cluster.toml --peer SEED`; its exit status and everything it printed.
+  std::pair<int, std::string> client(std::vector<std::string> args) {
+    args.insert(args.begin(), TEPDIST_BINARY);
+    for (std::string extra : {(dir.path / "out" / "cluster.toml").string(), std::string("--peer"), seed})
+      args.push_back(extra);
+    Child c(args);
+    const int status = c.wait();
+    return {status, c.all()};
+  }
+
   static std::string fmt(const std::string& a, int n, const std::string& b) { return a + std::to_string(n) + b; }
 
   /// Waits for the first generation line that says `change` (a node that dies and is restarted at
@@ -169,14 +179,37 @@ TEST_CASE("a worker stopped past its death and continued comes back into the job
   }
 }
 
-TEST_CASE("a node joins a running job, and one leaves it on SIGTERM: the job goes on with them", "[integration][elastic]") {
+TEST_CASE("a node joins a running job, status shows it in the generation, and one leaves: the job goes on with them",
+          "[integration][elastic]") {
   for (const std::string mode : {"sync", "gossip"}) {
     INFO(mode);
     TempDir dir;
     ElasticRun r(dir, mode);
     r.add_node("node-09");
     r.expect_generation(2, "joined node-09");
-    ::kill(r.pid_of("node-02"), SIGTERM);
+    // The status document: the generation, and each of its workers with a position.
+    const auto [status_rc, status_out] = r.client({"status", "--json"});
+    INFO(status_out);
+    REQUIRE(status_rc == 0);
+    const auto doc = nlohmann::json::parse(status_out);
+    REQUIRE(doc["job"].is_object());
+    CHECK(doc["job"]["mode"] == mode);
+    CHECK(doc["job"]["generation"].get<int>() >= 2);
+    CHECK(doc["job"]["workers"].size() == 4);
+    CHECK(doc["job"]["step"].get<int>() > 0);
+    // A leave naming nobody is refused, saying so, and harms nothing.
+    const auto [unknown_rc, unknown_out] = r.client({"leave", "node-77"});
+    CHECK(unknown_rc == 1);
+    CHECK_THAT(unknown_out, Catch::Contains("no member named node-77"));
+    if (mode == "sync") {
+      // `tepdist leave`: the node drains (its step ends and is committed) and leaves.
+      const auto [leave_rc, leave_out] = r.client({"leave", "node-02"});
+      INFO(leave_out);
+      CHECK(leave_rc == 0);
+      CHECK_THAT(leave_out, Catch::Contains("node-02: drained (job"));
+    } else {
+      ::kill(r.pid_of("node-02"), SIGTERM);  // the same drain and leave
+    }
     r.expect_generation(3, "gone node-02");
     const auto result = r.finish();
     check_result(result, mode, 3, 3, 2);

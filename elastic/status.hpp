@@ -1,0 +1,36 @@
+#pragma once
+// The status document: what one member answers a status query with (its membership view, the
+// async job's shard placement, and its job's generation and positions), as one model with two
+// renderings. `tepdist status` prints the table or, with --json, the JSON; the monitoring issue's
+// HTTP /status serves the same JSON. Add a field here and both show it.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gossip/wire/messages.hpp"
+
+namespace tepdist::elastic {
+
+struct StatusDocument {
+  std::string source;  ///< the member that answered (host:port)
+  uint64_t epoch_unix_ms = 0;
+  std::vector<gossip::Member> members;
+  std::vector<gossip::ShardHolders> shards;
+  std::optional<gossip::JobStatus> job;  ///< the answering member's job, if it runs one
+};
+
+/// The document of a member's answer to a status query.
+StatusDocument status_document(std::string source, const gossip::StateSync& answer);
+
+/// JSON, indented: {source, epoch_unix_ms, members: [{id, state, incarnation, address, region,
+/// roles, shards: [{shard, primary}]}], job: null | {job_id, mode, generation, phase, step, epoch,
+/// position, samples, workers: [{id, position}]}}.
+std::string status_json(const StatusDocument& doc);
+
+/// The table `tepdist status` prints: one row per member, then the job's generation and each
+/// worker's position.
+std::string status_table(const StatusDocument& doc);
+
+}  // namespace tepdist::elastic

@@ -1,0 +1,49 @@
+// The status document: one model, rendered as the table and the JSON `tepdist status` prints.
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+#include "elastic/status.hpp"
+
+using tepdist::gossip::JobStatus;
+using tepdist::gossip::Member;
+using tepdist::gossip::StateSync;
+namespace elastic = tepdist::elastic;
+
+namespace {
+
+StateSync answer(std::optional<JobStatus> job) {
+  const Member a{"a", "10.0.0.1:7000", 5, Member::State::alive, "eu", {"worker"}, {}, 1};
+  const Member b{"b", "10.0.0.2:7000", 6, Member::State::dead, "us", {"worker"}, {}, 2};
+  return StateSync{{a, b}, true, 1234, {{0, {"a", "b"}}}, std::move(job)};
+}
+
+}  // namespace
+
+TEST_CASE("the status document shows the job's generation and each worker's position, in JSON and the table",
+          "[elastic][status]") {
+  const auto doc = elastic::status_document(
+      "10.0.0.1:7000", answer(JobStatus{7, "gossip", 3, "voting", {40, 1, 512, 9000}, {{"a", 512}, {"c", 128}}}));
+  const auto json = nlohmann::json::parse(elastic::status_json(doc));
+  CHECK(json["source"] == "10.0.0.1:7000");
+  CHECK(json["members"].size() == 2);
+  CHECK(json["members"][1]["state"] == "dead");
+  CHECK(json["members"][0]["shards"][0]["primary"] == true);
+  CHECK(json["members"][1]["shards"][0]["primary"] == false);
+  CHECK(json["job"]["generation"] == 3);
+  CHECK(json["job"]["phase"] == "voting");
+  CHECK(json["job"]["samples"] == 9000);
+  CHECK(json["job"]["workers"][1]["id"] == "c");
+  CHECK(json["job"]["workers"][1]["position"] == 128);
+
+  const auto table = elastic::status_table(doc);
+  CHECK_THAT(table, Catch::Contains("job 7 (gossip): generation 3, voting, epoch 2, step 40, 9000 samples"));
+  CHECK_THAT(table, Catch::Contains("0p"));
+  CHECK_THAT(table, Catch::Contains("c                128"));
+}
+
+TEST_CASE("a member without a job says so in both renderings", "[elastic][status]") {
+  const auto doc = elastic::status_document("x", answer(std::nullopt));
+  CHECK(nlohmann::json::parse(elastic::status_json(doc))["job"].is_null());
+  CHECK_THAT(elastic::status_table(doc), Catch::Contains("no job on this member"));
+}
