@@ -54,8 +54,14 @@ batch_size = 64
 lr = 0.04
 momentum = 0.9
 warmup_steps = 100
-[network]
-regions = ["a", "a", "b", "b"]
+[nodes.node-00]
+region = "a"
+[nodes.node-01]
+region = "a"
+[nodes.node-02]
+region = "b"
+[nodes.node-03]
+region = "b"
 [[network.partition]]
 at_s = 25
 duration_s = 4

@@ -12,7 +12,8 @@ int run_node_command(const NodeArgs& args) {
   o.config = std::move(loaded->config);
   o.secret = std::move(loaded->secret);
   o.name = args.name;
-  o.region = args.region.empty() ? "local" : args.region;
+  // --region, else the node's [nodes.NAME] table (a node named by its address has none).
+  o.region = !args.region.empty() ? args.region : o.config.node(args.name).region;
   o.listen = args.listen;
   o.join = args.join.empty() ? o.config.cluster.seeds : args.join;
   o.threads = o.config.compute.threads;

@@ -280,7 +280,7 @@ struct RingBounds {
 
 std::optional<RingBounds> ring_bounds(const elastic::JobConfig& c, size_t n, double bytes, double compute_s) {
   if (c.network.model.links.empty() || n < 2) return std::nullopt;
-  auto region = [&](size_t k) { return k < c.network.regions.size() ? c.network.regions[k] : std::string("local"); };
+  auto region = [&](size_t k) { return c.node(elastic::local_node_name(static_cast<int64_t>(k))).region; };
   std::vector<double> latency_ms(n, 0.0);
   double bandwidth_mbit = 0;
   for (size_t i = 0; i < n; ++i) {
@@ -400,10 +400,9 @@ int run_run_command(const RunArgs& args) {
       logs.push_back(out / "logs" / fmt::format("node-{}.log", i));
       fs::remove(ready.back(), ec);
       std::vector<std::string> node_args = {cluster_file.string(),
-                                            "--name", fmt::format("node-{:02d}", i),
+                                            "--name", elastic::local_node_name(i),
                                             "--ready-file", ready.back().string(),
                                             "--set", fmt::format("compute.threads={}", threads)};
-      if (static_cast<size_t>(i) < c.network.regions.size()) node_args.insert(node_args.end(), {"--region", c.network.regions[static_cast<size_t>(i)]});
       if (i > 0) node_args.insert(node_args.end(), {"--join", first});
       if (auto started = nodes.start(node_args, logs.back()); !started) return runtime_error(started.error());
       if (i == 0) {  // the others join through the first

@@ -52,7 +52,7 @@ ConfigError error_at(const toml::value& v, std::string_view what) {
 }
 
 void apply_layers(JobConfig& c, const toml::value& v);
-void apply_regions(JobConfig& c, const toml::value& v);
+void apply_node(JobConfig& c, const std::string& name, const toml::value& v);
 void apply_seeds(JobConfig& c, const toml::value& v);
 void apply_links(JobConfig& c, const toml::value& v);
 void apply_partitions(JobConfig& c, const toml::value& v);
@@ -211,10 +211,6 @@ const std::vector<Key>& keys() {
         "job goes to its coordinator."},
        -inf, inf, false, false, {}, apply_seeds},
       // [network]
-      {{"network", "regions", KeyType::strings, "[]",
-        "Region of each local node, by index (node 0 first); nodes beyond the list, and nodes started by hand "
-        "without --region, are in region \"local\"."},
-       -inf, inf, false, false, {}, apply_regions},
       {{"network", "link", KeyType::tables, "[]",
         "Emulated links, one [[network.link]] per region pair: between = [A, B] (A = B: within a region), "
         "latency_ms (one-way), jitter_ms, bandwidth_mbit (0: unlimited), loss (datagrams only, 0 to 1). "
@@ -225,6 +221,13 @@ const std::vector<Key>& keys() {
         "Scheduled partitions, one [[network.partition]] each: at_s and duration_s (seconds since the cluster "
         "epoch), between = [A, B]. Streams wait for the partition to heal; datagrams are lost."},
        -inf, inf, false, false, {}, apply_partitions},
+      // [nodes.NAME]: validate() reads these tables itself (apply_node), keyed by node name.
+      {{"nodes", "NAME", KeyType::table, "{}",
+        "Settings of one node, by its name: `[nodes.node-02]`. `tepdist run` names its local nodes node-00, "
+        "node-01, ...; a node started by hand (`tepdist node`) looks up its --name. Keys: region (the link "
+        "emulator's region, default \"local\"; `tepdist node --region` wins over it). Overridden with "
+        "--set nodes.NAME.KEY=VALUE. A node without a table has the defaults."},
+       -inf, inf, false, false, {}, nullptr},
       // [membership]
       // [elastic]
       {{"elastic", "shards", KeyType::integer, "0",
@@ -317,6 +320,7 @@ const char* type_name(KeyType t) {
     case KeyType::layers: return "a list of layer tables";
     case KeyType::strings: return "a list of strings";
     case KeyType::tables: return "a list of tables ([[section.key]])";
+    case KeyType::table: return "a table ([section.key])";
   }
   return "?";
 }
@@ -330,6 +334,7 @@ bool has_type(const toml::value& v, KeyType t) {
     case KeyType::layers:
     case KeyType::strings:
     case KeyType::tables: return v.is_array();
+    case KeyType::table: return v.is_table();
   }
   return false;
 }
@@ -432,13 +437,21 @@ void apply_seeds(JobConfig& c, const toml::value& v) {
   }
 }
 
-void apply_regions(JobConfig& c, const toml::value& v) {
-  c.network.regions.clear();
-  for (const auto& r : v.as_array()) {
-    if (!r.is_string() || r.as_string().str.empty())
-      throw ValueError{error_at(r, "network.regions must list non-empty region names")};
-    c.network.regions.push_back(r.as_string().str);
+/// One [nodes.NAME] table.
+void apply_node(JobConfig& c, const std::string& name, const toml::value& v) {
+  const std::string here = "nodes." + name;
+  if (!v.is_table()) throw ValueError{error_at(v, fmt::format("{} must be a table ([{}])", here, here))};
+  JobConfig::Node node;
+  for (const auto& [key, value] : entries_in_file_order(v)) {
+    if (key == "region") {
+      if (!value->is_string() || value->as_string().str.empty())
+        throw ValueError{error_at(*value, here + ".region must be a non-empty region name")};
+      node.region = value->as_string().str;
+    } else {
+      throw ValueError{error_at(*value, fmt::format("unknown key {}.{} (known: region)", here, key))};
+    }
   }
+  c.nodes[name] = std::move(node);
 }
 
 /// Reads a number field of a [[network.*]] table, checking its range; required unless fallback.
@@ -541,6 +554,16 @@ std::expected<void, ConfigError> apply_override(toml::value& root, const std::st
   auto [it, inserted] = table.try_emplace(section, toml::table{});
   if (!it->second.is_table())
     return std::unexpected(error_at(it->second, fmt::format("{} must be a table", section)));
+  if (section == "nodes") {  // nodes.NAME.KEY: one level deeper, and NAME may hold no dot
+    const auto last = key.rfind('.');
+    if (last == std::string::npos || last == 0 || last + 1 == key.size())
+      return std::unexpected(ConfigError{fmt::format("--set {}: expected nodes.NAME.KEY=value", text)});
+    auto [node, fresh] = it->second.as_table().try_emplace(key.substr(0, last), toml::table{});
+    if (!node->second.is_table())
+      return std::unexpected(error_at(node->second, fmt::format("nodes.{} must be a table", key.substr(0, last))));
+    node->second.as_table()[key.substr(last + 1)] = parsed.as_table().at("v");
+    return {};
+  }
   it->second.as_table()[key] = parsed.as_table().at("v");
   return {};
 }
@@ -555,7 +578,18 @@ std::expected<JobConfig, ConfigError> validate(const toml::value& root, const st
       return std::unexpected(error_at(*table, fmt::format("unknown section [{}]{}", section, suggestion(section, sections))));
     if (!table->is_table())
       return std::unexpected(error_at(*table, fmt::format("{} must be a section ([{}])", section, section)));
+    if (section == "nodes") {  // keyed by node name, not by a fixed key
+      try {
+        for (const auto& [name, value] : entries_in_file_order(*table)) apply_node(c, name, *value);
+      } catch (const ValueError& e) {
+        return std::unexpected(e.error);
+      }
+      continue;
+    }
     for (const auto& [key, value] : entries_in_file_order(*table)) {
+      if (section == "network" && key == "regions")
+        return std::unexpected(error_at(*value, "network.regions (regions by index) is replaced by a table per node: "
+                                                "[nodes.node-00] region = \"us-east\", and so on"));
       const auto spec = std::find_if(keys().begin(), keys().end(),
                                      [&](const Key& k) { return k.info.section == section && k.info.key == key; });
       if (spec == keys().end()) {
@@ -627,7 +661,7 @@ ConfigResult<JobConfig> load_config(const std::optional<std::filesystem::path>& 
 std::string schema_markdown() {
   static constexpr const char* type_words[] = {"integer",          "number",           "boolean",
                                                 "string",           "array of tables",  "array of strings",
-                                                "array of tables"};
+                                                "array of tables", "table"};
   std::string md;
   std::string_view section;
   for (const auto& k : keys()) {
@@ -670,6 +704,8 @@ ConfigResult<std::string> load_secret(const JobConfig::Cluster& cluster) {
   if (secret.empty()) return std::unexpected(ConfigError{fmt::format("{}: the cluster secret file is empty", cluster.secret_file)});
   return secret;
 }
+
+std::string local_node_name(int64_t i) { return fmt::format("node-{:02d}", i); }
 
 std::vector<KeyInfo> schema() {
   std::vector<KeyInfo> out;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <optional>
 #include <span>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -76,8 +77,20 @@ struct JobConfig {
     std::vector<std::string> seeds;  ///< tepdist run without local nodes: where to join
     friend bool operator==(const Cluster&, const Cluster&) = default;
   } cluster;
+  /// Settings of one node, from its [nodes.NAME] table (later issues add keys here).
+  struct Node {
+    std::string region = "local";  ///< the link emulator's region
+    friend bool operator==(const Node&, const Node&) = default;
+  };
+  /// [nodes.NAME]: by node name. `tepdist run`'s local nodes are local_node_name(i); a node started
+  /// by hand looks up its --name. A node not listed has the defaults.
+  std::map<std::string, Node> nodes;
+  /// The settings of the node named `name` (the defaults when the file has no table for it).
+  Node node(const std::string& name) const {
+    const auto it = nodes.find(name);
+    return it == nodes.end() ? Node{} : it->second;
+  }
   struct Network {
-    std::vector<std::string> regions;  ///< region of local node i, by index
     gossip::NetworkModel model;        ///< [[network.link]] and [[network.partition]]
     friend bool operator==(const Network&, const Network&) = default;
   } network;
@@ -116,7 +129,7 @@ struct JobConfig {
   /// Equal settings, wherever they came from (source is not compared).
   bool same_settings(const JobConfig& o) const {
     return job == o.job && model == o.model && data == o.data && optimizer == o.optimizer && compute == o.compute &&
-           cluster == o.cluster && network == o.network && elastic == o.elastic &&
+           cluster == o.cluster && nodes == o.nodes && network == o.network && elastic == o.elastic &&
            membership == o.membership;
   }
 };
@@ -138,7 +151,7 @@ ConfigResult<JobConfig> load_config(const std::optional<std::filesystem::path>& 
 ConfigResult<JobConfig> parse_config(std::string_view text, const std::string& name,
                                      std::span<const std::string> overrides = {});
 
-enum class KeyType { integer, number, boolean, string, layers, strings, tables };
+enum class KeyType { integer, number, boolean, string, layers, strings, tables, table };
 
 /// One key of the schema, as documented in docs/config.md.
 struct KeyInfo {
@@ -147,6 +160,9 @@ struct KeyInfo {
   std::string_view default_text;  ///< as it would be written in TOML
   std::string_view doc;           ///< unit, range and meaning
 };
+
+/// The name `tepdist run` gives its local node i: node-00, node-01, ...
+std::string local_node_name(int64_t i);
 
 /// Every key every subcommand accepts, section by section.
 std::vector<KeyInfo> schema();

@@ -44,6 +44,7 @@ TEST_CASE("every key's documented default is the default the code uses", "[elast
   const JobConfig defaults = *load_config(std::nullopt);
   for (const auto& k : schema()) {
     if (k.type == KeyType::layers) continue;  // the empty list means "use the preset"
+    if (k.type == KeyType::table) continue;   // [nodes.NAME]: a node without a table has the defaults
     const std::string o = std::string(k.section) + "." + std::string(k.key) + "=" + std::string(k.default_text);
     INFO(o);
     auto c = parse_config("", "defaults", std::vector<std::string>{o});
@@ -177,7 +178,9 @@ TEST_CASE("configs/cross_region.toml describes four nodes in three regions", "[e
   auto c = load_config(std::string(TEPDIST_SOURCE_DIR) + "/configs/cross_region.toml");
   INFO((c ? std::string() : c.error().message));
   REQUIRE(c.has_value());
-  CHECK(c->network.regions == std::vector<std::string>{"us-east", "us-east", "eu-west", "ap-south"});
+  std::vector<std::string> regions;
+  for (int64_t i = 0; i < 5; ++i) regions.push_back(c->node(tepdist::elastic::local_node_name(i)).region);
+  CHECK(regions == std::vector<std::string>{"us-east", "us-east", "eu-west", "ap-south", "local"});
   const auto* us_eu = c->network.model.link("eu-west", "us-east");
   REQUIRE(us_eu != nullptr);
   CHECK(us_eu->latency_ms == 40.0);
@@ -240,4 +243,20 @@ TEST_CASE("configs/async.toml and configs/gossip.toml load and say their modes",
   CHECK(a->optimizer == g->optimizer);
   CHECK(a->data == g->data);
   CHECK(a->model == g->model);
+}
+
+TEST_CASE("per-node settings live in [nodes.NAME] tables, checked, overridable, and regions by index are refused",
+          "[elastic][config][nodes]") {
+  const auto c = parse_ok("[nodes.node-01]\nregion = \"eu\"\n[nodes.edge]\nregion = \"ap\"\n",
+                          {"nodes.node-01.region=us", "nodes.node-07.region=sa"});
+  CHECK(c.node("node-01").region == "us");  // --set wins over the file
+  CHECK(c.node("edge").region == "ap");
+  CHECK(c.node("node-07").region == "sa");  // a table made by --set alone
+  CHECK(c.node("node-00").region == "local");
+  CHECK(tepdist::elastic::local_node_name(3) == "node-03");
+  CHECK_THAT(parse_error("[nodes.node-01]\nregoin = \"eu\"\n"), Catch::Contains("unknown key nodes.node-01.regoin"));
+  CHECK_THAT(parse_error("[nodes.node-01]\nregion = 3\n"), Catch::Contains("nodes.node-01.region must be"));
+  CHECK_THAT(parse_error("[nodes]\nnode-01 = \"eu\"\n"), Catch::Contains("nodes.node-01 must be a table"));
+  CHECK_THAT(parse_error("[network]\nregions = [\"a\"]\n"), Catch::Contains("[nodes.node-00] region"));
+  CHECK_THAT(parse_error("", {"nodes.region=eu"}), Catch::Contains("expected nodes.NAME.KEY=value"));
 }
