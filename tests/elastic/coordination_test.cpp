@@ -58,7 +58,7 @@ TEST_CASE("an assignment holds while its coordinator refutes suspicions, not onc
   CHECK_THAT(early.error(), Catch::Contains("the coordinator is b"));
 }
 
-TEST_CASE("a worker that restarts is a change of the ring; one that refutes is not", "[elastic][coordination]") {
+TEST_CASE("a worker that restarts is a change of the ring, one that refutes is not", "[elastic][coordination]") {
   auto job = elastic::assign_job(request(), view(), "a");
   REQUIRE(job);
   CHECK(elastic::ring_changes(*job, view()).empty());

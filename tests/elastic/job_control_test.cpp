@@ -221,7 +221,7 @@ TEST_CASE("a restarted worker counts as a joiner: its ack gives no quorum and no
   CHECK(net.nodes.at("w1").local.progress.step == 9);
 }
 
-TEST_CASE("the minority side of a partition waits; the majority goes on; after the heal one generation has all",
+TEST_CASE("the minority side of a partition waits, the majority goes on, after the heal one generation has all",
           "[elastic][job_control]") {
   Net net;
   const std::vector<std::string> all = {"w0", "w1", "w2", "w3", "w4"};
@@ -263,7 +263,7 @@ TEST_CASE("the minority side of a partition waits; the majority goes on; after t
   for (const auto& [number, workers] : net.installed) CHECK(workers != std::vector<std::string>{"w0", "w1"});
 }
 
-TEST_CASE("with Quorum::any a lone survivor of three goes on; with a majority it waits", "[elastic][job_control]") {
+TEST_CASE("with Quorum::any a lone survivor of three goes on, with a majority it waits", "[elastic][job_control]") {
   for (auto quorum : {elastic::Quorum::any, elastic::Quorum::majority}) {
     Net net;
     net.quorum = quorum;
@@ -404,7 +404,7 @@ TEST_CASE("a worker that blocks the ring while alive is left out until it runs a
   CHECK(net.nodes.at("w1").control->record().generation == net.nodes.at("w0").control->record().generation);
 }
 
-TEST_CASE("gossip: the install re-splits every list after its cursor; a worker gone keeps only what it mixed",
+TEST_CASE("gossip: the install re-splits every list after its cursor, a worker gone keeps only what it mixed",
           "[elastic][job_control]") {
   Net net;
   for (auto id : {"w0", "w1", "w2"}) net.add(id);

@@ -148,7 +148,7 @@ TEST_CASE("gossip spans: whatever the changes, every position of every epoch is 
   }
 }
 
-TEST_CASE("gossip spans: a step stays in one epoch; the first split is the equal one", "[elastic][progress]") {
+TEST_CASE("gossip spans: a step stays in one epoch, the first split is the equal one", "[elastic][progress]") {
   const auto lists = elastic::initial_spans(10, 2, 3);
   REQUIRE(lists.size() == 3);
   CHECK(lists[0] == elastic::Spans{{0, 0, 3}, {1, 0, 3}});

@@ -73,7 +73,7 @@ TEST_CASE("a state pulled from three donors, striped, with lost pieces asked aga
   CHECK(puller.momentum == donor.momentum);
 }
 
-TEST_CASE("a donor refuses another step or job and ranges outside its state; a puller refuses what it did not ask for",
+TEST_CASE("a donor refuses another step or job and ranges outside its state, a puller refuses what it did not ask for",
           "[elastic][state]") {
   Holder donor = filled(100, 1);
   CHECK_FALSE(elastic::serve_state({7, 41, 0, 10}, 7, 42, donor.view(), 64));

@@ -172,7 +172,7 @@ TEST_CASE("a live member refutes a rumour that it left, and says so", "[gossip][
   CHECK(carried);
 }
 
-TEST_CASE("a live member with another boot id is a restart; a higher incarnation alone is not", "[gossip][swim][faults]") {
+TEST_CASE("a live member with another boot id is a restart, a higher incarnation alone is not", "[gossip][swim][faults]") {
   Core a("a", {});
   Output out;
   a.swim.on_message(0, "b", "b", StateSync{{member("b", 10, 111)}, true, 0}, out);

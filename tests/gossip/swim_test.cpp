@@ -220,7 +220,7 @@ TEST_CASE("a member that leaves is marked left, not dead", "[gossip][swim]") {
   }
 }
 
-TEST_CASE("the same seed gives the same run; another seed another", "[gossip][swim]") {
+TEST_CASE("the same seed gives the same run, another seed another", "[gossip][swim]") {
   auto log = [](uint64_t seed) {
     auto net = cluster(6, seed);
     net->killed.insert("n4");

@@ -148,7 +148,7 @@ TEST_CASE("a peer with the wrong secret never reaches the events", "[gossip][tra
   CHECK(rm.up.empty());
 }
 
-TEST_CASE("hostile bytes close that connection only; the node keeps serving others", "[gossip][transport]") {
+TEST_CASE("hostile bytes close that connection only, the node keeps serving others", "[gossip][transport]") {
   Recorder rb;
   MetricsRegistry metrics;
   auto ob = options("b");

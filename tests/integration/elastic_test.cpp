@@ -140,7 +140,7 @@ void check_result(const nlohmann::json& r, const std::string& mode, size_t worke
 
 }  // namespace
 
-TEST_CASE("sync: kill -9 of a worker, then of the coordinator's node; the launcher restarts each and the job goes on",
+TEST_CASE("sync: kill -9 of a worker, then of the coordinator's node, the launcher restarts each and the job goes on",
           "[integration][elastic]") {
   TempDir dir;
   ElasticRun r(dir, "sync");
@@ -154,7 +154,7 @@ TEST_CASE("sync: kill -9 of a worker, then of the coordinator's node; the launch
   CHECK(result["generations"].size() >= 3);
 }
 
-TEST_CASE("gossip with restart = never: kill -9 of a worker, then of the coordinator's node; the last one finishes",
+TEST_CASE("gossip with restart = never: kill -9 of a worker, then of the coordinator's node, the last one finishes",
           "[integration][elastic]") {
   TempDir dir;
   ElasticRun r(dir, "gossip", {"--set", "elastic.restart=\"never\""});

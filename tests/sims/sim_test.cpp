@@ -61,7 +61,7 @@ TEST_CASE("a kill is detected by everyone, and the report says how fast", "[sims
   CHECK(r["false_positives"] == 0);
 }
 
-TEST_CASE("one seed replays exactly in another process; another seed differs", "[sims]") {
+TEST_CASE("one seed replays exactly in another process, another seed differs", "[sims]") {
   const auto a = report("churn.toml", 5), b = report("churn.toml", 5), c = report("churn.toml", 6);
   CHECK(a["event_log_hash"] == b["event_log_hash"]);
   CHECK(a["events"] == b["events"]);
