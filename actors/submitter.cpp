@@ -104,7 +104,9 @@ void on_frame(Submitter* self, const std::string& peer, const gossip::Message& m
     if (!s.assigned) {
       if (peer != s.coordinator_id) return;
       s.assigned = *start;
-      return s.submission->on_generation(*start);
+      s.submission->on_generation(*start);
+      if (s.submission->detach) end(self, 0, "detached");
+      return;
     }
     // A later generation, from its proposer (the record names it), or from a worker of the
     // generation this node knows. (Records of two generations may arrive out of order.)

@@ -358,6 +358,10 @@ int run_run_command(const RunArgs& args) {
     return usage_error(fmt::format("{}: cluster.local_nodes is 0 and cluster.seeds is empty: set local_nodes to start "
                                    "nodes here, or seeds to join a running cluster",
                                    c.source));
+  if (args.detach && local > 0)
+    return usage_error(fmt::format("{}: --detach needs a running cluster (cluster.local_nodes = 0 and seeds): local "
+                                   "nodes stop with the `tepdist run` that started them",
+                                   c.source));
   // The data, before any process starts: a missing data set is this machine's error to report.
   auto data = elastic::load_job_data(c.data, c.job.seed);
   if (!data && local > 0) return usage_error(data.error().message);
@@ -526,6 +530,7 @@ int run_run_command(const RunArgs& args) {
   };
   std::string end_reason;
   submission->on_end = [&end_reason](int, const std::string& why) { end_reason = why; };
+  submission->detach = args.detach;
 
   const fs::path submitter_log = out / "logs" / "submitter.log";
   if (!actors::node_events_to_file(submitter_log.string()))
@@ -545,6 +550,15 @@ int run_run_command(const RunArgs& args) {
     return 130;
   }
   if (status != 0) return runtime_error(fmt::format("the job failed: {}", end_reason.empty() ? collected->failure : end_reason));
+  if (args.detach) {
+    std::lock_guard lock(collected->mutex);
+    const auto& g = collected->generations;
+    const std::string rank0 = g.empty() || g.back()["workers"].empty() ? "rank 0" : g.back()["workers"][0].get<std::string>();
+    fmt::print("job {} detached: it trains on without this process. At its end {} (rank 0 then) saves model.safetensors "
+               "and result.json in its [cluster] results_dir/{}; `tepdist status --peer {}` shows the job meanwhile.\n",
+               submission->job.job_id, rank0, submission->job.job_id, seeds.front());
+    return 0;
+  }
 
   // Results: the report every training subcommand writes, and the model.
   std::lock_guard lock(collected->mutex);

@@ -210,6 +210,11 @@ const std::vector<Key>& keys() {
         "`tepdist run` without local_nodes: HOST:PORT of members of a running cluster to join through; the "
         "job goes to its coordinator."},
        -inf, inf, false, false, {}, apply_seeds},
+      {{"cluster", "results_dir", KeyType::string, "\"tepdist-results\"",
+        "A node's own setting (its file or --set, not the submitter's): where it saves, as rank 0, the final "
+        "model and result.json of a job whose submitter is gone (`tepdist run --detach`, or a lost submitter): "
+        "RESULTS_DIR/JOB_ID/, relative to the node's working directory."},
+       -inf, inf, false, false, {}, assign<&J::cluster, &J::Cluster::results_dir>},
       // [network]
       {{"network", "link", KeyType::tables, "[]",
         "Emulated links, one [[network.link]] per region pair: between = [A, B] (A = B: within a region), "

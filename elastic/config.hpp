@@ -75,6 +75,7 @@ struct JobConfig {
     int64_t local_nodes = 0;         ///< tepdist run: node processes to start on loopback
     double join_timeout_s = 30;      ///< tepdist run: how long the submitter waits to see the cluster
     std::vector<std::string> seeds;  ///< tepdist run without local nodes: where to join
+    std::string results_dir = "tepdist-results";  ///< a node's: where rank 0 saves jobs whose submitter is gone
     friend bool operator==(const Cluster&, const Cluster&) = default;
   } cluster;
   /// Settings of one node, from its [nodes.NAME] table (later issues add keys here).

@@ -15,7 +15,7 @@ nodes=()
 cleanup() {
   for p in "${nodes[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
-  [[ ${KEEP:-0} == 1 ]] || rm -rf "$work" secret job.toml out/quickstart out/three out/single out/elastic tepdist-run
+  [[ ${KEEP:-0} == 1 ]] || rm -rf "$work" secret job.toml out/quickstart out/three out/single out/elastic tepdist-run tepdist-results
 }
 trap cleanup EXIT
 
@@ -87,6 +87,7 @@ example status build/cli/tepdist status --set cluster.secret_file=secret --peer 
 sed -e 's/^\[job\]$/[job]\nmax_steps = 40/' -e 's/^\[cluster\]$/[cluster]\nsecret_file = "secret"/' \
   configs/quickstart.toml > job.toml
 example running-cluster build/cli/tepdist run job.toml --set cluster.local_nodes=0 --set 'cluster.seeds=["127.0.0.1:7001"]'
+example running-cluster-detach build/cli/tepdist run job.toml --set cluster.local_nodes=0 --set 'cluster.seeds=["127.0.0.1:7001"]' --detach
 
 # Simulation.
 example sim-kill build/cli/tepdist sim sims/scenarios/kill_one_of_100.toml

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <limits>
 #include <map>
 #include <numeric>
@@ -19,6 +20,8 @@
 #include "actors/atoms.hpp"
 #include "actors/router.hpp"
 #include "compute/backends.hpp"
+#include "compute/io/checkpoint.hpp"
+#include "compute/io/files.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/train.hpp"
 #include "elastic/coordination.hpp"
@@ -140,6 +143,7 @@ struct Job {
   bool target_reached = false;  // stop_at_target: rank 0 votes to stop in the next ring (sync), or tells
                                 // the workers to stop after the step under way (async, gossip)
   bool finishing = false;
+  bool detached = false;  // the submitter is gone: the job goes on, and rank 0 saves the model here
 
   double train_seconds() const { return first_step ? seconds_between(*first_step, last_step_end) : 0.0; }
   size_t elements() const { return model->parameters().size(); }
@@ -199,6 +203,11 @@ bool send_to(Trainer* self, const std::string& address, gossip::Body body) {
   if (o.transport->send(address, m)) return true;
   node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
   return false;
+}
+
+/// To the job's submitter, unless it is gone: a detached job reports to nobody.
+void to_submitter(Trainer* self, const Job& j, gossip::Body body) {
+  if (!j.detached) send_to(self, j.start.submitter, std::move(body));
 }
 
 JobReport report_of(const Job& j, JobReport::Kind kind) {
@@ -265,7 +274,7 @@ void fail(Trainer* self, const std::string& why) {
   node_events().warn("job_failed job={} rank={} step={} reason=\"{}\"", j.start.job_id, j.rank, j.step, why);
   JobReport r = report_of(j, JobReport::Kind::failed);
   r.error = fmt::format("{}: {}", self->state.o.self_id, why);
-  send_to(self, j.start.submitter, r);
+  to_submitter(self, j, r);
   drop_job(self);
 }
 
@@ -301,13 +310,34 @@ void add_mode_counters(const Job& j, JobReport& r) {
   if (j.gossip) r.exchanges = j.gossip->completed();  // the active side's count: each exchange once
 }
 
-/// Rank 0 at the end: the final model to the submitter, then its done report.
+/// Rank 0 at the end of a detached job: the model and the result go to this node's
+/// results_dir/JOB_ID/ instead (model.safetensors, result.json). Where, or why not, for the log.
+std::string save_detached(const TrainerState& s, const Job& j, const JobReport& r) {
+  const std::filesystem::path dir = std::filesystem::path(s.o.results_dir) / std::to_string(j.start.job_id);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return fmt::format("not saved: cannot create {}: {}", dir.string(), ec.message());
+  if (auto ok = compute::export_safetensors(dir / "model.safetensors", *j.model); !ok)
+    return fmt::format("not saved: {}", ok.error().message);
+  const std::string result = fmt::format(
+      "{{\n  \"job_id\": {},\n  \"mode\": \"{}\",\n  \"generation\": {},\n  \"workers\": {},\n  \"steps\": {},\n"
+      "  \"epochs\": {},\n  \"test_accuracy\": {},\n  \"test_loss\": {},\n  \"train_seconds\": {},\n"
+      "  \"parameter_checksum\": \"{:016x}\",\n  \"submitter\": \"gone; saved by {}\"\n}}\n",
+      j.start.job_id, mode_name(j.mode), j.generation, j.world, j.step, j.epoch, r.test_accuracy, r.test_loss,
+      r.train_seconds, r.checksum, s.o.self_id);
+  if (auto ok = compute::write_file_atomically(dir / "result.json", result); !ok)
+    return fmt::format("not saved: {}", ok.error().message);
+  return (dir / "model.safetensors").string();
+}
+
+/// Rank 0 at the end: the final model to the submitter, then its done report (a detached job:
+/// both to this node's disk).
 void complete_rank0(Trainer* self) {
   auto& j = *self->state.job;
   const auto params = j.model->parameters();
   auto copy = std::make_shared<const std::vector<float>>(params.begin(), params.end());
   constexpr size_t piece = 1u << 20;  // elements per frame: 4 MiB, well inside the frame limit
-  for (size_t off = 0; off < copy->size(); off += piece) {
+  for (size_t off = 0; off < copy->size() && !j.detached; off += piece) {
     const std::span<const float> data(copy->data() + off, std::min(piece, copy->size() - off));
     if (!send_to(self, j.start.submitter,
                  gossip::ParamPush{0, static_cast<uint64_t>(j.step),
@@ -324,9 +354,12 @@ void complete_rank0(Trainer* self) {
   r.eval_seconds = j.eval_seconds;
   const double samples = j.mode == Mode::sync ? static_cast<double>(j.samples) : static_cast<double>(j.own_samples);
   r.samples_per_second = r.train_seconds > 0 ? samples / r.train_seconds : 0.0;
-  send_to(self, j.start.submitter, r);
-  node_events().info("job_done job={} mode={} rank=0 steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f}",
-                     j.start.job_id, mode_name(j.mode), j.step, r.checksum, j.compute_seconds, j.ring_seconds);
+  to_submitter(self, j, r);
+  const std::string saved = j.detached ? save_detached(self->state, j, r) : std::string("-");
+  node_events().info("job_done job={} mode={} rank=0 steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f} "
+                     "test_accuracy={:.4f} saved=\"{}\"",
+                     j.start.job_id, mode_name(j.mode), j.step, r.checksum, j.compute_seconds, j.ring_seconds,
+                     r.test_accuracy, saved);
   drop_job(self);
 }
 
@@ -342,7 +375,7 @@ void finish_job(Trainer* self) {
   r.bytes_sent = j.bytes_sent();
   r.checksum = checksum(j.model->parameters());
   add_mode_counters(j, r);
-  send_to(self, j.start.submitter, r);
+  to_submitter(self, j, r);
   node_events().info("job_done job={} mode={} rank={} steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f}",
                      j.start.job_id, mode_name(j.mode), j.rank, j.step, r.checksum, j.compute_seconds, j.ring_seconds);
   drop_job(self);
@@ -393,7 +426,7 @@ void evaluate_snapshot(Trainer* self) {
         }
         job->target_reached |= reached;
         r.eval_seconds = seconds;
-        send_to(self, job->start.submitter, r);
+        to_submitter(self, *job, r);
         if (job->finishing && job->pending_evals == 0) complete_rank0(self);
       },
       [self, job_id](const caf::error& e) {
@@ -441,7 +474,7 @@ void finish_step(Trainer* self) {
       JobReport r = report_of(j, JobReport::Kind::progress);
       r.samples = j.progress.samples;
       r.samples_per_second = static_cast<double>(j.window_samples) / std::max(1e-9, seconds_between(j.window_start, j.last_step_end));
-      send_to(self, j.start.submitter, r);
+      to_submitter(self, j, r);
       j.window_samples = 0;
       j.window_start = j.last_step_end;
     }
@@ -564,7 +597,7 @@ void after_local_step(Trainer* self, int64_t samples, float loss) {
     r.samples = j.own_samples * j.world;
     r.samples_per_second = static_cast<double>(j.window_samples * j.world) /
                            std::max(1e-9, seconds_between(j.window_start, j.last_step_end));
-    send_to(self, j.start.submitter, r);
+    to_submitter(self, j, r);
     j.window_samples = 0;
     j.window_start = j.last_step_end;
   }
@@ -1257,6 +1290,21 @@ void enter_generation(Trainer* self) {
 /// Sets up `record`'s job on this node and enters its generation: the first assignment
 /// (has_state: every worker starts from the same initial parameters), or a joiner's install
 /// (it pulls the state).
+/// The submitter is a client, not a part of the job: once the view holds it dead or left, the job
+/// goes on detached, and rank 0 saves the result on its own node. (Not in the view is not gone:
+/// gossip of its join may not have come yet.)
+void check_submitter(Trainer* self) {
+  auto& s = self->state;
+  if (!s.job || s.job->detached) return;
+  for (const auto& m : s.view)
+    if (m.id == s.job->start.submitter_id && !elastic::is_live(m)) {
+      s.job->detached = true;
+      node_events().info("job_detached job={} reason=\"the submitter {} is gone; the job goes on, and rank 0 saves "
+                         "the result in {}/{}\"",
+                         s.job->start.job_id, m.id, s.o.results_dir, s.job->start.job_id);
+    }
+}
+
 void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
   auto& s = self->state;
   auto me = std::find(record.workers.begin(), record.workers.end(), s.o.self_id);
@@ -1306,6 +1354,7 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
     // Async: its one ring-less generation.
     self->send(self, step_atom::value);
   }
+  check_submitter(self);
   // Chunks that came before the job did.
   std::vector<std::pair<std::string, gossip::RingChunk>> early;
   early.swap(s.stash);
@@ -1468,12 +1517,7 @@ void on_view(Trainer* self, std::vector<gossip::Member> view) {
     apply_control(self, job_id, out);
     if (!s.job) return;
   }
-  for (const auto& m : s.view)
-    if (m.id == s.job->start.submitter_id && !elastic::is_live(m)) {
-      node_events().warn("job_abandoned job={} reason=\"the submitter {} is gone\"", s.job->start.job_id, m.id);
-      drop_job(self);
-      return;
-    }
+  check_submitter(self);
 }
 
 /// Every tick while a job ends without a barrier: rank 0 tells the submitter it is alive (its
@@ -1487,7 +1531,7 @@ void keep_ending(Trainer* self) {
   if (j.rank == 0 && (async_done || j.final_average)) {
     JobReport r = report_of(j, JobReport::Kind::progress);
     r.samples = j.own_samples * j.world;
-    send_to(self, j.start.submitter, r);
+    to_submitter(self, j, r);
   }
   if (j.mode == Mode::async && j.serving)
     send_to(self, j.start.addresses[0], gossip::Control{s.o.self_id, s.o.incarnation,

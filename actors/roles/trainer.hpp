@@ -51,6 +51,8 @@ struct TrainerOptions {
   int64_t threads = 0;
   int64_t max_frame_kb = 64 << 10;  ///< the largest frame this node accepts: ring chunks must fit
   uint64_t boot_id = 0;             ///< this run of the node's process (job control tells restarts by it)
+  /// Where rank 0 saves a job whose submitter is gone: RESULTS_DIR/JOB_ID/ ([cluster] results_dir).
+  std::string results_dir = "tepdist-results";
 };
 
 /// The role "trainer" under the supervisor. It keeps no snapshot: a restarted trainer has lost its

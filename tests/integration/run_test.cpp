@@ -190,6 +190,45 @@ TEST_CASE("run joins a running cluster through its seeds, submits, and leaves it
   CHECK(b.wait() == 0);
 }
 
+TEST_CASE("run --detach submits and exits, the job goes on, and rank 0 saves the result on its node",
+          "[integration][run]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  const std::string secret_key = secret_setting(dir, "secret", "a secret for this test");
+  const std::string results = "cluster.results_dir=" + (dir.path / "results").string();
+  Child a({TEPDIST_BINARY, "node", job, "--name", "a", "--set", secret_key, "--set", results});
+  const auto ready = a.wait_for("node_ready");
+  REQUIRE(ready);
+  const std::string seed = tepdist::test::field(*ready, "address");
+  Child b({TEPDIST_BINARY, "node", job, "--name", "b", "--set", secret_key, "--set", results, "--join", seed});
+  REQUIRE(b.wait_for("member_joined id=a"));
+  REQUIRE(a.wait_for("member_joined id=b"));
+
+  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--set", "job.max_steps=40", "--set", secret_key, "--set",
+             "cluster.seeds=[\"" + seed + "\"]", "--out", (dir.path / "out").string(), "--detach"});
+  const int status = run.wait();
+  INFO(run.all());
+  REQUIRE(status == 0);
+  CHECK_THAT(run.all(), Catch::Contains("detached"));
+  CHECK_FALSE(fs::exists(dir.path / "out" / "result.json"));
+  // The workers hear the submitter leave and go on; rank 0 (a) saves the model and the result.
+  REQUIRE(a.wait_for("job_detached"));
+  const auto done = a.wait_for("job_done", std::chrono::seconds(120));
+  INFO(a.all());
+  REQUIRE(done);
+  const std::string job_id = tepdist::test::field(*done, "job");
+  CHECK(tepdist::test::field(*done, "steps") == "40");
+  CHECK(fs::exists(dir.path / "results" / job_id / "model.safetensors"));
+  const auto result = read_json(dir.path / "results" / job_id / "result.json");
+  CHECK(result["steps"] == 40);
+  CHECK(result["workers"] == 2);
+  CHECK(result["test_accuracy"].get<double>() > 0.3);
+  a.signal(SIGTERM);
+  b.signal(SIGTERM);
+  CHECK(a.wait() == 0);
+  CHECK(b.wait() == 0);
+}
+
 TEST_CASE("run says why it cannot join: a wrong secret, a seed nobody listens on", "[integration][run]") {
   TempDir dir;
   const std::string job = job_file(dir);
