@@ -73,6 +73,10 @@ int run_node(const NodeOptions& o) {
   sigset_t signals;
   sigemptyset(&signals);
   for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&signals, s);
+  // Fault injection, for tests and bench/chaos.sh: SIGUSR2 to a worker node crashes its trainer
+  // role, which its supervisor restarts (a submitter, which may live in a user's program, leaves
+  // SIGUSR2 alone).
+  if (!o.submission) sigaddset(&signals, SIGUSR2);
   // A program may run several nodes one after another (tepdist::Trainer runs one submitter per
   // epoch): the caller's mask comes back when this returns (declared first, so after teardown),
   // and no signal meant for one node is left for the next.
@@ -247,10 +251,15 @@ int run_node(const NodeOptions& o) {
                      incarnation, boot_id);
 
   int sig = 0;
-  sigwait(&signals, &sig);
+  caf::scoped_actor asker{sys};
+  for (sigwait(&signals, &sig); sig == SIGUSR2; sigwait(&signals, &sig)) {
+    node_events().warn("fault_injected id={} what=\"SIGUSR2: the trainer role crashes\"", id);
+    asker->request(caf::actor(sup), std::chrono::seconds(2), get_atom::value, role_atom::value, std::string("trainer"))
+        .receive([&](const caf::actor& trainer) { asker->send_exit(trainer, caf::sec::runtime_error); },
+                 [](const caf::error&) {});
+  }
   int status = 0;
   bool leave = true;
-  caf::scoped_actor asker{sys};
   if (sig == SIGUSR1) {
     std::lock_guard lock(outcome_mutex);
     status = outcome_status;

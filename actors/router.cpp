@@ -229,6 +229,16 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
           s.early_shard_bytes = 0;
         },
         [self](status_atom, std::optional<gossip::JobStatus> status) { self->state.job_status = std::move(status); },
+        [self](boot_atom, uint64_t boot_id) {
+          auto& s = self->state;
+          if (boot_id == 0 || boot_id == s.swim->self().boot_id) return;
+          node_events().warn("node_new_boot id={} boot_id={:016x} reason=\"the trainer restarted without its job "
+                             "state; members take this node for a restarted one\"",
+                             s.swim->self().id, boot_id);
+          gossip::swim::Output out;
+          s.swim->new_boot(now_ms(self), boot_id, out);
+          apply(self, out);
+        },
         [self](job_atom, const caf::actor& job) {
           auto& s = self->state;
           s.job = job;

@@ -66,8 +66,9 @@ struct RouterState {
 /// timer (tick_atom), (job_atom, actor) from the trainer or submitter that takes job frames and
 /// membership views, (shards_atom, actor, placement) from the trainer: the shard host of its async
 /// job and where that job's shards live (an empty actor when the job ends), (status_atom,
-/// optional JobStatus) from the trainer: its job for status answers, and (leave_atom) -> true once
-/// the leave is announced.
+/// optional JobStatus) from the trainer: its job for status answers, (boot_atom, boot id) from a
+/// restarted trainer: the node announces a new run of itself, and (leave_atom) -> true once the
+/// leave is announced.
 caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id);
 
 /// The node's event stream on stdout: one line per event, key=value fields.

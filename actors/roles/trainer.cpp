@@ -1703,7 +1703,21 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
 }  // namespace
 
 RoleSpec trainer_role(TrainerOptions options, caf::actor router) {
-  return {"trainer", [options, router](caf::local_actor& parent, const caf::actor&, const caf::message&) {
+  return {"trainer", [options, router](caf::local_actor& parent, const caf::actor& supervisor,
+                                       const caf::message& snapshot) mutable {
+            // The snapshot is the boot id the last run of this role worked under: there is one,
+            // so this is a restart, and what that run held for its jobs is gone. Members must see
+            // the node as restarted (a new boot id), so job control takes it back as a joiner that
+            // pulls the state, as it does a restarted process.
+            if (snapshot.match_elements<uint64_t>()) {
+              std::random_device device;
+              uint64_t boot = (static_cast<uint64_t>(device()) << 32) ^ device();
+              if (boot == 0 || boot == snapshot.get_as<uint64_t>(0)) boot = snapshot.get_as<uint64_t>(0) + 1;
+              options.boot_id = boot;
+              node_events().warn("trainer_restarted boot_id={:016x}", boot);
+              caf::anon_send(router, boot_atom::value, boot);
+            }
+            caf::anon_send(supervisor, commit_atom::value, std::string("trainer"), caf::make_message(options.boot_id));
             return caf::actor(parent.spawn<caf::detached>(trainer, options, router));
           }};
 }

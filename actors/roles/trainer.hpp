@@ -55,9 +55,10 @@ struct TrainerOptions {
   std::string results_dir = "tepdist-results";
 };
 
-/// The role "trainer" under the supervisor. It keeps no snapshot: a restarted trainer has lost its
-/// job and waits for the next (its node still runs, with the same boot id, so job control does not
-/// see it as a restart: the ring waits for it until step_timeout_s evicts it).
+/// The role "trainer" under the supervisor. Its snapshot is only the boot id it runs under: a
+/// restarted trainer has lost its job, so it takes a new boot id and has the router announce it
+/// (Swim::new_boot); members then see the node as restarted, and job control takes it back into
+/// the running job as a joiner that pulls the state, as after a process restart.
 /// It registers with the router (job_atom) each time it starts.
 RoleSpec trainer_role(TrainerOptions options, caf::actor router);
 

@@ -1,6 +1,7 @@
 #include "gossip/swim/swim.hpp"
 
 #include <algorithm>
+#include <cassert>
 #include <cmath>
 #include <limits>
 #include <utility>
@@ -373,6 +374,19 @@ void Swim::leave(double now_ms, Output& out) {
   for (uint32_t n = 0; n < table_.size(); ++n)
     if (table_[n].present && live(table_[n].state)) send(out, directory_->address(table_[n].details), Leave{self_});
   left_ = true;
+}
+
+void Swim::new_boot(double now_ms, uint64_t boot_id, Output& out) {
+  (void)now_ms;
+  assert(boot_id != 0 && boot_id != self_.boot_id);
+  self_.incarnation += 1;
+  self_.boot_id = boot_id;
+  broadcasts_.enqueue(self_, true);
+  // First-hand to every live member, as a leave is: a member that kept working with the old run
+  // (a ring waiting for its chunks) learns of the restart in one message, not by gossip rounds.
+  for (uint32_t n = 0; n < table_.size(); ++n)
+    if (table_[n].present && live(table_[n].state))
+      send(out, directory_->address(table_[n].details), Ping{++seq_, {self_}});
 }
 
 void Swim::on_message(double now_ms, const std::string& from, const std::string& from_address, const Body& body,

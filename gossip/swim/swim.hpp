@@ -76,6 +76,10 @@ class Swim {
   void adopt(double now_ms, std::span<const Interned> view);
   /// Announces a graceful leave: members mark this node left, not dead.
   void leave(double now_ms, Output& out);
+  /// What this node held for others is gone though its process lives on (a role restarted by its
+  /// supervisor): it takes `boot_id` (not 0, not its current one) with a higher incarnation and
+  /// spreads it, so members see the restart they would see after a process restart.
+  void new_boot(double now_ms, uint64_t boot_id, Output& out);
   /// Advances timers: probes, indirect probes, suspicion timeouts, push-pull, forgetting the dead.
   void tick(double now_ms, Output& out);
   /// Handles one message from `from` (the envelope's sender id) at `from_address` (where its

@@ -277,3 +277,22 @@ TEST_CASE("a leaver's core asks for no more ticks and takes no more news", "[gos
   CHECK(a.swim.state_of("b") == Member::State::alive);
   REQUIRE(sent<Ack>(after).size() == 1);
 }
+
+TEST_CASE("a node whose roles lost their state announces a new boot id: members see a restart at once",
+          "[gossip][swim][faults]") {
+  Core a("a", {});
+  Core b("b", {"a"}, 111);
+  Output met;
+  a.swim.on_message(0, "b", "b", StateSync{{b.swim.self()}, true, 0}, met);  // a knows b's first run
+  Output out;
+  const uint64_t before = b.swim.self().incarnation;
+  b.swim.new_boot(0, 999, out);
+  CHECK(b.swim.self().boot_id == 999);
+  CHECK(b.swim.self().incarnation > before);
+  // Told first-hand to every live member, not left to gossip rounds.
+  const auto pings = sent<Ping>(out);
+  REQUIRE(pings.size() == 1);
+  Output heard;
+  a.swim.on_message(1, "b", "b", pings[0].second, heard);
+  CHECK(reported(heard, Event::Kind::restarted, "b"));
+}

@@ -217,3 +217,14 @@ TEST_CASE("a node joins a running job, status shows it in the generation, and on
     CHECK(result["generations"][2]["removed"] == nlohmann::json::array({"node-02"}));
   }
 }
+
+TEST_CASE("a worker's trainer role crashes, its supervisor restarts it, and it rejoins the job", "[integration][elastic]") {
+  TempDir dir;
+  ElasticRun r(dir, "sync");
+  ::kill(r.pid_of("node-01"), SIGUSR2);  // fault injection: the trainer role crashes, the process lives
+  // The node announces a new run of itself; the job takes it back as a joiner that pulls the state.
+  r.expect_generation(2, "restarted node-01");
+  const auto result = r.finish();
+  check_result(result, "sync", 3, 2, 1);
+  CHECK(result["generations"][1]["restarted"] == nlohmann::json::array({"node-01"}));
+}
