@@ -1,0 +1,91 @@
+#include "actors/roles/trainer/job.hpp"
+
+namespace tepdist::actors::trainer_detail {
+
+namespace {
+
+/// What rank 0's evaluator needs: its own model (parameters are copied in), backend and test set.
+struct EvalKit {
+  std::unique_ptr<compute::Model> model;
+  std::unique_ptr<compute::Backend> backend;
+  compute::Dataset test;
+};
+
+/// Evaluates parameter snapshots: (eval_atom, parameters) -> (accuracy, loss, seconds).
+caf::behavior evaluator(caf::event_based_actor*, std::shared_ptr<EvalKit> kit) {
+  return {[kit](eval_atom, const std::vector<float>& params) {
+    const auto t0 = Clock::now();
+    std::copy(params.begin(), params.end(), kit->model->parameters().begin());
+    const auto e = compute::evaluate(*kit->model, *kit->backend, kit->test);
+    return caf::make_message(e.accuracy, e.loss, seconds_between(t0, Clock::now()));
+  }};
+}
+}  // namespace
+
+void stop_training(Trainer* self) {
+  auto& j = *self->state.job;
+  if (j.step >= j.total_steps) return;
+  node_events().info("stop_at_target job={} rank={} step={} of={}", j.start.job_id, j.rank, j.step, j.total_steps);
+  j.total_steps = j.step;
+}
+
+void tell_target_reached(Trainer* self) {
+  auto& s = self->state;
+  auto& j = *s.job;
+  for (size_t i = 1; i < j.start.addresses.size(); ++i)
+    send_to(self, j.start.addresses[i],
+            gossip::Control{s.o.self_id, s.o.incarnation, gossip::Control::Command::target_reached, j.start.job_id, {}});
+}
+
+void evaluate_snapshot(Trainer* self) {
+  auto& j = *self->state.job;
+  if (j.last_eval_step == j.step) return;
+  j.last_eval_step = j.step;
+  ++j.pending_evals;
+  const auto params = j.model->parameters();
+  JobReport r = report_of(j, JobReport::Kind::evaluation);
+  const uint64_t job_id = j.start.job_id;
+  self->request(j.evaluator, caf::infinite, eval_atom::value, std::vector<float>(params.begin(), params.end()))
+      .then([self, r, job_id](double accuracy, double loss, double seconds) mutable {
+        auto& job = self->state.job;
+        if (!job || job->start.job_id != job_id) return;
+        --job->pending_evals;
+        job->last_accuracy = r.test_accuracy = accuracy;
+        job->last_test_loss = r.test_loss = loss;
+        job->eval_seconds += seconds;
+        const bool reached = job->config.job.stop_at_target && accuracy >= job->config.job.target_accuracy;
+        if (reached && !job->target_reached && job->mode != Mode::sync) {
+          job->target_reached = true;
+          tell_target_reached(self);
+          stop_training(self);
+          if (!self->state.job) return;
+        }
+        job->target_reached |= reached;
+        r.eval_seconds = seconds;
+        to_submitter(self, *job, r);
+        if (job->finishing && job->pending_evals == 0) complete_rank0(self);
+      },
+      [self, job_id](const caf::error& e) {
+        auto& job = self->state.job;
+        if (job && job->start.job_id == job_id) fail(self, "evaluation failed: " + self->system().render(e));
+      });
+}
+
+std::expected<void, std::string> ensure_evaluator(Trainer* self, Job& j) {
+  if (j.evaluator) return {};
+  auto kit = std::make_shared<EvalKit>();
+  auto eval_model = elastic::build_job_model(j.config, j.data.train);
+  auto eval_backend = compute::make_backend(j.config.compute.backend);
+  if (!eval_model || !eval_backend) return std::unexpected(std::string("cannot build the evaluator's model"));
+  kit->model = std::move(*eval_model);
+  kit->backend = std::move(*eval_backend);
+  kit->backend->set_threads(static_cast<int>(j.config.compute.threads));
+  kit->test = j.data.test;
+  j.evaluator = self->spawn<caf::detached>(evaluator, kit);
+  // Should the trainer itself end (node stopping, role failure), the evaluator ends with it.
+  self->attach_functor([evaluator = caf::actor_cast<caf::weak_actor_ptr>(j.evaluator)](const caf::error&) {
+    if (auto e = caf::actor_cast<caf::actor>(evaluator)) caf::anon_send_exit(e, caf::exit_reason::kill);
+  });
+  return {};
+}
+}  // namespace tepdist::actors::trainer_detail

@@ -1,0 +1,304 @@
+#include "actors/roles/trainer/job.hpp"
+
+namespace tepdist::actors::trainer_detail {
+
+elastic::JobControl::Local local_of(const Job& j) {
+  if (j.mode == Mode::sync) return {j.progress, j.has_state};
+  auto progress = gossip_progress(j);
+  progress.position = j.consumed;  // the cursor in this worker's list
+  // Cursors count only in the generation they were measured in: the one the acks build on.
+  const bool current = j.member && j.control && j.control->record().generation == j.generation;
+  if (!current) return {progress, false, {}};
+  return {progress, j.has_state, {j.cursors.begin(), j.cursors.end()}};
+}
+
+elastic::StateView state_view(Job& j) {
+  std::vector<std::span<float>> parts{j.model->parameters()};
+  for (auto& [name, buffer] : j.optimizer->state()) parts.push_back(buffer);
+  return elastic::StateView(std::move(parts));
+}
+
+std::unique_ptr<elastic::JobControl> make_control(const TrainerState& s, const elastic::JobConfig* config) {
+  elastic::JobControl::Options o{s.o.self_id, s.o.boot_id};
+  if (config) {
+    o.quorum = config->elastic.quorum == "any" ? elastic::Quorum::any : elastic::Quorum::majority;
+    o.min_workers = static_cast<size_t>(config->elastic.min_workers);
+  }
+  return std::make_unique<elastic::JobControl>(o);
+}
+
+void apply_control(Trainer* self, uint64_t job_id, elastic::JobControl::Output& out) {
+  auto& s = self->state;
+  for (const auto& line : out.log) node_events().info("job_control job={} {}", job_id, line);
+  for (auto& [address, body] : out.sends) send_to(self, address, std::move(body));
+  if (!s.job || s.job->start.job_id != job_id) return;
+  auto& j = *s.job;
+  if (out.paused) node_events().info("job_paused job={} step={} promised={}", job_id, j.step, j.control->promised());
+  if (!out.dropped.empty()) {
+    // Not a worker of the installed generation (it was taken for gone): it lets its state go and
+    // waits, holding the record and its promises, to be proposed again as a joiner.
+    node_events().info("job_left job={} reason=\"{}\"", job_id, out.dropped);
+    j.member = false;
+    j.has_state = false;
+    j.pulling.reset();
+    j.cursors.clear();  // they point into lists of a generation this worker is no longer in
+    j.consumed = 0;
+    return;
+  }
+  if (out.installed) enter_generation(self);
+}
+
+void resume_training(Trainer* self) {
+  auto& s = self->state;
+  std::vector<std::pair<std::string, gossip::RingChunk>> early;
+  early.swap(s.job->ahead);
+  s.job->ahead_bytes = 0;
+  for (const auto& [peer, c] : early) {
+    if (!s.job) return;
+    on_chunk(self, peer, c);
+  }
+  self->send(self, step_atom::value);
+}
+
+void start_pull(Trainer* self) {
+  auto& s = self->state;
+  auto& j = *s.job;
+  const auto& r = j.start;
+  std::vector<std::string> donors;
+  for (const auto& id : r.donors)
+    if (const auto* address = elastic::worker_address(r, id); address && id != s.o.self_id) donors.push_back(*address);
+  if (donors.empty())
+    return fail(self, fmt::format("generation {} names no donor of the state at step {}", r.generation, r.resume.step));
+  const auto view = state_view(j);
+  // Sync donors hold exactly the state at the resume step; gossip donors give their replica as it is.
+  const uint64_t at = j.mode == Mode::sync ? r.resume.step : 0;
+  j.pulling.emplace(elastic::StatePuller::Options{r.job_id, at, view.size(), chunk_elements(j), 5000, donors});
+  std::vector<std::pair<std::string, gossip::StatePull>> out;
+  j.pulling->start(now_ms(s), out);
+  node_events().info("state_pull job={} generation={} step={} elements={} donors={} pieces={}", r.job_id, r.generation,
+                     at, view.size(), donors.size(), j.pulling->pieces());
+  for (auto& [address, pull] : out) send_to(self, address, pull);
+}
+
+void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePull& p) {
+  auto& s = self->state;
+  if (!s.job || s.job->start.job_id != p.job_id || !s.job->control) return;
+  auto& j = *s.job;
+  const auto* address = elastic::worker_address(j.start, peer);
+  if (!address) {
+    node_events().warn("state_pull_refused from={} reason=\"not a worker of generation {}\"", peer, j.generation);
+    return;
+  }
+  if (!j.has_state || j.pulling) {
+    node_events().warn("state_pull_refused from={} reason=\"this worker is pulling the state itself\"", peer);
+    return;
+  }
+  const uint64_t at = j.mode == Mode::sync ? j.progress.step : p.step;
+  auto pieces = elastic::serve_state(p, j.start.job_id, at, state_view(j), chunk_elements(j));
+  if (!pieces) {
+    node_events().warn("state_pull_refused from={} reason=\"{}\"", peer, pieces.error());
+    return;
+  }
+  for (auto& piece : *pieces) send_to(self, *address, std::move(piece));
+}
+
+void on_state_piece(Trainer* self, const std::string& peer, const gossip::StatePiece& p) {
+  auto& s = self->state;
+  if (!s.job || s.job->start.job_id != p.job_id || !s.job->pulling) return;
+  auto& j = *s.job;
+  if (auto ok = j.pulling->on_piece(p, state_view(j)); !ok) {
+    node_events().warn("state_piece_refused from={} reason=\"{}\"", peer, ok.error());
+    return;
+  }
+  j.progress_at = Clock::now();  // a slow pull that moves is not stuck
+  if (!j.pulling->done()) return;
+  j.pulling.reset();
+  j.has_state = true;
+  const auto& resume = j.start.resume;
+  if (j.mode == Mode::sync) {
+    j.progress = resume;
+    j.epoch = static_cast<int64_t>(resume.epoch);
+  }
+  j.step = std::max(j.step, static_cast<int64_t>(resume.step));
+  j.optimizer->set_steps(static_cast<int64_t>(resume.step));
+  j.waiting_since = j.progress_at = Clock::now();
+  node_events().info("state_pulled job={} generation={} step={}", j.start.job_id, j.generation, j.step);
+  resume_training(self);
+}
+
+void enter_generation(Trainer* self) {
+  auto& s = self->state;
+  auto& j = *s.job;
+  const auto submitter_id = j.start.submitter_id;
+  j.start = j.control->record();
+  if (j.start.submitter_id.empty()) j.start.submitter_id = submitter_id;
+  const auto& r = j.start;
+  const auto me = std::find(r.workers.begin(), r.workers.end(), s.o.self_id);
+  if (me == r.workers.end()) return fail(self, fmt::format("generation {} does not name this worker", r.generation));
+  j.member = true;
+  j.stepped_in_generation = false;
+  j.generation = r.generation;
+  j.world = static_cast<uint32_t>(r.workers.size());
+  j.rank = static_cast<uint32_t>(me - r.workers.begin());
+  j.prev_id = r.workers[(j.rank + j.world - 1) % j.world];
+  j.next_address = r.addresses[(j.rank + 1) % j.world];
+  j.waiting_since = j.progress_at = Clock::now();
+  const auto batch = static_cast<int64_t>(j.config.data.batch_size);
+  j.rate->set_generation(r.resume, static_cast<int64_t>(r.previous_world) * batch, static_cast<int64_t>(j.world) * batch);
+  if (j.mode == Mode::sync) {
+    if (j.has_state && j.progress.step > r.resume.step)
+      return fail(self, fmt::format("this worker is at step {}, past generation {}'s resume step {}", j.progress.step,
+                                    r.generation, r.resume.step));
+    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.elements() + 3,
+                                                              chunk_elements(j), r.resume.step});
+  } else {
+    // Gossip: pairs only among this generation's workers; exchanges under way are over, and a final
+    // average under way starts again among them.
+    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.elements(), chunk_elements(j)});
+    const auto every = static_cast<uint64_t>(j.config.job.gossip_every);
+    j.gossip.emplace(gossip::collective::GossipAveraging::Options{r.job_id, j.rank, j.world, j.elements(),
+                                                                  chunk_elements(j), every, std::max<uint64_t>(16, 4 * every)});
+    j.random.seed(j.config.job.seed * 1000003 + j.rank + r.generation * 7919);
+    j.final_average = j.heard_final = false;
+    j.spans = j.rank < r.spans.size() ? elastic::spans_of(r.spans[j.rank]) : elastic::Spans{};
+    for (const auto& span : j.spans)
+      if (span.end > static_cast<uint64_t>(j.data.train.size()) ||
+          span.epoch >= static_cast<uint64_t>(j.config.job.epochs))
+        return fail(self, fmt::format("generation {} gives this worker positions [{}, {}) of epoch {}, outside the "
+                                      "job's {} samples and {} epochs",
+                                      r.generation, span.begin, span.end, span.epoch, j.data.train.size(),
+                                      j.config.job.epochs));
+    j.consumed = 0;
+    j.cursors.clear();
+  }
+  if (j.rank == 0)
+    if (auto ok = ensure_evaluator(self, j); !ok) return fail(self, ok.error());
+  std::string donors;
+  for (const auto& d : r.donors) donors += (donors.empty() ? "" : ",") + d;
+  node_events().info("generation_installed job={} generation={} rank={} workers={} resume_step={} donors={}", r.job_id,
+                     r.generation, j.rank, j.world, r.resume.step, donors.empty() ? "-" : donors);
+  report_status(self);
+  const bool behind = !j.has_state || (j.mode == Mode::sync && j.progress.step < r.resume.step);
+  if (behind) {
+    j.has_state = false;
+    return start_pull(self);
+  }
+  resume_training(self);
+}
+
+void check_submitter(Trainer* self) {
+  auto& s = self->state;
+  if (!s.job || s.job->detached) return;
+  for (const auto& m : s.view)
+    if (m.id == s.job->start.submitter_id && !elastic::is_live(m)) {
+      s.job->detached = true;
+      node_events().info("job_detached job={} reason=\"the submitter {} is gone; the job goes on, and rank 0 saves "
+                         "the result in {}/{}\"",
+                         s.job->start.job_id, m.id, s.o.results_dir, s.job->start.job_id);
+    }
+}
+
+void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
+  auto& s = self->state;
+  auto me = std::find(record.workers.begin(), record.workers.end(), s.o.self_id);
+  if (me == record.workers.end()) return;  // not one of its workers
+  auto job = std::make_unique<Job>();
+  // The step timeout counts from here until the first step moves it: a tick that comes before
+  // that step must not see a wait that began at the clock's epoch.
+  job->waiting_since = job->progress_at = Clock::now();
+  job->start = record;
+  job->generation = std::max<uint64_t>(1, record.generation);
+  job->world = static_cast<uint32_t>(record.workers.size());
+  job->rank = static_cast<uint32_t>(me - record.workers.begin());
+  job->prev_id = record.workers[(job->rank + job->world - 1) % job->world];
+  job->next_address = record.addresses[(job->rank + 1) % job->world];
+  job->has_state = has_state;
+  if (auto ok = setup(self, *job); !ok) {
+    if (job->shard_host) self->send_exit(job->shard_host, caf::exit_reason::kill);
+    return fail_start(self, record, ok.error());
+  }
+  // Only a job that is set up takes shard updates (the router holds them until then).
+  if (job->shard_host) {
+    std::vector<gossip::ShardHolders> placement;
+    for (uint32_t i = 0; i < job->placement.size(); ++i) placement.push_back({i, job->placement[i]});
+    caf::anon_send(s.router, shards_atom::value, job->shard_host, std::move(placement));
+  }
+  node_events().info("job_started job={} mode={} rank={} workers={} steps={} steps_per_epoch={} generation={}",
+                     record.job_id, mode_name(job->mode), job->rank, job->world, job->total_steps,
+                     job->steps_per_epoch, job->generation);
+  const bool elastic_mode = job->mode != Mode::async;
+  s.job = std::move(job);
+  s.joining.reset();
+  s.last_job = std::max(s.last_job, record.job_id);
+  start_ticking(self);
+  if (elastic_mode) {
+    // Job control: the record this node holds from now on, and what its view says of it.
+    auto& j = *s.job;
+    j.control = make_control(s, &j.config);
+    j.control->adopt(j.start);
+    elastic::JobControl::Output out;
+    j.control->on_view(now_ms(s), s.view, local_of(j), out);
+    // The generation first (rings, rank 0's evaluator), then what the view asks for.
+    enter_generation(self);
+    if (s.job && s.job->start.job_id == record.job_id) apply_control(self, record.job_id, out);
+  } else {
+    if (s.job->rank == 0)
+      if (auto ok = ensure_evaluator(self, *s.job); !ok) return fail(self, ok.error());
+    // Async: its one ring-less generation.
+    self->send(self, step_atom::value);
+  }
+  check_submitter(self);
+  // Chunks that came before the job did.
+  std::vector<std::pair<std::string, gossip::RingChunk>> early;
+  early.swap(s.stash);
+  s.stash_bytes = 0;
+  for (const auto& [peer, c] : early) {
+    if (!s.job) break;
+    if (c.job_id == record.job_id) on_chunk(self, peer, c);
+  }
+}
+
+void on_install(Trainer* self, const std::string& peer, const gossip::JobStart& record) {
+  auto& s = self->state;
+  if (s.ended_jobs.contains(record.job_id)) return;
+  if (s.job) {
+    if (s.job->start.job_id != record.job_id || !s.job->control) return;
+    elastic::JobControl::Output out;
+    if (auto ok = s.job->control->on_install(record, out); !ok) {
+      node_events().warn("generation_refused from={} reason=\"{}\"", peer, ok.error());
+      return;
+    }
+    return apply_control(self, record.job_id, out);
+  }
+  // Not running it: a joiner whose acks were counted, or a worker dropped earlier and proposed again.
+  if (std::find(record.workers.begin(), record.workers.end(), s.o.self_id) == record.workers.end()) return;
+  if (!s.joining || s.joining->promised() > record.generation) {
+    node_events().warn("generation_refused from={} reason=\"generation {} of job {} was not promised here\"", peer,
+                       record.generation, record.job_id);
+    return;
+  }
+  node_events().info("job_joining job={} generation={} from={}", record.job_id, record.generation, peer);
+  start_job(self, record, false);
+}
+
+void on_vote(Trainer* self, const std::string& peer, const gossip::GenerationVote& vote) {
+  auto& s = self->state;
+  if (s.ended_jobs.contains(vote.job_id)) return;
+  elastic::JobControl::Output out;
+  if (s.job) {
+    if (s.job->start.job_id != vote.job_id || !s.job->control) return;
+    s.job->control->on_vote(now_ms(s), peer, vote, local_of(*s.job), out);
+    return apply_control(self, vote.job_id, out);
+  }
+  // No job here: proposed as a joiner. Its acks say it holds nothing.
+  if (vote.kind != gossip::GenerationVote::Kind::propose) return;
+  if (!s.joining) {
+    s.joining = make_control(s, nullptr);
+    s.joining_since = Clock::now();
+  }
+  start_ticking(self);
+  s.joining->on_view(now_ms(s), s.view, {}, out);
+  s.joining->on_vote(now_ms(s), peer, vote, {}, out);
+  apply_control(self, vote.job_id, out);
+}
+}  // namespace tepdist::actors::trainer_detail

@@ -1,0 +1,335 @@
+#include "actors/roles/trainer/job.hpp"
+
+namespace tepdist::actors::trainer_detail {
+
+uint64_t checksum(std::span<const float> values) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+  for (size_t i = 0; i < values.size_bytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
+  return h;
+}
+
+bool send_to(Trainer* self, const std::string& address, gossip::Body body) {
+  auto& o = self->state.o;
+  gossip::Message m{o.self_id, o.incarnation, o.cluster_id, std::move(body)};
+  // This node's own shards are served by its shard host, not over a connection to itself.
+  if (address == o.self_address && std::holds_alternative<gossip::ShardUpdate>(m.body) && self->state.job &&
+      self->state.job->shard_host) {
+    self->send(self->state.job->shard_host, wire_atom::value, o.self_id, o.self_address, std::move(m));
+    return true;
+  }
+  if (o.transport->send(address, m)) return true;
+  node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
+  return false;
+}
+
+void to_submitter(Trainer* self, const Job& j, gossip::Body body) {
+  if (!j.detached) send_to(self, j.start.submitter, std::move(body));
+}
+
+JobReport report_of(const Job& j, JobReport::Kind kind) {
+  JobReport r;
+  r.job_id = j.start.job_id;
+  r.kind = kind;
+  r.rank = j.rank;
+  r.members = j.world;
+  r.epoch = static_cast<uint32_t>(j.epoch);
+  r.step = static_cast<uint64_t>(j.step);
+  r.loss = j.loss;
+  r.train_seconds = j.train_seconds();
+  r.compute_seconds = j.compute_seconds;
+  return r;
+}
+
+gossip::JobStatus job_status(const Job& j, const std::string& self_id) {
+  gossip::JobStatus st{j.start.job_id, mode_name(j.mode), j.generation, "training", {}};
+  if (j.finishing) st.phase = "finished";
+  else if (j.pulling) st.phase = "pulling";
+  else if (!j.member) st.phase = "waiting";
+  else if (j.control && j.control->paused()) st.phase = "voting";
+  const auto per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
+  const auto step = static_cast<uint64_t>(j.step);
+  if (j.mode == Mode::sync) st.progress = j.progress;
+  else st.progress = {step, per_epoch ? step / per_epoch : 0, j.consumed, j.own_samples};
+  for (const auto& w : j.start.workers) {
+    if (j.mode == Mode::async && w != self_id) continue;  // async workers do not tell each other
+    if (j.mode == Mode::sync) st.workers.emplace_back(w, j.progress.position);
+    else if (w == self_id) st.workers.emplace_back(w, j.consumed);
+    else if (const auto it = j.cursors.find(w); it != j.cursors.end()) st.workers.emplace_back(w, it->second);
+    else st.workers.emplace_back(w, 0);  // not heard from in this generation yet
+  }
+  return st;
+}
+
+void report_status(Trainer* self) {
+  auto& s = self->state;
+  caf::anon_send(s.router, status_atom::value,
+                 s.job ? std::optional(job_status(*s.job, s.o.self_id)) : std::optional<gossip::JobStatus>());
+}
+
+void drop_job(Trainer* self, bool over) {
+  auto& job = self->state.job;
+  if (job && over) self->state.ended_jobs.insert(job->start.job_id);
+  // kill, not user_shutdown: it must not work through queued evaluations of a job that is over.
+  if (job && job->evaluator) self->send_exit(job->evaluator, caf::exit_reason::kill);
+  if (job && job->shard_host) {
+    self->send_exit(job->shard_host, caf::exit_reason::kill);
+    // Updates for the next job wait in the router until that job's host registers.
+    caf::anon_send(self->state.router, shards_atom::value, caf::actor(), std::vector<gossip::ShardHolders>());
+  }
+  job.reset();
+  report_status(self);
+}
+
+void fail(Trainer* self, const std::string& why) {
+  auto& j = *self->state.job;
+  node_events().warn("job_failed job={} rank={} step={} reason=\"{}\"", j.start.job_id, j.rank, j.step, why);
+  JobReport r = report_of(j, JobReport::Kind::failed);
+  r.error = fmt::format("{}: {}", self->state.o.self_id, why);
+  to_submitter(self, j, r);
+  drop_job(self);
+}
+
+bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out) {
+  auto& j = *self->state.job;
+  for (auto& c : out) {
+    c.generation = j.generation;
+    if (!send_to(self, j.next_address, std::move(c))) {
+      fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
+                             j.next_address));
+      return false;
+    }
+  }
+  return true;
+}
+
+void fail_start(Trainer* self, const gossip::JobStart& start, const std::string& why) {
+  node_events().warn("job_refused job={} reason=\"{}\"", start.job_id, why);
+  JobReport r;
+  r.job_id = start.job_id;
+  r.kind = JobReport::Kind::failed;
+  r.error = fmt::format("{}: {}", self->state.o.self_id, why);
+  send_to(self, start.submitter, r);
+}
+
+void add_mode_counters(const Job& j, JobReport& r) {
+  if (j.async) r.stale_rejected = j.async->rejected();
+  if (j.shard_counters) {
+    r.updates_applied = j.shard_counters->applied.load();
+    r.staleness_sum = j.shard_counters->staleness_sum.load();
+  }
+  if (j.gossip) r.exchanges = j.gossip->completed();  // the active side's count: each exchange once
+}
+
+std::string save_detached(const TrainerState& s, const Job& j, const JobReport& r) {
+  const std::filesystem::path dir = std::filesystem::path(s.o.results_dir) / std::to_string(j.start.job_id);
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return fmt::format("not saved: cannot create {}: {}", dir.string(), ec.message());
+  if (auto ok = compute::export_safetensors(dir / "model.safetensors", *j.model); !ok)
+    return fmt::format("not saved: {}", ok.error().message);
+  const std::string result = fmt::format(
+      "{{\n  \"job_id\": {},\n  \"mode\": \"{}\",\n  \"generation\": {},\n  \"workers\": {},\n  \"steps\": {},\n"
+      "  \"epochs\": {},\n  \"test_accuracy\": {},\n  \"test_loss\": {},\n  \"train_seconds\": {},\n"
+      "  \"parameter_checksum\": \"{:016x}\",\n  \"submitter\": \"gone; saved by {}\"\n}}\n",
+      j.start.job_id, mode_name(j.mode), j.generation, j.world, j.step, j.epoch, r.test_accuracy, r.test_loss,
+      r.train_seconds, r.checksum, s.o.self_id);
+  if (auto ok = compute::write_file_atomically(dir / "result.json", result); !ok)
+    return fmt::format("not saved: {}", ok.error().message);
+  return (dir / "model.safetensors").string();
+}
+
+void complete_rank0(Trainer* self) {
+  auto& j = *self->state.job;
+  const auto params = j.model->parameters();
+  auto copy = std::make_shared<const std::vector<float>>(params.begin(), params.end());
+  constexpr size_t piece = 1u << 20;  // elements per frame: 4 MiB, well inside the frame limit
+  for (size_t off = 0; off < copy->size() && !j.detached; off += piece) {
+    const std::span<const float> data(copy->data() + off, std::min(piece, copy->size() - off));
+    if (!send_to(self, j.start.submitter,
+                 gossip::ParamPush{0, static_cast<uint64_t>(j.step),
+                                   gossip::TensorChunk{static_cast<uint64_t>(j.step), 0, off, copy->size(), data, copy}}))
+      return fail(self, "the final model does not fit the send queue to the submitter; raise [cluster] send_queue_mb");
+  }
+  JobReport r = report_of(j, JobReport::Kind::done);
+  r.samples = j.own_samples;
+  r.bytes_sent = j.bytes_sent();
+  r.checksum = checksum(params);
+  add_mode_counters(j, r);
+  r.test_accuracy = j.last_accuracy;
+  r.test_loss = j.last_test_loss;
+  r.eval_seconds = j.eval_seconds;
+  const double samples = j.mode == Mode::sync ? static_cast<double>(j.samples) : static_cast<double>(j.own_samples);
+  r.samples_per_second = r.train_seconds > 0 ? samples / r.train_seconds : 0.0;
+  to_submitter(self, j, r);
+  const std::string saved = j.detached ? save_detached(self->state, j, r) : std::string("-");
+  node_events().info("job_done job={} mode={} rank=0 steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f} "
+                     "test_accuracy={:.4f} saved=\"{}\"",
+                     j.start.job_id, mode_name(j.mode), j.step, r.checksum, j.compute_seconds, j.ring_seconds,
+                     r.test_accuracy, saved);
+  drop_job(self);
+}
+
+void finish_job(Trainer* self) {
+  auto& j = *self->state.job;
+  j.finishing = true;
+  if (j.rank == 0) {
+    if (j.pending_evals == 0) complete_rank0(self);
+    return;
+  }
+  JobReport r = report_of(j, JobReport::Kind::done);
+  r.samples = j.own_samples;
+  r.bytes_sent = j.bytes_sent();
+  r.checksum = checksum(j.model->parameters());
+  add_mode_counters(j, r);
+  to_submitter(self, j, r);
+  node_events().info("job_done job={} mode={} rank={} steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f}",
+                     j.start.job_id, mode_name(j.mode), j.rank, j.step, r.checksum, j.compute_seconds, j.ring_seconds);
+  drop_job(self);
+}
+
+void note_first_step(Job& j) {
+  if (j.stepped_in_generation) return;
+  j.stepped_in_generation = true;
+  node_events().info("generation_first_step job={} generation={} step={}", j.start.job_id, j.generation, j.step);
+}
+
+int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, float& loss) {
+  const int64_t n = j.data.train.size();
+  if (epoch != j.order_epoch) {
+    if (j.config.data.shuffle) {
+      j.order = compute::shuffled_indices(n, j.config.job.seed, epoch);
+    } else {
+      j.order.resize(static_cast<size_t>(n));
+      std::iota(j.order.begin(), j.order.end(), 0);
+    }
+    j.order_epoch = epoch;
+  }
+  if (end <= begin) return 0;
+  const std::span<const int64_t> idx(j.order.data() + begin, static_cast<size_t>(end - begin));
+  compute::gather_batch(j.data.train, idx, j.x, j.y);
+  loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
+  return end - begin;
+}
+
+int64_t compute_pieces(Job& j, const elastic::StepSlice& slice, float& loss) {
+  if (slice.count == 0) return 0;
+  compute_positions(j, static_cast<int64_t>(slice.epoch), 0, 0, loss);  // the epoch's order
+  std::vector<int64_t> idx;
+  idx.reserve(slice.count);
+  for (const auto& [begin, end] : slice.pieces)
+    idx.insert(idx.end(), j.order.begin() + static_cast<ptrdiff_t>(begin), j.order.begin() + static_cast<ptrdiff_t>(end));
+  compute::gather_batch(j.data.train, idx, j.x, j.y);
+  loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
+  return static_cast<int64_t>(idx.size());
+}
+
+int64_t compute_slice(Job& j, int64_t t, float& loss) {
+  const int64_t n = j.data.train.size(), batch = j.config.data.batch_size;
+  const int64_t epoch = t / j.steps_per_epoch, in_epoch = t % j.steps_per_epoch;
+  const auto [begin, end] = elastic::sync_batch_slice(n, j.world, batch, in_epoch, j.rank);
+  return compute_positions(j, epoch, begin, end, loss);
+}
+
+bool may_step(const Job& j) {
+  return !j.control || (j.member && !j.control->paused() && !j.pulling && j.has_state);
+}
+
+void after_local_step(Trainer* self, int64_t samples, float loss) {
+  auto& j = *self->state.job;
+  ++j.step;
+  note_first_step(j);
+  j.own_samples += static_cast<uint64_t>(samples);
+  j.window_samples += static_cast<uint64_t>(samples);
+  j.loss = loss;
+  j.last_step_end = Clock::now();
+  // Gossip: the epoch is that of the step's positions (set by the step); async counts steps.
+  const bool epoch_end =
+      j.mode == Mode::gossip
+          ? elastic::next_slice(j.spans, j.consumed, static_cast<uint64_t>(j.config.data.batch_size)).epoch !=
+                static_cast<uint64_t>(j.epoch)
+          : j.step % j.steps_per_epoch == 0;
+  if (epoch_end && j.mode != Mode::gossip) ++j.epoch;
+  // This worker's last step: gossip at the end of its list, async at its step count.
+  const bool last = j.step >= j.total_steps ||
+                    (j.mode == Mode::gossip &&
+                     elastic::next_slice(j.spans, j.consumed, static_cast<uint64_t>(j.config.data.batch_size)).count == 0);
+  if (last && j.mode == Mode::gossip) j.epoch = static_cast<int64_t>(j.spans.empty() ? 0 : j.spans.back().epoch + 1);
+  if (j.rank != 0) return;
+  if (j.step % j.config.job.log_every_steps == 0 || last) {
+    JobReport r = report_of(j, JobReport::Kind::progress);
+    r.samples = j.own_samples * j.world;
+    r.samples_per_second = static_cast<double>(j.window_samples * j.world) /
+                           std::max(1e-9, seconds_between(j.window_start, j.last_step_end));
+    to_submitter(self, j, r);
+    j.window_samples = 0;
+    j.window_start = j.last_step_end;
+  }
+  // The final model is evaluated once it exists (after the final average or the shard pull).
+  const auto every = j.config.job.eval_every_steps;
+  if (!last && ((every > 0 && j.step % every == 0) || epoch_end)) evaluate_snapshot(self);
+}
+
+std::expected<void, std::string> setup(Trainer* self, Job& j) {
+  auto& o = self->state.o;
+  auto config = elastic::parse_config(j.start.config, fmt::format("job {} from {}", j.start.job_id, j.start.submitter));
+  if (!config) return std::unexpected(config.error().message);
+  j.config = std::move(*config);
+  if (o.threads > 0) j.config.compute.threads = o.threads;
+  auto data = elastic::load_job_data(j.config.data, j.config.job.seed);
+  if (!data) return std::unexpected(data.error().message);
+  j.data = std::move(*data);
+  auto model = elastic::build_job_model(j.config, j.data.train);
+  if (!model) return std::unexpected(model.error().message);
+  j.model = std::move(*model);
+  auto backend = compute::make_backend(j.config.compute.backend);
+  if (!backend) return std::unexpected(backend.error().message);
+  j.backend = std::move(*backend);
+  j.backend->set_threads(static_cast<int>(j.config.compute.threads));
+  // Epochs are counted in reference batches (the first generation's global batch), so the job's
+  // length and its schedule keep their meaning when the number of workers changes.
+  const int64_t batch = j.config.data.batch_size;
+  // The first generation's workers all compute it alike; later records carry it.
+  if (j.start.reference_batch == 0) j.start.reference_batch = static_cast<uint64_t>(j.world) * static_cast<uint64_t>(batch);
+  const auto reference = static_cast<int64_t>(j.start.reference_batch);
+  j.steps_per_epoch = elastic::sync_steps_per_epoch(j.data.train.size(), 1, reference);
+  j.total_steps = j.steps_per_epoch * j.config.job.epochs;
+  if (j.config.job.max_steps > 0) j.total_steps = std::min(j.total_steps, j.config.job.max_steps);
+  auto optimizer = compute::make_optimizer(j.config.optimizer.options, j.elements());
+  if (!optimizer) return std::unexpected(optimizer.error().message);
+  j.optimizer = std::move(*optimizer);
+  compute::ScheduleOptions schedule = j.config.optimizer.schedule;
+  schedule.total_steps = j.total_steps;
+  auto made = compute::LrSchedule::make(schedule);
+  if (!made) return std::unexpected(made.error().message);
+  j.schedule = *made;
+  j.rate.emplace(*made, elastic::RatePolicy::Options{j.data.train.size(), reference, j.config.elastic.rescale_batches});
+  if (j.config.job.ring_chunk_kb + 64 > o.max_frame_kb)
+    return std::unexpected(fmt::format("job.ring_chunk_kb = {} does not fit this node's frames ([cluster] max_frame_mb "
+                                       "= {})",
+                                       j.config.job.ring_chunk_kb, o.max_frame_kb / 1024));
+  const auto& mode = j.config.job.mode;
+  if (mode == "sync") {
+    j.mode = Mode::sync;
+    j.buffer.assign(j.elements() + 3, 0.0f);
+  } else if (mode == "gossip") {
+    j.mode = Mode::gossip;
+    j.buffer.assign(j.elements(), 0.0f);
+    // Each worker trains through its own list of positions; the job ends when all are done.
+    if (j.start.spans.empty())
+      for (const auto& list : elastic::initial_spans(j.data.train.size(), j.config.job.epochs, j.world))
+        j.start.spans.push_back(elastic::triples_of(list));
+    j.total_steps = j.config.job.max_steps > 0 ? j.config.job.max_steps : std::numeric_limits<int64_t>::max();
+  } else if (mode == "async") {
+    j.mode = Mode::async;
+    if (auto ok = setup_async(self, j); !ok) return ok;
+  } else {
+    return std::unexpected(fmt::format("job.mode = \"{}\" is not a cluster mode (sync, async or gossip)", mode));
+  }
+  return {};
+}
+
+double now_ms(const TrainerState& s) { return std::chrono::duration<double, std::milli>(Clock::now() - s.started).count(); }
+
+size_t chunk_elements(const Job& j) { return static_cast<size_t>(j.config.job.ring_chunk_kb) * 1024 / sizeof(float); }
+}  // namespace tepdist::actors::trainer_detail

@@ -1,0 +1,397 @@
+#pragma once
+// The trainer role's insides, shared by its files (actors/roles/trainer.hpp is the role's public
+// face). One job at a time: the Job struct below, driven by the actor in trainer.cpp; each mode's
+// steps in sync.cpp, async.cpp and gossip.cpp; generations and state transfer (job control) in
+// generations.cpp; rank 0's evaluation in evaluation.cpp; what every mode shares in job.cpp.
+
+#include "actors/roles/trainer.hpp"
+
+#include <caf/event_based_actor.hpp>
+#include <caf/local_actor.hpp>
+#include <caf/send.hpp>
+#include <caf/stateful_actor.hpp>
+#include <fmt/format.h>
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+#include <map>
+#include <numeric>
+#include <optional>
+#include <random>
+#include <set>
+#include "actors/atoms.hpp"
+#include "actors/router.hpp"
+#include "compute/backends.hpp"
+#include "compute/io/checkpoint.hpp"
+#include "compute/io/files.hpp"
+#include "compute/optimizer.hpp"
+#include "compute/train.hpp"
+#include "elastic/coordination.hpp"
+#include "elastic/job.hpp"
+#include "elastic/job_control.hpp"
+#include "elastic/progress.hpp"
+#include "elastic/state_transfer.hpp"
+#include "actors/roles/shard_host.hpp"
+#include "elastic/async_shards.hpp"
+#include "elastic/placement.hpp"
+#include "gossip/collective/gossip_average.hpp"
+#include "gossip/collective/ring_allreduce.hpp"
+
+namespace tepdist::actors::trainer_detail {
+
+using Clock = std::chrono::steady_clock;
+using step_atom = caf::atom_constant<caf::atom("step")>;
+using eval_atom = caf::atom_constant<caf::atom("eval")>;
+using gossip::JobReport;
+
+inline double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+
+enum class Mode { sync, async, gossip };
+
+struct Job {
+  gossip::JobStart start;  // the record of the generation this worker trains in
+  elastic::JobConfig config;
+  Mode mode = Mode::sync;
+  uint32_t rank = 0, world = 1;
+  std::string prev_id, next_address;
+  // Job control (sync and gossip): generations, and the state this worker holds.
+  std::unique_ptr<elastic::JobControl> control;
+  uint64_t generation = 1;
+  gossip::JobProgress progress;  // sync: the job's, alike on every member; gossip: this worker's own
+  bool has_state = true;         // false: a joiner, or a member behind, until it has pulled the state
+  bool member = true;            // a worker of the installed generation (false: left out of it; waits)
+  bool stepped_in_generation = false;  // the first step of each generation is logged (bench/chaos.sh times it)
+  std::optional<elastic::StatePuller> pulling;
+  std::optional<elastic::RatePolicy> rate;
+  bool stop_voted = false;       // sync: a stop vote was in the last sum
+  // Gossip: this worker's positions (elastic/progress.hpp), how far it is through them, and how far
+  // the others were when they last mixed with it (for the next re-split, should one be gone).
+  elastic::Spans spans;
+  uint64_t consumed = 0;
+  std::map<std::string, uint64_t> cursors;
+  // Ring chunks of a generation this worker has not installed yet (a faster member started it).
+  std::vector<std::pair<std::string, gossip::RingChunk>> ahead;
+  size_t ahead_bytes = 0;
+  elastic::JobData data;
+  std::unique_ptr<compute::Model> model;
+  std::unique_ptr<compute::Backend> backend;
+  std::unique_ptr<compute::Optimizer> optimizer;
+  std::optional<compute::LrSchedule> schedule;
+  std::optional<gossip::collective::RingAllReduce> ring;  // sync: every step; gossip: the final average
+  std::vector<float> buffer;  // sync: [gradient x samples, loss x samples, samples, stop votes]; gossip: parameters;
+                              // async updates: the parameters before a step, then the step's change
+  std::vector<int64_t> order;  // the shuffled sample indices of epoch order_epoch
+  int64_t order_epoch = -1;
+  uint64_t tensor_bytes = 0;   // async and gossip: payload bytes sent outside the ring
+  // async
+  std::optional<elastic::AsyncWorker> async;
+  elastic::Placement placement;
+  caf::actor shard_host;
+  std::shared_ptr<ShardHostCounters> shard_counters;
+  bool blocked = false;             // waiting for a shard's answer before the next step
+  bool serving = false;             // not rank 0: all applied; holding shards until rank 0 has the model
+  std::set<std::string> finished;   // rank 0: workers whose updates are all applied
+  bool assembling = false;          // rank 0: pulling every shard for the final model
+  std::vector<uint8_t> assembled;   // per shard
+  size_t assembled_count = 0;
+  // gossip
+  std::optional<gossip::collective::GossipAveraging> gossip;
+  std::mt19937_64 random;
+  uint64_t next_exchange = 1;
+  uint32_t partner = 0;
+  bool final_average = false;
+  bool heard_final = false;  // a chunk of the final average came: the previous worker is done stepping
+  int64_t step = 0, epoch = 0, steps_per_epoch = 0, total_steps = 0;
+  uint64_t own_samples = 0, samples = 0, window_samples = 0;
+  double loss = 0;
+  compute::LossScratch scratch;
+  compute::Tensor x;
+  std::vector<int32_t> y;
+  std::optional<Clock::time_point> first_step;
+  Clock::time_point last_step_end, window_start;
+  Clock::time_point waiting_since;  // when this worker last began waiting for others
+  Clock::time_point progress_at;    // when others last moved it on: the step timeout's mark
+  double compute_seconds = 0, ring_seconds = 0;  // where the steps' time went
+  // Rank 0.
+  caf::actor evaluator;
+  int pending_evals = 0;
+  int64_t last_eval_step = -1;
+  double last_accuracy = 0, last_test_loss = 0, eval_seconds = 0;
+  bool target_reached = false;  // stop_at_target: rank 0 votes to stop in the next ring (sync), or tells
+                                // the workers to stop after the step under way (async, gossip)
+  bool finishing = false;
+  bool detached = false;  // the submitter is gone: the job goes on, and rank 0 saves the model here
+
+  double train_seconds() const { return first_step ? seconds_between(*first_step, last_step_end) : 0.0; }
+  size_t elements() const { return model->parameters().size(); }
+  uint64_t bytes_sent() const { return (ring ? ring->bytes_sent() : 0) + tensor_bytes; }
+};
+
+inline const char* mode_name(Mode m) { return m == Mode::sync ? "sync" : m == Mode::async ? "async" : "gossip"; }
+
+struct TrainerState {
+  TrainerOptions o;
+  caf::actor router;
+  std::vector<gossip::Member> view;
+  std::unique_ptr<Job> job;
+  // Chunks of a job not started here yet (a faster neighbour was told first), with their senders;
+  // bounded in bytes, and only for jobs newer than any this node has run.
+  std::vector<std::pair<std::string, gossip::RingChunk>> stash;
+  size_t stash_bytes = 0;
+  uint64_t last_job = 0;
+  std::optional<gossip::JobStart> pending;  // submitted, waiting for this view to hold its workers
+  std::string pending_from;
+  Clock::time_point pending_since;
+  // An assignment from a coordinator this view does not know as such yet (gossip of its arrival,
+  // or of an older coordinator's end, has not come): held until the view catches up or the
+  // deadline passes, then obeyed or refused with the reason.
+  std::optional<gossip::JobStart> held;
+  Clock::time_point held_since;
+  // A node without the job that was proposed as a worker of a running one (a joiner, a restarted
+  // node, a worker that was dropped): its votes, until the install makes it a worker.
+  std::unique_ptr<elastic::JobControl> joining;
+  Clock::time_point joining_since;
+  static constexpr double joining_limit_s = 60;  // a proposal whose install never comes is forgotten
+  std::set<uint64_t> ended_jobs;  // finished, failed or abandoned here: never joined again
+  Clock::time_point started = Clock::now();
+  static constexpr double held_limit_s = 10;
+  static constexpr double pending_limit_s = 30;  // how long a submission waits for this view
+  bool ticking = false;
+  // Draining (the node leaves: SIGTERM, `tepdist leave`): the step under way ends, no other starts.
+  std::optional<caf::typed_response_promise<std::string>> drain;
+  bool drained = false;
+  static inline const char* name = "tepdist.trainer";
+};
+
+using Trainer = caf::stateful_actor<TrainerState>;
+
+// -- What every mode shares (job.cpp) --
+
+uint64_t checksum(std::span<const float> values);
+
+/// Sends, or says it could not: the peer's send queue is full ([cluster] send_queue_mb).
+bool send_to(Trainer* self, const std::string& address, gossip::Body body);
+
+/// To the job's submitter, unless it is gone: a detached job reports to nobody.
+void to_submitter(Trainer* self, const Job& j, gossip::Body body);
+
+JobReport report_of(const Job& j, JobReport::Kind kind);
+
+/// What this worker knows of its job, for status answers (elastic/status.hpp renders it).
+gossip::JobStatus job_status(const Job& j, const std::string& self_id);
+
+/// Tells the router what to answer status queries with (called each tick and at each generation).
+void report_status(Trainer* self);
+
+/// Ends the current job here: its evaluator goes with it. `over`: the job is over for this node
+/// (done, failed, abandoned), not merely left by it (a worker dropped from a generation may be
+/// proposed again).
+void drop_job(Trainer* self, bool over = true);
+
+void fail(Trainer* self, const std::string& why);
+
+/// Sends ring chunks to the next worker; false (the job failed) if its send queue is full.
+bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out);
+
+void fail_start(Trainer* self, const gossip::JobStart& start, const std::string& why);
+
+void add_mode_counters(const Job& j, JobReport& r);
+
+/// Rank 0 at the end of a detached job: the model and the result go to this node's
+/// results_dir/JOB_ID/ instead (model.safetensors, result.json). Where, or why not, for the log.
+std::string save_detached(const TrainerState& s, const Job& j, const JobReport& r);
+
+/// Rank 0 at the end: the final model to the submitter, then its done report (a detached job:
+/// both to this node's disk).
+void complete_rank0(Trainer* self);
+
+void finish_job(Trainer* self);
+
+/// The first step a worker completes in a generation: when training resumed after a change.
+void note_first_step(Job& j);
+
+/// The gradient of positions [begin, end) of epoch `epoch`'s permutation into the model's
+/// gradients; returns the samples (0: none) and sets their loss.
+int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, float& loss);
+
+/// Gossip: the gradient of one local step's pieces of positions (one epoch) into the model's
+/// gradients; returns the samples and sets their loss.
+int64_t compute_pieces(Job& j, const elastic::StepSlice& slice, float& loss);
+
+/// Async: the gradient of this worker's slice of global batch t (of epoch t /
+/// steps_per_epoch) into the model's gradients; returns the samples in the slice (0 for a short
+/// last step) and their loss.
+int64_t compute_slice(Job& j, int64_t t, float& loss);
+
+/// Whether this worker may take a step now: not while it has promised a generation that is not
+/// installed yet, nor while it pulls the state.
+bool may_step(const Job& j);
+
+/// Async and gossip, after each fresh local step: epoch count, and rank 0's progress reports and
+/// evaluations. A global step here is one step of every worker (world x batch samples, as in
+/// sync); rank 0's own steps stand for them, and its rate times the workers for the cluster's.
+void after_local_step(Trainer* self, int64_t samples, float loss);
+
+std::expected<void, std::string> setup(Trainer* self, Job& j);
+
+double now_ms(const TrainerState& s);
+
+size_t chunk_elements(const Job& j);
+
+// -- Rank 0's evaluation and the target (evaluation.cpp) --
+
+/// Async and gossip with stop_at_target: no fresh step after the one under way. What follows is
+/// the usual end (async: pushes flushed and answered, the shards pulled; gossip: the final average).
+void stop_training(Trainer* self);
+
+/// Rank 0, async and gossip: the target is reached; every other worker is told to stop (again on
+/// each tick until the job ends, should a message be lost).
+void tell_target_reached(Trainer* self);
+
+/// Rank 0: evaluates a snapshot of the parameters in the evaluator, reports it when done.
+void evaluate_snapshot(Trainer* self);
+
+/// Rank 0's evaluator, made when this worker first has rank 0.
+std::expected<void, std::string> ensure_evaluator(Trainer* self, Job& j);
+
+// -- sync: one ring all-reduce a step (sync.cpp) --
+
+/// Sync: whether the job is over at the progress every member shares (or a stop vote was summed).
+bool sync_finished(const Job& j);
+
+/// The ring summed everything: divide by the samples, step the optimiser, move on.
+void finish_step(Trainer* self);
+
+void sync_step(Trainer* self);
+
+/// Sync: a ring step is under way (this worker sent its part and waits for the sum).
+bool mid_step(const Job& j);
+
+void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c);
+
+// -- async: sharded parameters (async.cpp) --
+
+void send_all(Trainer* self, elastic::Outgoing<gossip::ShardUpdate>& out);
+
+/// Async: one batch (a fresh one, or a refused one again), its gradient pushed to the shards.
+void async_step(Trainer* self);
+
+/// Rank 0: pulls every shard not assembled yet from its primary (again on each tick, should an
+/// answer be lost).
+void pull_missing(Trainer* self);
+
+/// Rank 0, once every worker has applied all its updates: pull every shard for the final model.
+void maybe_assemble(Trainer* self);
+
+/// Async: every fresh batch done; once every push is answered (and refused ones redone), this
+/// worker is finished. Rank 0 then waits for the others; the others keep serving their shards.
+void finish_async(Trainer* self);
+
+void on_shard_state(Trainer* self, const std::string& peer, const gossip::ShardState& st);
+
+/// Async: the shards, where they live, this worker's side of the protocol, and the host for the
+/// shards this node holds. Every node starts from the same initial parameters (same seed), so
+/// primaries and replicas start equal.
+std::expected<void, std::string> setup_async(Trainer* self, Job& j);
+
+// -- gossip: pairwise averaging, one final average (gossip.cpp) --
+
+/// Gossip: the ring has summed the replicas; every worker divides the same sum the same way.
+void end_final_average(Trainer* self);
+
+/// Gossip: this worker's local steps as a progress, in reference batches (the rate policy reads the
+/// schedule at the step and ramps over samples).
+gossip::JobProgress gossip_progress(const Job& j);
+
+/// Gossip: a local step on this worker's replica, and now and then an averaging with a peer.
+void gossip_step(Trainer* self);
+
+/// Gossip, after the last local step: one ring all-reduce of the replicas; every worker ends with
+/// the same average.
+void start_final_average(Trainer* self);
+
+void on_gossip(Trainer* self, const std::string& peer, const gossip::GossipAverage& m);
+
+// -- Job control: generations and state transfer (generations.cpp) --
+
+elastic::JobControl::Local local_of(const Job& j);
+
+/// The job's state as one vector: the parameters, then each optimiser state buffer.
+elastic::StateView state_view(Job& j);
+
+std::unique_ptr<elastic::JobControl> make_control(const TrainerState& s, const elastic::JobConfig* config);
+
+/// Carries out what job control asked for: its messages, its log lines, and what changed.
+void apply_control(Trainer* self, uint64_t job_id, elastic::JobControl::Output& out);
+
+/// Ring chunks of the generation just installed that came before it, then the next step.
+void resume_training(Trainer* self);
+
+/// A worker behind the generation's resume point (a joiner, a restarted node, a member whose last
+/// step did not complete) pulls the state, striped over the donors.
+void start_pull(Trainer* self);
+
+void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePull& p);
+
+void on_state_piece(Trainer* self, const std::string& peer, const gossip::StatePiece& p);
+
+/// The installed generation: ring order, this worker's rank, the rings rebuilt, the rate rescaled;
+/// then training resumes, or the state is pulled first.
+void enter_generation(Trainer* self);
+
+/// Sets up `record`'s job on this node and enters its generation: the first assignment
+/// (has_state: every worker starts from the same initial parameters), or a joiner's install
+/// (it pulls the state).
+/// The submitter is a client, not a part of the job: once the view holds it dead or left, the job
+/// goes on detached, and rank 0 saves the result on its own node. (Not in the view is not gone:
+/// gossip of its join may not have come yet.)
+void check_submitter(Trainer* self);
+
+void start_job(Trainer* self, const gossip::JobStart& record, bool has_state);
+
+/// A later generation's record (generation 2 on): from its proposer, or forwarded by a member.
+void on_install(Trainer* self, const std::string& peer, const gossip::JobStart& record);
+
+void on_vote(Trainer* self, const std::string& peer, const gossip::GenerationVote& vote);
+
+// -- The actor: messages, ticks, the coordinator's part, drains (trainer.cpp) --
+
+/// Ends a drain: this worker takes no further step; what it says is where it stopped.
+void end_drain(Trainer* self);
+
+/// Asked to drain: at once when no step is under way (between steps, paused, pulling, not a
+/// member, async), else when the step under way ends (do_step).
+void on_drain(Trainer* self);
+
+void do_step(Trainer* self);
+
+void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart& start);
+
+/// The coordinator's part: a job from a submitter gets its ring order and goes to every worker,
+/// once this node's view holds every worker the submitter saw (gossip may not have brought them
+/// all here yet).
+/// Why this node cannot assign `request` yet, from its view: the submitter saw a worker or a
+/// coordinator this view has not caught up with. Empty: it can.
+std::string not_ready_to_assign(const TrainerState& s, const gossip::JobStart& request);
+
+void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip::JobStart& request);
+
+void on_view(Trainer* self, std::vector<gossip::Member> view);
+
+/// Every tick while a job ends without a barrier: rank 0 tells the submitter it is alive (its
+/// last step may come long before the slowest worker's), a finished async worker repeats that it
+/// is finished (rank 0 may not have had the job yet), and rank 0 repeats its missing pulls.
+void keep_ending(Trainer* self);
+
+void on_tick(Trainer* self);
+
+/// Keeps one timer chain running while a job or a pending submission needs watching.
+void start_ticking(Trainer* self);
+
+void on_control(Trainer* self, const std::string& peer, const gossip::Control& c);
+
+caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router);
+
+}  // namespace tepdist::actors::trainer_detail
