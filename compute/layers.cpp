@@ -1,9 +1,9 @@
 #include "compute/layers.hpp"
 
-#include <cassert>
 #include <cmath>
 #include <cstring>
 #include <fmt/format.h>
+#include "base/check.hpp"
 
 namespace tepdist::compute {
 namespace {
@@ -108,7 +108,7 @@ void MaxPool2d::forward(PassContext& ctx, ConstTensorView x, TensorView y) {
 
 void MaxPool2d::backward(PassContext& ctx, ConstTensorView x, ConstTensorView, ConstTensorView dy, TensorView dx) {
   auto& kernel = kernel_for(ctx.backend, x.shape[0]);
-  assert(&kernel == last_ && "backward must follow the forward it differentiates");
+  TEPDIST_CHECK(&kernel == last_ && "backward must follow the forward it differentiates");
   if (dx.data) kernel.backward(dy, dx);
 }
 

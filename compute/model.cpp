@@ -2,13 +2,13 @@
 
 #include <fmt/format.h>
 
-#include <cassert>
 #include <map>
+#include "base/check.hpp"
 
 namespace tepdist::compute {
 
 Layer& Model::add(std::unique_ptr<Layer> layer, std::string name) {
-  assert(!built_ && "layers are added before build()");
+  TEPDIST_CHECK(!built_ && "layers are added before build()");
   if (name.empty()) {
     int same_stem = 0;
     for (const auto& e : layers_)
@@ -70,7 +70,7 @@ Result<void> Model::build(const Shape& sample_shape, uint64_t seed) {
 }
 
 int64_t Model::classes() const {
-  assert(built_);
+  TEPDIST_CHECK(built_);
   return layers_.back().output[1];
 }
 
@@ -88,7 +88,7 @@ NetworkPlan* Model::plan_for(Backend& backend, int64_t batch) {
 }
 
 std::vector<PlannedLayer> Model::planned_layers(int64_t batch) const {
-  assert(built_);
+  TEPDIST_CHECK(built_);
   std::vector<PlannedLayer> layers;
   size_t next_param = 0;
   for (const auto& e : layers_) {
@@ -105,7 +105,7 @@ std::vector<PlannedLayer> Model::planned_layers(int64_t batch) const {
 }
 
 ConstTensorView Model::forward(Backend& backend, ConstTensorView x, bool training) {
-  assert(built_ && x.shape.sample() == sample_shape_);
+  TEPDIST_CHECK(built_ && x.shape.sample() == sample_shape_);
   const int64_t n = x.shape[0];
   input_ = x;
   last_plan_ = plan_for(backend, n);
@@ -121,12 +121,12 @@ ConstTensorView Model::forward(Backend& backend, ConstTensorView x, bool trainin
 }
 
 void Model::backward(Backend& backend, ConstTensorView dlogits) {
-  assert(built_);
+  TEPDIST_CHECK(built_);
   if (last_plan_) {
     last_plan_->backward(dlogits, params_, grads_);
     return;
   }
-  assert(dlogits.shape == activations_.back().shape());
+  TEPDIST_CHECK(dlogits.shape == activations_.back().shape());
   PassContext ctx{backend, true, rng_};
   ConstTensorView dy = dlogits;
   Tensor* dx_buffer = &grad_ping_;

@@ -2,9 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <cassert>
 #include <cmath>
 #include <numbers>
+#include "base/check.hpp"
 
 namespace tepdist::compute {
 namespace {
@@ -68,7 +68,7 @@ class Sgd final : public Optimizer {
   std::string_view name() const override { return "sgd"; }
 
   void step(std::span<float> p, std::span<const float> grad, float lr) override {
-    assert(p.size() == grad.size());
+    TEPDIST_CHECK(p.size() == grad.size());
     sgd_update(p.data(), grad.data(), momentum_.data(), p.size(), lr, o_.weight_decay, o_.momentum, o_.nesterov);
     ++steps_;
   }
@@ -93,7 +93,7 @@ class Adam final : public Optimizer {
   std::string_view name() const override { return decoupled_ ? "adamw" : "adam"; }
 
   void step(std::span<float> p, std::span<const float> grad, float lr) override {
-    assert(p.size() == grad.size());
+    TEPDIST_CHECK(p.size() == grad.size());
     ++steps_;
     const float c1 = 1.0f - std::pow(o_.beta1, static_cast<float>(steps_));
     const float c2 = 1.0f - std::pow(o_.beta2, static_cast<float>(steps_));

@@ -1,12 +1,13 @@
 #include "compute/tensor.hpp"
+#include "base/check.hpp"
 
 
 namespace tepdist::compute {
 
 Shape::Shape(std::initializer_list<int64_t> dims) {
-  assert(dims.size() <= max_rank);
+  TEPDIST_CHECK(dims.size() <= max_rank);
   for (int64_t d : dims) {
-    assert(d >= 0);
+    TEPDIST_CHECK(d >= 0);
     dims_[static_cast<size_t>(rank_++)] = d;
   }
 }
@@ -18,14 +19,14 @@ int64_t Shape::elements() const {
 }
 
 Shape Shape::with_batch(int64_t n) const {
-  assert(rank_ >= 1);
+  TEPDIST_CHECK(rank_ >= 1);
   Shape s = *this;
   s.dims_[0] = n;
   return s;
 }
 
 Shape Shape::prepend(int64_t n) const {
-  assert(rank_ < max_rank);
+  TEPDIST_CHECK(rank_ < max_rank);
   Shape s;
   s.dims_[0] = n;
   for (int i = 0; i < rank_; ++i) s.dims_[static_cast<size_t>(i + 1)] = dims_[static_cast<size_t>(i)];
@@ -34,7 +35,7 @@ Shape Shape::prepend(int64_t n) const {
 }
 
 Shape Shape::sample() const {
-  assert(rank_ >= 1);
+  TEPDIST_CHECK(rank_ >= 1);
   Shape s;
   for (int i = 1; i < rank_; ++i) s.dims_[static_cast<size_t>(s.rank_++)] = dims_[static_cast<size_t>(i)];
   return s;

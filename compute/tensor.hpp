@@ -3,12 +3,12 @@
 // elsewhere (TensorView, ConstTensorView). Layout is row-major; images are NCHW.
 
 #include <array>
-#include <cassert>
 #include <cstdint>
 #include <initializer_list>
 #include <span>
 #include <string>
 #include <vector>
+#include "base/check.hpp"
 
 namespace tepdist::compute {
 
@@ -22,7 +22,7 @@ class Shape {
 
   int rank() const { return rank_; }
   int64_t operator[](int i) const {
-    assert(i >= 0 && i < rank_);
+    TEPDIST_CHECK(i >= 0 && i < rank_);
     return dims_[static_cast<size_t>(i)];
   }
   /// Product of the dimensions (1 for rank 0).

@@ -1,8 +1,8 @@
 #include "elastic/placement.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <map>
+#include "base/check.hpp"
 
 namespace tepdist::elastic {
 namespace {
@@ -51,7 +51,7 @@ Placement place_shards(uint32_t shards, std::span<const std::string> members_in,
     for (uint32_t s = 0; s < shards; ++s)
       if (primaries[p[s][0]] > 1 && (best < 0 || rendezvous_weight(s, m) > rendezvous_weight(static_cast<uint32_t>(best), m)))
         best = s;
-    assert(best >= 0 && "shards >= members leaves some primary with more than one");
+    TEPDIST_CHECK(best >= 0 && "shards >= members leaves some primary with more than one");
     auto& holders = p[static_cast<size_t>(best)];
     --primaries[holders[0]];
     ++primaries[m];

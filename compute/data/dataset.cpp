@@ -4,12 +4,12 @@
 #include <zlib.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cstring>
 #include <memory>
 #include <numeric>
 
 #include "compute/rng.hpp"
+#include "base/check.hpp"
 
 namespace tepdist::compute {
 namespace {
@@ -136,7 +136,7 @@ std::vector<int64_t> shuffled_indices(int64_t n, uint64_t seed, int64_t epoch) {
 }
 
 std::span<const int64_t> partition(std::span<const int64_t> indices, int64_t part, int64_t parts) {
-  assert(parts > 0 && part >= 0 && part < parts);
+  TEPDIST_CHECK(parts > 0 && part >= 0 && part < parts);
   const auto n = static_cast<int64_t>(indices.size());
   const int64_t begin = n * part / parts, end = n * (part + 1) / parts;
   return indices.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin));

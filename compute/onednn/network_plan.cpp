@@ -17,9 +17,9 @@
 #include "compute/onednn/conv_backward_weights.hpp"
 #include "compute/onednn/first_conv.hpp"
 
-#include <cassert>
 #include <cstring>
 #include <vector>
+#include "base/check.hpp"
 
 namespace tepdist::compute::onednn {
 namespace {
@@ -434,7 +434,7 @@ class Plan final : public NetworkPlan {
   void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads) override {
     auto& s = ctx_.stream;
     Activation& last = stages_.back()->out;
-    assert(static_cast<size_t>(dlogits.elements()) * sizeof(float) == last.grad.get_desc().get_size());
+    TEPDIST_CHECK(static_cast<size_t>(dlogits.elements()) * sizeof(float) == last.grad.get_desc().get_size());
     std::memcpy(last.grad.get_data_handle(), dlogits.data, static_cast<size_t>(dlogits.elements()) * sizeof(float));
     for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) (*it)->backward(s, params.data(), grads.data());
     s.wait();

@@ -10,11 +10,11 @@
 
 #include <omp.h>
 
-#include <cassert>
 #include <vector>
 
 #include "compute/ref/gemm.hpp"
 #include "compute/ref/ref_backend.hpp"
+#include "base/check.hpp"
 
 namespace tepdist::compute::ref {
 namespace {
@@ -24,8 +24,8 @@ class Conv2d final : public Conv2dKernel {
   explicit Conv2d(const Conv2dGeometry& g) : g_(g), crs_(g.c * g.r * g.s), p_(g.oh() * g.ow()) {}
 
   void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) override {
-    assert(x.shape == g_.input() && w.shape == g_.weight() && y.shape == g_.output());
-    assert(b.elements() == g_.k);
+    TEPDIST_CHECK(x.shape == g_.input() && w.shape == g_.weight() && y.shape == g_.output());
+    TEPDIST_CHECK(b.elements() == g_.k);
     prepare_scratch(crs_ * p_);
 #pragma omp parallel
     {
@@ -42,7 +42,7 @@ class Conv2d final : public Conv2dKernel {
   }
 
   void backward_data(ConstTensorView dy, ConstTensorView w, TensorView dx) override {
-    assert(dy.shape == g_.output() && w.shape == g_.weight() && dx.shape == g_.input());
+    TEPDIST_CHECK(dy.shape == g_.output() && w.shape == g_.weight() && dx.shape == g_.input());
     prepare_scratch(crs_ * p_);
 #pragma omp parallel
     {
@@ -56,8 +56,8 @@ class Conv2d final : public Conv2dKernel {
   }
 
   void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) override {
-    assert(x.shape == g_.input() && dy.shape == g_.output() && dw.shape == g_.weight());
-    assert(db.elements() == g_.k);
+    TEPDIST_CHECK(x.shape == g_.input() && dy.shape == g_.output() && dw.shape == g_.weight());
+    TEPDIST_CHECK(db.elements() == g_.k);
     // Each thread sums its samples into a private [dw | db] block; the blocks are added at the end.
     const int64_t partial = g_.k * crs_ + g_.k;
     prepare_scratch(crs_ * p_ + partial);

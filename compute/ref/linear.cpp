@@ -6,10 +6,10 @@
 //   dx = dy * w
 //   dw = dy^T * x,  db = dy summed over n
 
-#include <cassert>
 
 #include "compute/ref/gemm.hpp"
 #include "compute/ref/ref_backend.hpp"
+#include "base/check.hpp"
 
 namespace tepdist::compute::ref {
 namespace {
@@ -19,21 +19,21 @@ class Linear final : public LinearKernel {
   explicit Linear(const LinearGeometry& g) : g_(g) {}
 
   void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) override {
-    assert(x.elements() == g_.n * g_.in && w.elements() == g_.out * g_.in && b.elements() == g_.out);
-    assert(y.elements() == g_.n * g_.out);
+    TEPDIST_CHECK(x.elements() == g_.n * g_.in && w.elements() == g_.out * g_.in && b.elements() == g_.out);
+    TEPDIST_CHECK(y.elements() == g_.n * g_.out);
     gemm_nt(g_.n, g_.out, g_.in, x.data, w.data, y.data, false);
     for (int64_t i = 0; i < g_.n; ++i)
       for (int64_t o = 0; o < g_.out; ++o) y.data[i * g_.out + o] += b.data[o];
   }
 
   void backward_data(ConstTensorView dy, ConstTensorView w, TensorView dx) override {
-    assert(dy.elements() == g_.n * g_.out && dx.elements() == g_.n * g_.in);
+    TEPDIST_CHECK(dy.elements() == g_.n * g_.out && dx.elements() == g_.n * g_.in);
     gemm_nn(g_.n, g_.in, g_.out, dy.data, w.data, dx.data, false);
   }
 
   void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) override {
-    assert(x.elements() == g_.n * g_.in && dy.elements() == g_.n * g_.out);
-    assert(dw.elements() == g_.out * g_.in && db.elements() == g_.out);
+    TEPDIST_CHECK(x.elements() == g_.n * g_.in && dy.elements() == g_.n * g_.out);
+    TEPDIST_CHECK(dw.elements() == g_.out * g_.in && db.elements() == g_.out);
     gemm_tn(g_.out, g_.in, g_.n, dy.data, x.data, dw.data, false);
     for (int64_t o = 0; o < g_.out; ++o) db.data[o] = 0.0f;
     for (int64_t i = 0; i < g_.n; ++i)

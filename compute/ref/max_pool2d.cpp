@@ -5,11 +5,11 @@
 //   argmax_ [n*c*oh*ow]: the flat index into x of each output's maximum (first one on ties)
 //   backward: dx = 0, then dx[argmax[i]] += dy[i]
 
-#include <cassert>
 #include <cstdint>
 #include <vector>
 
 #include "compute/ref/ref_backend.hpp"
+#include "base/check.hpp"
 
 namespace tepdist::compute::ref {
 namespace {
@@ -19,7 +19,7 @@ class MaxPool2d final : public MaxPool2dKernel {
   explicit MaxPool2d(const Pool2dGeometry& g) : g_(g), argmax_(static_cast<size_t>(g.output().elements())) {}
 
   void forward(ConstTensorView x, TensorView y) override {
-    assert(x.shape == g_.input() && y.shape == g_.output());
+    TEPDIST_CHECK(x.shape == g_.input() && y.shape == g_.output());
     const int64_t oh = g_.oh(), ow = g_.ow();
 #pragma omp parallel for schedule(static)
     for (int64_t plane = 0; plane < g_.n * g_.c; ++plane) {
@@ -40,7 +40,7 @@ class MaxPool2d final : public MaxPool2dKernel {
   }
 
   void backward(ConstTensorView dy, TensorView dx) override {
-    assert(dy.shape == g_.output() && dx.shape == g_.input());
+    TEPDIST_CHECK(dy.shape == g_.output() && dx.shape == g_.input());
     for (int64_t i = 0; i < dx.elements(); ++i) dx.data[i] = 0.0f;
     for (int64_t i = 0; i < dy.elements(); ++i) dx.data[argmax_[static_cast<size_t>(i)]] += dy.data[i];
   }

@@ -7,26 +7,26 @@
 //     dlogits = (probs - onehot(labels)) / n
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 
 #include "compute/ref/ref_backend.hpp"
+#include "base/check.hpp"
 
 namespace tepdist::compute::ref {
 
 void relu_forward(ConstTensorView x, TensorView y) {
-  assert(x.elements() == y.elements());
+  TEPDIST_CHECK(x.elements() == y.elements());
   for (int64_t i = 0; i < x.elements(); ++i) y.data[i] = std::max(x.data[i], 0.0f);
 }
 
 void relu_backward(ConstTensorView y, ConstTensorView dy, TensorView dx) {
-  assert(y.elements() == dy.elements() && dy.elements() == dx.elements());
+  TEPDIST_CHECK(y.elements() == dy.elements() && dy.elements() == dx.elements());
   for (int64_t i = 0; i < y.elements(); ++i) dx.data[i] = y.data[i] > 0.0f ? dy.data[i] : 0.0f;
 }
 
 float softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int32_t> labels, TensorView probs) {
   const int64_t n = logits.shape[0], classes = logits.elements() / n;
-  assert(static_cast<int64_t>(labels.size()) == n && probs.elements() == logits.elements());
+  TEPDIST_CHECK(static_cast<int64_t>(labels.size()) == n && probs.elements() == logits.elements());
   double loss = 0.0;
   for (int64_t i = 0; i < n; ++i) {
     const float* z = logits.data + i * classes;
@@ -36,7 +36,7 @@ float softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int3
     for (int64_t j = 0; j < classes; ++j) sum += std::exp(static_cast<double>(z[j] - zmax));
     for (int64_t j = 0; j < classes; ++j) p[j] = static_cast<float>(std::exp(static_cast<double>(z[j] - zmax)) / sum);
     const int32_t label = labels[static_cast<size_t>(i)];
-    assert(label >= 0 && label < classes);
+    TEPDIST_CHECK(label >= 0 && label < classes);
     loss += std::log(sum) - static_cast<double>(z[label] - zmax);
   }
   return static_cast<float>(loss / static_cast<double>(n));
@@ -44,7 +44,7 @@ float softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int3
 
 void softmax_cross_entropy_backward(ConstTensorView probs, std::span<const int32_t> labels, TensorView dlogits) {
   const int64_t n = probs.shape[0], classes = probs.elements() / n;
-  assert(static_cast<int64_t>(labels.size()) == n && dlogits.elements() == probs.elements());
+  TEPDIST_CHECK(static_cast<int64_t>(labels.size()) == n && dlogits.elements() == probs.elements());
   const float inv_n = 1.0f / static_cast<float>(n);
   for (int64_t i = 0; i < n; ++i)
     for (int64_t j = 0; j < classes; ++j) {

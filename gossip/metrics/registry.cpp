@@ -3,8 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cassert>
 #include <stdexcept>
+#include "base/check.hpp"
 
 namespace tepdist::gossip {
 namespace {
@@ -38,7 +38,7 @@ Labels sorted(Labels l) {
 
 Histogram::Histogram(std::vector<double> bounds)
     : bounds_(std::move(bounds)), buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
-  assert(std::is_sorted(bounds_.begin(), bounds_.end()));
+  TEPDIST_CHECK(std::is_sorted(bounds_.begin(), bounds_.end()));
   for (size_t i = 0; i <= bounds_.size(); ++i) buckets_[i] = 0;
 }
 

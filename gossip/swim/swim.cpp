@@ -1,10 +1,10 @@
 #include "gossip/swim/swim.hpp"
 
 #include <algorithm>
-#include <cassert>
 #include <cmath>
 #include <limits>
 #include <utility>
+#include "base/check.hpp"
 
 namespace tepdist::gossip::swim {
 namespace {
@@ -378,7 +378,7 @@ void Swim::leave(double now_ms, Output& out) {
 
 void Swim::new_boot(double now_ms, uint64_t boot_id, Output& out) {
   (void)now_ms;
-  assert(boot_id != 0 && boot_id != self_.boot_id);
+  TEPDIST_CHECK(boot_id != 0 && boot_id != self_.boot_id);
   self_.incarnation += 1;
   self_.boot_id = boot_id;
   broadcasts_.enqueue(self_, true);

@@ -5,7 +5,6 @@
 #include <uv.h>
 
 #include <algorithm>
-#include <cassert>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -23,6 +22,7 @@
 #include <vector>
 
 #include "gossip/log.hpp"
+#include "base/check.hpp"
 
 namespace tepdist::gossip {
 namespace {
@@ -603,7 +603,7 @@ Transport::~Transport() { stop(); }
 
 std::expected<std::string, std::string> Transport::start() {
   Impl& i = *impl_;
-  assert(!i.started);
+  TEPDIST_CHECK(!i.started);
   // libuv writes to sockets with write(2): a peer that closes while a frame is going out would
   // kill this whole process with SIGPIPE (exit 141, seen when a cluster's nodes stop together).
   // Ignored, the write fails with EPIPE and only that connection goes.
