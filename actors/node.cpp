@@ -284,7 +284,7 @@ int run_node(const NodeOptions& o) {
               [&](const caf::actor& trainer) {
                 asker->request(trainer, std::chrono::seconds(30), drain_atom::value)
                     .receive([&](const std::string& w) { where = w; },
-                             [&](const caf::error& e) { where = "not drained: " + sys.render(e); });
+                             [&](const caf::error& e) { where = "not drained within 30 s: " + sys.render(e); });
               },
               [](const caf::error&) {});
       node_events().info("node_drained id={} where=\"{}\"", id, where);

@@ -99,12 +99,12 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
                                                       fmt::format("this is {}, not {}", self_id, leave->node)});
     if (!s.on_leave_request)
       return send(self, address, gossip::LeaveRequest{leave->node, Kind::refused, "this node submits a job; it trains nothing"});
+    if (s.leave_requested)  // the first asker gets the final answer; a second would wait for none
+      return send(self, address, gossip::LeaveRequest{leave->node, Kind::refused, "already leaving"});
     node_events().info("leave_requested by={}", peer);
     send(self, address, gossip::LeaveRequest{leave->node, Kind::accepted, "draining: the step under way ends, then it leaves"});
-    if (!s.leave_requested) {
-      s.leave_requested = true;
-      s.on_leave_request(address);
-    }
+    s.leave_requested = true;
+    s.on_leave_request(address);
     return;
   }
   if (gossip::is_membership(m.body)) {

@@ -104,9 +104,7 @@ void on_frame(Submitter* self, const std::string& peer, const gossip::Message& m
     if (!s.assigned) {
       if (peer != s.coordinator_id) return;
       s.assigned = *start;
-      s.submission->on_generation(*start);
-      if (s.submission->detach) end(self, 0, "detached");
-      return;
+      return s.submission->on_generation(*start);
     }
     // A later generation, from its proposer (the record names it), or from a worker of the
     // generation this node knows. (Records of two generations may arrive out of order.)
@@ -144,6 +142,9 @@ void on_frame(Submitter* self, const std::string& peer, const gossip::Message& m
   s.last_report = std::chrono::steady_clock::now();
   s.submission->on_report(*r);
   if (r->kind == gossip::JobReport::Kind::failed) return end(self, 1, r->error);
+  // Detaching once the job trains (rank 0's first progress): a job refused by a worker, or one that
+  // cannot set up, has failed here first, with its reason.
+  if (s.submission->detach && r->kind == gossip::JobReport::Kind::progress) return end(self, 0, "detached");
   if (r->kind == gossip::JobReport::Kind::done) {
     s.done.insert(r->rank);
     if (s.done.size() >= r->members) end(self, 0, "");

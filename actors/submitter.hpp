@@ -21,7 +21,7 @@ struct Submission {
   size_t expected_workers = 0;    ///< live workers to wait for before submitting; 0: at least one
   double join_timeout_s = 30;     ///< give up when they are not seen by then
   double report_timeout_s = 120;  ///< and when the job goes this long without a report
-  /// End (status 0, "detached") as soon as the coordinator has assigned the job: it goes on
+  /// End (status 0, "detached") once the job trains (rank 0's first progress report): it goes on
   /// without the submitter, whose graceful leave tells the workers so.
   bool detach = false;
   /// Called on the submitter's thread.

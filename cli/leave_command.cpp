@@ -53,7 +53,7 @@ int run_leave_command(const LeaveArgs& args) {
         accepted = true;
         fmt::print("{}: {}\n", args.node, answer->detail);
         break;
-      case Kind::done: fmt::print("{}: drained ({}); leaving\n", args.node, answer->detail); return 0;
+      case Kind::done: fmt::print("{}: {}; leaving\n", args.node, answer->detail); return 0;
       case Kind::request: break;
     }
   }

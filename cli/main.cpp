@@ -41,7 +41,7 @@ int main(int argc, char** argv) {
                       "address they can reach")
       ->capture_default_str();
   run_cmd->add_flag("--detach", run.detach,
-                    "With seeds (no local nodes): exit once the job is assigned; it goes on, and rank 0 saves the "
+                    "With seeds (no local nodes): exit once the job trains; it goes on, and rank 0 saves the "
                     "result on its node ([cluster] results_dir)");
   run_cmd->add_option("--out", run.out, "Directory for result.json, model.safetensors, cluster.toml and logs/")
       ->capture_default_str();

@@ -554,9 +554,11 @@ int run_run_command(const RunArgs& args) {
     std::lock_guard lock(collected->mutex);
     const auto& g = collected->generations;
     const std::string rank0 = g.empty() || g.back()["workers"].empty() ? "rank 0" : g.back()["workers"][0].get<std::string>();
-    fmt::print("job {} detached: it trains on without this process. At its end {} (rank 0 then) saves model.safetensors "
-               "and result.json in its [cluster] results_dir/{}; `tepdist status --peer {}` shows the job meanwhile.\n",
-               submission->job.job_id, rank0, submission->job.job_id, seeds.front());
+    const auto id = submission->job.job_id;
+    fmt::print("job {} detached: it trains on without this process.\n", id);
+    fmt::print("At its end {} (rank 0 then) saves model.safetensors and result.json in its [cluster] results_dir/{}.\n",
+               rank0, id);
+    fmt::print("Meanwhile: tepdist status --peer {}\n", seeds.front());
     return 0;
   }
 

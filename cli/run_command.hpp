@@ -19,7 +19,7 @@ struct RunArgs {
   std::vector<std::string> overrides;
   std::string out = "tepdist-run";
   std::string listen = "127.0.0.1:0";  ///< where the submitter listens: reachable from the nodes
-  /// Submit to a running cluster and exit once the job is assigned; the job goes on without this
+  /// Submit to a running cluster and exit once the job trains; the job goes on without this
   /// process and rank 0 saves its result on its node ([cluster] results_dir).
   bool detach = false;
 };

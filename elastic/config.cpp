@@ -559,7 +559,7 @@ std::expected<void, ConfigError> apply_override(toml::value& root, const std::st
   auto [it, inserted] = table.try_emplace(section, toml::table{});
   if (!it->second.is_table())
     return std::unexpected(error_at(it->second, fmt::format("{} must be a table", section)));
-  if (section == "nodes") {  // nodes.NAME.KEY: one level deeper, and NAME may hold no dot
+  if (section == "nodes") {  // nodes.NAME.KEY: one level deeper; NAME may hold dots (host:port ids), KEY not
     const auto last = key.rfind('.');
     if (last == std::string::npos || last == 0 || last + 1 == key.size())
       return std::unexpected(ConfigError{fmt::format("--set {}: expected nodes.NAME.KEY=value", text)});

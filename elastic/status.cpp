@@ -57,7 +57,8 @@ std::string status_json(const StatusDocument& doc) {
                   {"position", j->progress.position}, {"samples", j->progress.samples},
                   {"workers", workers}};
   }
-  return out.dump(2);
+  // Ids and names come from peers: invalid UTF-8 is replaced, never thrown on.
+  return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
 std::string status_table(const StatusDocument& doc) {

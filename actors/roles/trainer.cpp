@@ -9,10 +9,10 @@ namespace trainer_detail {
 void end_drain(Trainer* self) {
   auto& s = self->state;
   const Job* j = s.job.get();
-  const std::string where = !j ? std::string("no job")
-                               : fmt::format("job {} generation {} after step {}", j->start.job_id, j->generation,
+  const std::string where = !j ? std::string("drained: no job")
+                               : fmt::format("drained: job {} generation {} after step {}", j->start.job_id, j->generation,
                                              j->mode == Mode::sync ? j->progress.step : static_cast<uint64_t>(j->step));
-  node_events().info("trainer_drained {}", where);
+  node_events().info("trainer_drained where=\"{}\"", where);
   s.drained = true;
   if (s.drain) s.drain->deliver(where);
   s.drain.reset();
@@ -21,6 +21,7 @@ void end_drain(Trainer* self) {
 void on_drain(Trainer* self) {
   const Job* j = self->state.job.get();
   if (!j || !j->member || j->finishing || !may_step(*j) || !mid_step(*j)) end_drain(self);
+  else start_ticking(self);  // each tick looks again (on_tick)
 }
 
 void do_step(Trainer* self) {
@@ -113,7 +114,13 @@ void on_view(Trainer* self, std::vector<gossip::Member> view) {
   }
   if (s.pending) {
     const auto request = *s.pending;
-    on_submitted(self, s.pending_from, request);
+    if (!submitter_live(s, s.pending_from)) {
+      node_events().info("job_cancelled job={} reason=\"its submitter {} is gone before it was assigned\"",
+                         request.job_id, s.pending_from);
+      s.pending.reset();
+    } else {
+      on_submitted(self, s.pending_from, request);
+    }
   }
   if (s.joining) {
     elastic::JobControl::Output out;
@@ -237,6 +244,7 @@ void on_tick(Trainer* self) {
     for (auto& [address, body] : out.sends) send_to(self, address, std::move(body));
   }
   if (s.job) report_status(self);
+  if (s.drain) on_drain(self);  // a pause, a drop or a failure since: no step under way to wait for
   if (s.pending || s.held || s.job || s.joining) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
   else s.ticking = false;
 }
@@ -249,9 +257,15 @@ void start_ticking(Trainer* self) {
 
 void on_control(Trainer* self, const std::string& peer, const gossip::Control& c) {
   auto& s = self->state;
+  using Command = gossip::Control::Command;
+  if (c.command == Command::stop_job && s.pending && s.pending->job_id == c.job_id && peer == s.pending_from) {
+    // Stopped (Ctrl-C) before the coordinator could assign it: it never starts.
+    node_events().info("job_cancelled job={} reason=\"stopped by its submitter before it was assigned\"", c.job_id);
+    s.pending.reset();
+    return;
+  }
   if (!s.job || s.job->start.job_id != c.job_id) return;
   auto& j = *s.job;
-  using Command = gossip::Control::Command;
   if (c.command == Command::worker_finished && j.mode == Mode::async && j.rank == 0) {
     if (std::find(j.start.workers.begin(), j.start.workers.end(), peer) == j.start.workers.end()) return;
     j.finished.insert(peer);
@@ -289,6 +303,10 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
   self->state.o = std::move(options);
   self->state.router = router;
   caf::anon_send(router, job_atom::value, caf::actor_cast<caf::actor>(self));
+  // A restarted trainer holds no job: the router must not answer status queries with the last
+  // run's job, nor send shard updates to its host.
+  caf::anon_send(router, status_atom::value, std::optional<gossip::JobStatus>());
+  caf::anon_send(router, shards_atom::value, caf::actor(), std::vector<gossip::ShardHolders>());
   return {
       [self](view_atom, std::vector<gossip::Member> view) { on_view(self, std::move(view)); },
       [self](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {

@@ -23,6 +23,11 @@ bool send_to(Trainer* self, const std::string& address, gossip::Body body) {
   return false;
 }
 
+bool submitter_live(const TrainerState& s, const std::string& submitter_id) {
+  return std::any_of(s.view.begin(), s.view.end(),
+                     [&](const gossip::Member& m) { return m.id == submitter_id && elastic::is_live(m); });
+}
+
 void to_submitter(Trainer* self, const Job& j, gossip::Body body) {
   if (!j.detached) send_to(self, j.start.submitter, std::move(body));
 }
@@ -79,6 +84,7 @@ void drop_job(Trainer* self, bool over) {
   }
   job.reset();
   report_status(self);
+  if (self->state.drain) on_drain(self);  // draining, and now no job: drained
 }
 
 void fail(Trainer* self, const std::string& why) {
@@ -122,8 +128,10 @@ void add_mode_counters(const Job& j, JobReport& r) {
 }
 
 std::string save_detached(const TrainerState& s, const Job& j, const JobReport& r) {
-  const std::filesystem::path dir = std::filesystem::path(s.o.results_dir) / std::to_string(j.start.job_id);
+  std::filesystem::path dir = std::filesystem::path(s.o.results_dir) / std::to_string(j.start.job_id);
   std::error_code ec;
+  for (int k = 2; std::filesystem::exists(dir, ec) && k < 1000; ++k)  // never over an earlier result
+    dir = std::filesystem::path(s.o.results_dir) / fmt::format("{}-{}", j.start.job_id, k);
   std::filesystem::create_directories(dir, ec);
   if (ec) return fmt::format("not saved: cannot create {}: {}", dir.string(), ec.message());
   if (auto ok = compute::export_safetensors(dir / "model.safetensors", *j.model); !ok)
@@ -141,6 +149,13 @@ std::string save_detached(const TrainerState& s, const Job& j, const JobReport& 
 
 void complete_rank0(Trainer* self) {
   auto& j = *self->state.job;
+  // At the end, a submitter this view does not hold live is gone, even if this node never saw it
+  // leave (a joiner after membership forgot it, a restarted trainer): the result stays here.
+  if (!j.detached && !submitter_live(self->state, j.start.submitter_id)) {
+    j.detached = true;
+    node_events().info("job_detached job={} reason=\"the submitter {} is not live in this view at the end\"",
+                       j.start.job_id, j.start.submitter_id);
+  }
   const auto params = j.model->parameters();
   auto copy = std::make_shared<const std::vector<float>>(params.begin(), params.end());
   constexpr size_t piece = 1u << 20;  // elements per frame: 4 MiB, well inside the frame limit

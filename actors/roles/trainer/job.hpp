@@ -174,6 +174,9 @@ uint64_t checksum(std::span<const float> values);
 /// Sends, or says it could not: the peer's send queue is full ([cluster] send_queue_mb).
 bool send_to(Trainer* self, const std::string& address, gossip::Body body);
 
+/// Whether the view holds the submitter live (one it does not know is not).
+bool submitter_live(const TrainerState& s, const std::string& submitter_id);
+
 /// To the job's submitter, unless it is gone: a detached job reports to nobody.
 void to_submitter(Trainer* self, const Job& j, gossip::Body body);
 
