@@ -3,15 +3,16 @@
 # local nodes training LeNet on Fashion-MNIST, in sync and in gossip mode. During the chaos run a
 # fault comes every FAULT_GAP seconds, drawn from the seed: kill -9 of a launcher's node (the
 # launcher restarts it), SIGSTOP for 3 s then SIGCONT, a join of a new node, a graceful leave
-# (SIGTERM) of a node this script added; and one partition of the link emulator (nodes 0, 1 in
+# (SIGTERM: a drain) of a node this script added, a crash of a node's trainer role (SIGUSR2: its
+# supervisor restarts it and it rejoins); and one partition of the link emulator (nodes 0, 1 in
 # region a, 2, 3 in b) 25 s into the cluster's life, for 4 s. Beside it, fault-free runs at 4 and
 # at 3 workers. Per mode, medians over the seeds:
 #   completion        chaos runs that finished (exit 0)
 #   accuracy          final test accuracy, chaos and fault-free (goal: within 0.5 points)
 #   goodput           epochs x samples / wall time, chaos over fault-free at 4 and at 3 workers
 #                     (goal >= 0.85 of the 4-worker run)
-#   kill to step      a kill -9 to the survivors' next committed step (the first step any node
-#                     logs in a generation begun after the kill; goal <= 3 s)
+#   kill to step      a kill -9 (or a trainer crash) to the survivors' next committed step (the
+#                     first step any node logs in a generation begun after it; goal <= 3 s)
 #   join to step      a join to the joiner's first step (goal <= 5 s)
 #   unexplained       deaths of members no fault touched (must be 0)
 #
@@ -88,7 +89,7 @@ run() {
     while kill -0 "$launcher" 2>/dev/null; do
       sleep "$gap"
       kill -0 "$launcher" 2>/dev/null || break
-      local kind=$((RANDOM % 4)) victim="node-0$((RANDOM % nodes))"
+      local kind=$((RANDOM % 5)) victim="node-0$((RANDOM % nodes))"
       case $kind in
         0) pkill -9 -f -- "$out/run/cluster.toml --name $victim " && echo "$(now) kill $victim" >>"$out/faults.txt" ;;
         1) local p
@@ -103,6 +104,7 @@ run() {
         3) local leaver
            leaver=$(for ((k = 0; k < joined; k++)); do pgrep -f -- "--name node-1$k " >/dev/null && echo "node-1$k"; done | head -1)
            [[ -n $leaver ]] && pkill -TERM -f -- "--name $leaver " && echo "$(now) leave $leaver" >>"$out/faults.txt" ;;
+        4) pkill -USR2 -f -- "$out/run/cluster.toml --name $victim " && echo "$(now) crash $victim" >>"$out/faults.txt" ;;
       esac
     done
   fi
@@ -163,7 +165,7 @@ for mode in ("sync", "gossip"):
                 elif "member_dead" in line:
                     deaths.append((stamp(line), re.search(r"id=(\S+)", line).group(1)))
         for t, kind, node in ((float(a), b, c) for a, b, c in lines):
-            if kind == "kill":
+            if kind in ("kill", "crash"):  # both: the survivors' next committed step
                 after = [f for f, _ in firsts if f > t]
                 if after: kills.append(min(after) - t)
             if kind == "join":
