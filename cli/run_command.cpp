@@ -321,6 +321,7 @@ struct Collected {
   size_t params_received = 0;
   uint64_t members = 0;
   std::string failure;
+  std::optional<Clock::time_point> ended_at;  // the launcher's clock at the last done report
   std::vector<std::string> membership_events;  // "id joined|died|left|came back|restarted"
   nlohmann::json generations = nlohmann::json::array();
 };
@@ -478,6 +479,7 @@ int run_run_command(const RunArgs& args) {
                  tty ? "\r\033[K" : "", r.epoch, r.step, r.test_accuracy, r.test_loss, r.train_seconds);
     } else if (r.kind == K::done) {
       collected->done.push_back(r);
+      collected->ended_at = Clock::now();
     } else {
       collected->failure = r.error;
     }
@@ -602,6 +604,12 @@ int run_run_command(const RunArgs& args) {
     // Without a barrier workers end at different times: the job took as long as the slowest.
     if (!sync) wall = std::max(wall, d.train_seconds);
   }
+  // Rank 0's own clock starts at its first step: after a membership change the rank 0 at the end
+  // may have joined late, or restarted, and seen only the end of the job. The launcher's clock saw
+  // all of it: from the first step (the first progress report, less the training it covered) to
+  // the last done report (which also holds the final evaluation, so fault-free jobs keep rank 0's).
+  if (collected->generations.size() > 1 && startup_seconds >= 0 && collected->ended_at)
+    wall = std::max(wall, std::chrono::duration<double>(*collected->ended_at - process_start).count() - startup_seconds);
   double compute_per_step = 0;
   for (const auto& d : collected->done)
     if (d.step > 0) compute_per_step = std::max(compute_per_step, d.compute_seconds / static_cast<double>(d.step));
