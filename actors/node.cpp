@@ -68,6 +68,13 @@ uint64_t unix_ms() {
 
 }  // namespace
 
+uint64_t new_boot_id(uint64_t other_than) {
+  std::random_device device;
+  uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
+  while (id == 0 || id == other_than) id = (id << 1) ^ device();
+  return id;
+}
+
 int run_node(const NodeOptions& o) {
   // Signals are taken by sigwait in this thread only: block them before any thread starts.
   sigset_t signals;
@@ -109,11 +116,7 @@ int run_node(const NodeOptions& o) {
   const uint64_t incarnation = unix_ms();  // above any incarnation an earlier run of this id used
   // New for each run of this process, never 0 (unknown): members tell a restart from a refutation by
   // it, and a job assignment names its coordinator's.
-  const uint64_t boot_id = [] {
-    std::random_device device;
-    const uint64_t id = (static_cast<uint64_t>(device()) << 32) ^ device();
-    return id ? id : 1;
-  }();
+  const uint64_t boot_id = new_boot_id();
   gossip::MetricsRegistry metrics;  // before the actors: the monitor role reads it until they are gone
   caf::actor_system_config cfg;
   // The work-sharing scheduler sleeps on a condition variable when idle; CAF's default
@@ -252,11 +255,14 @@ int run_node(const NodeOptions& o) {
 
   int sig = 0;
   caf::scoped_actor asker{sys};
+  // The trainer role as the supervisor holds it now (a restart replaces it); none on a submitter.
+  const auto with_trainer = [&](auto f) {
+    asker->request(caf::actor(sup), std::chrono::seconds(2), get_atom::value, role_atom::value, std::string("trainer"))
+        .receive(f, [](const caf::error&) {});
+  };
   for (sigwait(&signals, &sig); sig == SIGUSR2; sigwait(&signals, &sig)) {
     node_events().warn("fault_injected id={} what=\"SIGUSR2: the trainer role crashes\"", id);
-    asker->request(caf::actor(sup), std::chrono::seconds(2), get_atom::value, role_atom::value, std::string("trainer"))
-        .receive([&](const caf::actor& trainer) { asker->send_exit(trainer, caf::sec::runtime_error); },
-                 [](const caf::error&) {});
+    with_trainer([&](const caf::actor& trainer) { asker->send_exit(trainer, caf::sec::runtime_error); });
   }
   int status = 0;
   bool leave = true;
@@ -279,14 +285,11 @@ int run_node(const NodeOptions& o) {
       // graceful leave below tells the others, who go on in a generation without this node.
       // Bounded: a ring that never completes (a neighbour dead) does not hold the leave up.
       std::string where = "no trainer";
-      asker->request(caf::actor(sup), std::chrono::seconds(2), get_atom::value, role_atom::value, std::string("trainer"))
-          .receive(
-              [&](const caf::actor& trainer) {
-                asker->request(trainer, std::chrono::seconds(30), drain_atom::value)
-                    .receive([&](const std::string& w) { where = w; },
-                             [&](const caf::error& e) { where = "not drained within 30 s: " + sys.render(e); });
-              },
-              [](const caf::error&) {});
+      with_trainer([&](const caf::actor& trainer) {
+        asker->request(trainer, std::chrono::seconds(30), drain_atom::value)
+            .receive([&](const std::string& w) { where = w; },
+                     [&](const caf::error& e) { where = "not drained within 30 s: " + sys.render(e); });
+      });
       node_events().info("node_drained id={} where=\"{}\"", id, where);
       std::lock_guard lock(leave_mutex);
       if (!leave_asker.empty())

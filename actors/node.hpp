@@ -29,6 +29,10 @@ struct NodeOptions {
   std::shared_ptr<Submission> submission;
 };
 
+/// A fresh boot id for a run of this node (a process start, or a trainer role's restart): random,
+/// never 0 (unknown) and never `other_than` (the run it replaces).
+uint64_t new_boot_id(uint64_t other_than = 0);
+
 /// Runs the node until it is told to stop (or, as a submitter, until its job ends); returns the
 /// process exit status (0 clean stop, 1 failure, 2 bad options, 130 interrupted submitter).
 int run_node(const NodeOptions& options);

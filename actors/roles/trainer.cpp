@@ -1,6 +1,7 @@
 // The trainer actor: its messages, ticks, the coordinator's part of a submission, drains; the
 // rest of the role is in actors/roles/trainer/ (job.hpp says what is where).
 
+#include "actors/node.hpp"
 #include "actors/roles/trainer/job.hpp"
 
 namespace tepdist::actors {
@@ -344,9 +345,7 @@ RoleSpec trainer_role(TrainerOptions options, caf::actor router) {
             // the node as restarted (a new boot id), so job control takes it back as a joiner that
             // pulls the state, as it does a restarted process.
             if (snapshot.match_elements<uint64_t>()) {
-              std::random_device device;
-              uint64_t boot = (static_cast<uint64_t>(device()) << 32) ^ device();
-              if (boot == 0 || boot == snapshot.get_as<uint64_t>(0)) boot = snapshot.get_as<uint64_t>(0) + 1;
+              const uint64_t boot = new_boot_id(snapshot.get_as<uint64_t>(0));
               options.boot_id = boot;
               node_events().warn("trainer_restarted boot_id={:016x}", boot);
               caf::anon_send(router, boot_atom::value, boot);
