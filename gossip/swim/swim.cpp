@@ -191,6 +191,7 @@ void Swim::declare(double now_ms, Known& k, State state, Output& out) {
   suspicions_.erase(n);
   const Member m = record(n);
   spread(m);
+  urgent_ = urgent_ || !quiet_;
   out.events.push_back({state == State::dead ? Event::Kind::dead : Event::Kind::left, m});
 }
 
@@ -469,6 +470,7 @@ void Swim::on_message(double now_ms, const std::string& from, const std::string&
   // (at most once a probe interval), so it refutes while the suspicion runs here.
   if (!suspicions_.empty())
     if (const Known* k = find(from); k && k->state == State::suspect) tell_suspect(now_ms, number_of(*k), out, false);
+  rush(out, from);
   due_ms_ = std::max(now_ms, next_deadline_ms());
 }
 
@@ -484,6 +486,19 @@ void Swim::tell_suspect(double now_ms, uint32_t n, Output& out, bool reminder) {
   auto updates = piggyback();
   updates.insert(updates.begin(), record(n));
   send(out, directory_->address(k->details), Ping{++seq_, std::move(updates)});
+}
+
+void Swim::rush(Output& out, const std::string& except) {
+  if (!urgent_) return;
+  urgent_ = false;
+  if (config_.urgent_fanout <= 0 || left_) return;
+  const Known* sender = find(except);
+  const uint32_t skip = sender ? number_of(*sender) : Directory::none;
+  // A ping, not a bare message: the ack brings the receiver's own news back, and a member that
+  // missed this one's arrival answers with a state sync (see on_message). Its sequence number
+  // matches no probe, so the ack is merged and otherwise ignored.
+  for (uint32_t n : random_live(static_cast<size_t>(config_.urgent_fanout), skip))
+    send(out, directory_->address(table_[n].details), Ping{++seq_, piggyback()});
 }
 
 std::vector<uint32_t> Swim::random_live(size_t count, uint32_t except) {
@@ -596,11 +611,18 @@ void Swim::tick(double now_ms, Output& out) {
       for (uint32_t via : random_live(static_cast<size_t>(config_.indirect_checks), n))
         send(out, directory_->address(table_[via].details), PingReq{probe_->seq, about, piggyback()});
     } else if (now_ms >= probe_->interval_end_ms) {
+      const uint64_t probe_incarnation = probe_->incarnation;
       probe_.reset();
       // A missed ack hints that this node is the slow one, unless others already suspect the
       // target: checking a suspicion that is true says nothing of this node's health, and if it
       // did, every node checking a dead one would slow its own probes and gossip of the death.
-      if (target->state == State::alive) {
+      if (target->state == State::alive && target->incarnation > probe_incarnation) {
+        // The target refuted a suspicion while this probe was out: that is word from it newer than
+        // the probe, not a new silence to accuse it of (memberlist suspects the incarnation its
+        // probe saw, and a newer one makes that suspicion stale). Suspecting the new incarnation
+        // here started a fresh full course against a member that had just shown it lives, and
+        // once refutations spread fast, one came in nearly every probe of a loaded node.
+      } else if (target->state == State::alive) {
         awareness_.apply(1);
         suspect(now_ms, *target, self_.id, out);
         // Lifeguard's buddy system: tell the accused at once (the suspicion is the newest news, so
@@ -622,6 +644,7 @@ void Swim::tick(double now_ms, Output& out) {
     if (auto n = next_probe_target()) {
       probe_ = Probe{++seq_, *n, now_ms + awareness_.scale(config_.probe_timeout_ms), next_probe_ms_};
       probe_->defer_limit_ms = next_probe_ms_ + awareness_.scale(config_.probe_interval_ms);
+      probe_->incarnation = table_[*n].incarnation;
       auto updates = piggyback();
       // Lifeguard's buddy system: probing a suspect always tells it so, whatever the gossip
       // budget has left, so a live member learns of its suspicion from everyone who probes it.
@@ -677,6 +700,7 @@ void Swim::tick(double now_ms, Output& out) {
     if (k && !live(k->state) && k->incarnation == incarnation) *k = Known{};
     forget_at_.erase(forget_at_.begin());
   }
+  rush(out, self_.id);
   due_ms_ = std::max(now_ms, next_deadline_ms());  // the deadline the driver is now given
 }
 

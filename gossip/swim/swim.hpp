@@ -120,6 +120,7 @@ class Swim {
     double timeout_ms, interval_end_ms;
     bool indirect_sent = false;
     double defer_limit_ms = 0;  // past this, this node's lateness no longer pushes the verdict back
+    uint64_t incarnation = 0;   // the target's when the probe went out
   };
   struct Relay {
     std::string requester_address;
@@ -150,6 +151,9 @@ class Swim {
   /// probe interval).
   void tell_suspect(double now_ms, uint32_t n, Output& out, bool reminder);
   void declare(double now_ms, Known& k, Member::State state, Output& out);
+  /// Pushes news marked urgent_ to urgent_fanout random live members (except `except`), once per
+  /// input however many items it brought.
+  void rush(Output& out, const std::string& except);
   void send(Output& out, const std::string& address, Body body);
   std::vector<Member> piggyback();
   std::vector<Member> full_state() const;
@@ -181,6 +185,7 @@ class Swim {
   bool left_ = false;
   double due_ms_ = 0;  // the deadline last given to the driver (lateness is measured against it)
   bool quiet_ = false;  // merging a state sync: news about others is not spread again
+  bool urgent_ = false; // this input brought a suspicion, death, leave or refutation: rush() it
 };
 
 }  // namespace tepdist::gossip::swim

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <limits>
 #include <random>
+#include <set>
 
 #include "gossip/swim/swim.hpp"
 
@@ -218,6 +219,59 @@ TEST_CASE("a death heard about a member held alive is a suspicion it can refute"
   Output second;
   a.swim.on_message(30, "d", "d", Ping{3, {verdict}}, second);
   CHECK(reported(second, Event::Kind::dead, "b"));
+}
+
+TEST_CASE("a verdict is pushed at once to a few live members, a suspicion rides on the probes only",
+          "[gossip][swim][faults]") {
+  Core a("a", {"b", "c", "d", "e", "f", "g"});
+  Member claim{"b", "b", 1, Member::State::suspect, "local", {}, "c"};
+  // A suspicion is not pushed: it starts a course on every node that hears it, and spread fast it
+  // would leave a loaded suspect less time to refute (the loaded-nodes scenario measured it).
+  Output heard;
+  a.swim.on_message(10, "c", "c", Ping{1, {claim}}, heard);
+  REQUIRE(reported(heard, Event::Kind::suspected, "b"));
+  CHECK(sent<Ping>(heard).empty());
+  // Independent word that the suspicion ran out (d is not an accuser): a declares b dead, and
+  // pushes the verdict to urgent_fanout live members, none of them d (which knows) or b.
+  Member verdict = claim;
+  verdict.state = Member::State::dead;
+  Output out;
+  a.swim.on_message(20, "d", "d", Ping{2, {verdict}}, out);
+  REQUIRE(reported(out, Event::Kind::dead, "b"));
+  std::set<std::string> told;
+  for (const auto& [to, ping] : sent<Ping>(out)) {
+    bool carries = false;
+    for (const auto& u : ping.updates) carries = carries || (u.id == "b" && u.state == Member::State::dead);
+    CHECK(carries);
+    told.insert(to);
+  }
+  CHECK(told.size() == static_cast<size_t>(Config::lan().urgent_fanout));
+  CHECK_FALSE(told.contains("d"));
+  CHECK_FALSE(told.contains("b"));
+  // The same verdict again is no news: nothing more is pushed.
+  Output again;
+  a.swim.on_message(30, "e", "e", Ping{3, {verdict}}, again);
+  CHECK(sent<Ping>(again).empty());
+}
+
+TEST_CASE("a probe that fails after its target refuted does not suspect the new incarnation",
+          "[gossip][swim][faults]") {
+  Core a("a", {"b"});
+  const double t0 = Config::lan().probe_interval_ms;
+  const auto pings = sent<Ping>(tick(a.swim, t0));
+  REQUIRE(pings.size() == 1);
+  // The ack never comes (b is stalled), but b's refutation of an older suspicion reaches a while
+  // the probe is out: newer word from b than the probe.
+  Output refutation;
+  a.swim.on_message(t0 + 50, "b", "b", Ack{0, {member("b", 2)}}, refutation);
+  Output rest;
+  for (double t = t0 + 60; t <= t0 + Config::lan().probe_interval_ms + 1; t += 10) a.swim.tick(t, rest);
+  CHECK_FALSE(reported(rest, Event::Kind::suspected, "b"));
+  CHECK(a.swim.state_of("b") == Member::State::alive);
+  // A probe sent after the refutation that fails is a new silence: that one suspects.
+  Output later;
+  for (double t = t0 + 300; t <= t0 + 1000; t += 10) a.swim.tick(t, later);
+  CHECK(reported(later, Event::Kind::suspected, "b"));
 }
 
 TEST_CASE("a suspicion of a newer incarnation starts afresh instead of shortening the refuted one",

@@ -71,8 +71,9 @@ TEST_CASE("one seed replays exactly in another process, another seed differs", "
 TEST_CASE("a broken invariant exits non-zero and prints the seed to replay it", "[sims]") {
   tepdist::test::TempDir dir;
   const auto file = dir.path / "too_short.toml";
-  // Killed a second before the end: nobody can have declared it dead yet.
-  std::ofstream(file) << "[scenario]\nnodes = 10\nduration_s = 30\n[[fault]]\nkind = \"kill\"\nat_s = 29\nnodes = [4]\n";
+  // Killed 0.4 s before the end, less than the shortest suspicion at 10 nodes (3 x log10(11) x
+  // 200 ms): nobody can have declared it dead yet.
+  std::ofstream(file) << "[scenario]\nnodes = 10\nduration_s = 30\n[[fault]]\nkind = \"kill\"\nat_s = 29.6\nnodes = [4]\n";
   const auto r = sim({file.string(), "--seed", "42"});
   CHECK(r.status == 1);
   CHECK_THAT(r.out, Catch::Contains("BROKEN killed_detected") && Catch::Contains("--seed 42"));
