@@ -20,6 +20,7 @@ using shards_atom = caf::atom_constant<caf::atom("shards")>;  ///< (shards_atom,
 using view_atom = caf::atom_constant<caf::atom("view")>;  ///< (view_atom, members): the membership, on every change
 using drain_atom = caf::atom_constant<caf::atom("drain")>;  ///< (drain_atom) -> string: the trainer stops at a step boundary
 using boot_atom = caf::atom_constant<caf::atom("boot")>;  ///< (boot_atom, boot id): a role lost its state; the node announces a new run
+using hang_atom = caf::atom_constant<caf::atom("hang")>;  ///< (hang_atom): fault injection, the trainer blocks its thread a while
 using status_atom = caf::atom_constant<caf::atom("status")>;  ///< (status_atom, optional JobStatus): for status answers
 
 }  // namespace tepdist::actors

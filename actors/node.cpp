@@ -81,9 +81,14 @@ int run_node(const NodeOptions& o) {
   sigemptyset(&signals);
   for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&signals, s);
   // Fault injection, for tests and bench/chaos.sh: SIGUSR2 to a worker node crashes its trainer
-  // role, which its supervisor restarts (a submitter, which may live in a user's program, leaves
-  // SIGUSR2 alone).
-  if (!o.submission) sigaddset(&signals, SIGUSR2);
+  // role, which its supervisor restarts; SIGRTMIN hangs it (its thread blocks for twice the job's
+  // step_timeout_s) while membership, on its own thread, goes on answering: a worker alive to
+  // membership that blocks the ring. (A submitter, which may live in a user's program, leaves both
+  // alone.)
+  if (!o.submission) {
+    sigaddset(&signals, SIGUSR2);
+    sigaddset(&signals, SIGRTMIN);
+  }
   // A program may run several nodes one after another (tepdist::Trainer runs one submitter per
   // epoch): the caller's mask comes back when this returns (declared first, so after teardown),
   // and no signal meant for one node is left for the next.
@@ -260,9 +265,14 @@ int run_node(const NodeOptions& o) {
     asker->request(caf::actor(sup), std::chrono::seconds(2), get_atom::value, role_atom::value, std::string("trainer"))
         .receive(f, [](const caf::error&) {});
   };
-  for (sigwait(&signals, &sig); sig == SIGUSR2; sigwait(&signals, &sig)) {
-    node_events().warn("fault_injected id={} what=\"SIGUSR2: the trainer role crashes\"", id);
-    with_trainer([&](const caf::actor& trainer) { asker->send_exit(trainer, caf::sec::runtime_error); });
+  for (sigwait(&signals, &sig); sig == SIGUSR2 || sig == SIGRTMIN; sigwait(&signals, &sig)) {
+    if (sig == SIGUSR2) {
+      node_events().warn("fault_injected id={} what=\"SIGUSR2: the trainer role crashes\"", id);
+      with_trainer([&](const caf::actor& trainer) { asker->send_exit(trainer, caf::sec::runtime_error); });
+    } else {
+      node_events().warn("fault_injected id={} what=\"SIGRTMIN: the trainer role hangs\"", id);
+      with_trainer([&](const caf::actor& trainer) { asker->send(trainer, hang_atom::value); });
+    }
   }
   int status = 0;
   bool leave = true;

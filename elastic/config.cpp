@@ -95,7 +95,8 @@ const std::vector<Key>& keys() {
       {{"job", "step_timeout_s", KeyType::number, "60",
         "A step that waits this long for what it needs: in sync (and in gossip's final average, once the "
         "previous worker has started it) the previous worker in the ring, which membership still holds live, "
-        "is left out of the next generation (evicted); in async the job fails, naming the shard primaries "
+        "is asked whether its trainer takes messages; if it does not answer within half this time, it is left "
+        "out of the next generation (evicted), and taken back once it runs again; in async the job fails, naming the shard primaries "
         "whose answers it waited for (once max_staleness steps are unanswered, or at the end). A worker that "
         "dies is membership's, and sooner. Seconds, (0, 86400]."},
        0, 86400, true, false, {}, assign<&J::job, &J::Job::step_timeout_s>},

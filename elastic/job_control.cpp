@@ -39,9 +39,15 @@ const std::string* worker_address(const JobStart& record, const std::string& id)
   return i < record.addresses.size() ? &record.addresses[i] : nullptr;
 }
 
-std::string job_duty_holder(const JobStart& record, const std::vector<Member>& view) {
+std::string job_duty_holder(const JobStart& record, const std::vector<Member>& view,
+                            const std::map<std::string, uint64_t>& excluded) {
   LowestLiveId rule;
-  for (size_t i = 0; i < record.workers.size(); ++i) rule.offer(record.workers[i], live_in_run(record, i, view));
+  for (size_t i = 0; i < record.workers.size(); ++i) {
+    const auto out = excluded.find(record.workers[i]);
+    const uint64_t boot = i < record.worker_boot_ids.size() ? record.worker_boot_ids[i] : 0;
+    const bool evicted = out != excluded.end() && (out->second == boot || !out->second || !boot);
+    rule.offer(record.workers[i], !evicted && live_in_run(record, i, view));
+  }
   return rule.holder() ? *rule.holder() : std::string();
 }
 
@@ -76,7 +82,9 @@ void JobControl::adopt(const JobStart& record) {
   highest_seen_ = std::max(highest_seen_, record_.generation);
 }
 
-bool JobControl::holds_duty() const { return has_record() && job_duty_holder(record_, view_) == o_.self; }
+std::string JobControl::duty_holder() const { return job_duty_holder(record_, view_, excluded_); }
+
+bool JobControl::holds_duty() const { return has_record() && duty_holder() == o_.self; }
 
 GenerationVote JobControl::ack_of(uint64_t number, const Local& mine) const {
   GenerationVote v{record_.job_id, GenerationVote::Kind::ack, number, record_.generation};
@@ -98,6 +106,15 @@ void JobControl::on_view(double now, const std::vector<Member>& view, const Loca
 }
 
 void JobControl::on_tick(double now, const Local& mine, Output& out) {
+  if (left_out_) {
+    // Said again while left out (the duty holder may have changed, or the vote been lost).
+    if (back_said_at_ < 0) {
+      back_said_at_ = now;
+    } else if (now - back_said_at_ >= o_.retry_ms) {
+      say_back(out);
+      back_said_at_ = now;
+    }
+  }
   if (paused() && !promised_to_.empty() && now - promised_at_ >= o_.retry_ms) {
     // The install may have been lost: the proposer answers a repeated ack with its record. The
     // duty holder hears it too: should the proposer have lost the duty, it proposes anew.
@@ -105,7 +122,7 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
     a.job_id = record_.job_id ? record_.job_id : job_id_;
     out.sends.emplace_back(promised_to_, a);
     if (has_record()) {
-      const std::string holder = job_duty_holder(record_, view_);
+      const std::string holder = duty_holder();
       if (const auto* address = worker_address(record_, holder); address && holder != o_.self && *address != promised_to_)
         out.sends.emplace_back(*address, a);
     }
@@ -211,10 +228,22 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
       }
       return on_ack(from, vote, out);
     case GenerationVote::Kind::evict:
-      if (vote.workers.size() != 1 || vote.number != record_.generation || !holds_duty()) return;
+      if (vote.workers.size() != 1 || vote.number != record_.generation) return;
       if (std::find(record_.workers.begin(), record_.workers.end(), from) == record_.workers.end()) return;
+      // Sent to the duty holder as the sender sees it, which may be this node only once the
+      // accused (the holder until now) is passed over: judged after the exclusion, never sent on.
       out.log.push_back(fmt::format("{} asks to leave {} out: it blocks the ring", from, vote.workers[0]));
-      return evict(now, vote.workers[0], mine, out);
+      return evict(now, vote.workers[0], mine, out, false);
+    case GenerationVote::Kind::back: {
+      // A worker this node evicted takes messages again: it is passed over no longer, and the
+      // duty holder proposes it as a joiner (it pulls the state). Only from the run evicted.
+      const auto it = excluded_.find(from);
+      if (it == excluded_.end() || (it->second && vote.boot_id && it->second != vote.boot_id)) return;
+      excluded_.erase(it);
+      out.log.push_back(fmt::format("{} runs again: no longer left out", from));
+      if (holds_duty() && !proposal_ && now >= quiet_until_) on_view(now, view_, mine, out);
+      return;
+    }
     case GenerationVote::Kind::refuse:
       if (!proposal_ || !holds_duty()) return;
       out.log.push_back(fmt::format("{} refused generation {}: {}", from, proposal_->number, vote.reason));
@@ -321,18 +350,22 @@ void JobControl::try_install(Output& out) {
   install(next, out);
 }
 
-void JobControl::evict(double now, const std::string& id, const Local& mine, Output& out) {
+void JobControl::evict(double now, const std::string& id, const Local& mine, Output& out, bool forward) {
   if (!has_record()) return;
   const auto it = std::find(record_.workers.begin(), record_.workers.end(), id);
   if (it == record_.workers.end() || id == o_.self) return;
+  // Every node that evicts a worker passes it over from then on, for the duty too: when the
+  // worker that blocks the ring holds the duty itself (a hung trainer answers no vote), the next
+  // in line takes it up, and the others follow its proposal as they follow any.
+  const auto i = static_cast<size_t>(it - record_.workers.begin());
+  excluded_[id] = i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
   if (!holds_duty()) {
-    if (const auto* holder = worker_address(record_, job_duty_holder(record_, view_)))
+    if (!forward) return;
+    if (const auto* holder = worker_address(record_, duty_holder()))
       out.sends.emplace_back(*holder, GenerationVote{record_.job_id, GenerationVote::Kind::evict, record_.generation,
                                                      record_.generation, {id}});
     return;
   }
-  const auto i = static_cast<size_t>(it - record_.workers.begin());
-  excluded_[id] = i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
   out.log.push_back(fmt::format("leaving {} out of the next generation: alive, but it blocks the ring", id));
   quiet_until_ = 0;
   propose(now, mine, out);
@@ -357,8 +390,23 @@ void JobControl::install(const JobStart& record, Output& out) {
   highest_seen_ = std::max(highest_seen_, record.generation);
   if (proposal_ && proposal_->number <= record.generation) proposal_.reset();
   out.installed = true;
-  if (std::find(record.workers.begin(), record.workers.end(), o_.self) == record.workers.end())
+  left_out_ = std::find(record.workers.begin(), record.workers.end(), o_.self) == record.workers.end();
+  if (left_out_) {
     out.dropped = fmt::format("not a worker of generation {}", record.generation);
+    // Left out while running: evicted (its trainer blocked the ring a while), or taken for gone
+    // by a view it has refuted since. Either way it takes messages now, which is what the duty
+    // holder waits to hear before it stops passing an evicted run over.
+    say_back(out);
+    back_said_at_ = -1;  // said now; again a retry period after the next tick
+  }
+}
+
+void JobControl::say_back(Output& out) const {
+  const std::string holder = duty_holder();
+  if (holder.empty() || holder == o_.self) return;
+  if (const auto* address = worker_address(record_, holder))
+    out.sends.emplace_back(*address, GenerationVote{record_.job_id, GenerationVote::Kind::back, record_.generation,
+                                                    record_.generation, {}, {}, false, o_.boot_id});
 }
 
 }  // namespace tepdist::elastic

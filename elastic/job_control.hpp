@@ -56,8 +56,9 @@ enum class Quorum { majority, any };
 
 /// The coordinator rule of a running job, written once: the lowest id among `record`'s workers
 /// that `view` holds live in the run the record names (a worker the view does not know yet counts
-/// as live). Empty if none is.
-std::string job_duty_holder(const gossip::JobStart& record, const std::vector<gossip::Member>& view);
+/// as live), passing over workers `excluded` (evicted) in the run the record names. Empty if none is.
+std::string job_duty_holder(const gossip::JobStart& record, const std::vector<gossip::Member>& view,
+                            const std::map<std::string, uint64_t>& excluded = {});
 
 /// Where `record` says worker `id` listens; nullptr if it names no such worker.
 const std::string* worker_address(const gossip::JobStart& record, const std::string& id);
@@ -108,8 +109,9 @@ class JobControl {
   /// A vote from `from` (a member id; the transport authenticated it).
   void on_vote(double now, const std::string& from, const gossip::GenerationVote& vote, const Local& mine, Output& out);
   /// This worker waited too long for `id`, which membership holds live: the duty holder leaves it
-  /// out of the next generation (this node, or the one it asks).
-  void evict(double now, const std::string& id, const Local& mine, Output& out);
+  /// out of the next generation (this node, or the one it asks unless `forward` is false). This
+  /// node passes `id`'s run over from then on, for the duty too (the accused may hold it).
+  void evict(double now, const std::string& id, const Local& mine, Output& out, bool forward = true);
   /// A record of a generation (from its proposer, or forwarded by a member that has it).
   std::expected<void, std::string> on_install(const gossip::JobStart& record, Output& out);
 
@@ -128,12 +130,16 @@ class JobControl {
     Roster roster;
     std::map<std::string, gossip::GenerationVote> acks;  // by worker id
   };
+  /// The duty holder as this node sees it: the rule, passing over workers this node evicted.
+  std::string duty_holder() const;
   bool holds_duty() const;
   void propose(double now, const Local& mine, Output& out);
   void on_ack(const std::string& from, const gossip::GenerationVote& vote, Output& out);
   void try_install(Output& out);
   void install(const gossip::JobStart& record, Output& out);
   gossip::GenerationVote ack_of(uint64_t number, const Local& mine) const;
+  /// Left out of the installed generation while running: tells the duty holder it runs (back).
+  void say_back(Output& out) const;
 
   Options o_;
   gossip::JobStart record_;           // generation 0: none held
@@ -147,6 +153,8 @@ class JobControl {
   uint64_t job_id_ = 0;               // a joiner's: the job of the proposals it heard
   std::map<std::string, uint64_t> excluded_;  // evicted workers: id -> boot id of the evicted run
   double promised_at_ = 0;            // when the promise was made or last repeated
+  bool left_out_ = false;             // not a worker of the installed generation, though running
+  double back_said_at_ = -1;          // when `back` was last said (-1: at the install; timed from the next tick)
 };
 
 }  // namespace tepdist::elastic

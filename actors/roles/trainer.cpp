@@ -4,6 +4,8 @@
 #include "actors/node.hpp"
 #include "actors/roles/trainer/job.hpp"
 
+#include <thread>
+
 namespace tepdist::actors {
 namespace trainer_detail {
 
@@ -203,15 +205,43 @@ void on_tick(Trainer* self) {
                          "lost, or the other side of a partition)\"",
                          j.start.job_id, j.control->promised(), limit);
     } else if (ring_wait && j.control && j.prev_id != s.o.self_id) {
-      // Membership holds the previous worker live, yet the ring has not moved: leave it out of
-      // the next generation rather than end the job.
-      node_events().warn("worker_evicting job={} worker={} reason=\"{} {} waited {:.0f} s for it\"", j.start.job_id,
-                         j.prev_id, j.mode == Mode::sync ? "step" : "the final average after step", j.step + 1, limit);
-      j.progress_at = Clock::now();
-      elastic::JobControl::Output out;
-      const uint64_t job_id = j.start.job_id;
-      j.control->evict(now_ms(s), j.prev_id, local_of(j), out);
-      apply_control(self, job_id, out);
+      // Membership holds the previous worker live, yet the ring has not moved. Every worker after
+      // a hung one waits too, so first ask the previous one whether its trainer takes messages:
+      // one that answers waits on a worker before it, whose own next worker evicts that one. No
+      // answer within half the timeout: this is the one that blocks the ring; it is left out of
+      // the next generation rather than end the job. (An answer is not a pass forever: at twice
+      // the timeout it is evicted anyway, should the whole ring wait on a message that was lost.)
+      const auto now = Clock::now();
+      const double waited = seconds_between(j.progress_at, now);
+      auto& check = j.ring_check;
+      const char* what = j.mode == Mode::sync ? "step" : "the final average after step";
+      std::string why;
+      if (!check || check->mark != j.progress_at) {
+        check = Job::RingCheck{j.progress_at, now, j.random(), false};
+        std::vector<uint8_t> nonce(8);
+        for (size_t b = 0; b < 8; ++b) nonce[b] = static_cast<uint8_t>(check->nonce >> (8 * b));
+        if (const auto* address = elastic::worker_address(j.start, j.prev_id))
+          send_to(self, *address,
+                  gossip::Control{s.o.self_id, s.o.incarnation, gossip::Control::Command::ring_check, j.start.job_id,
+                                  std::move(nonce)});
+        node_events().info("ring_check job={} worker={} reason=\"{} {} waited {:.0f} s for it\"", j.start.job_id,
+                           j.prev_id, what, j.step + 1, waited);
+      } else if (!check->answered && seconds_between(check->sent, now) > limit / 2) {
+        why = fmt::format("{} {} waited {:.0f} s for it, and its trainer did not answer in {:.1f} s", what, j.step + 1,
+                          waited, limit / 2);
+      } else if (waited > 2 * limit) {
+        why = fmt::format("{} {} waited {:.0f} s for it (its trainer answers, but the ring has not moved)", what,
+                          j.step + 1, waited);
+      }
+      if (!why.empty()) {
+        node_events().warn("worker_evicting job={} worker={} reason=\"{}\"", j.start.job_id, j.prev_id, why);
+        j.progress_at = now;
+        check.reset();
+        elastic::JobControl::Output out;
+        const uint64_t job_id = j.start.job_id;
+        j.control->evict(now_ms(s), j.prev_id, local_of(j), out);
+        apply_control(self, job_id, out);
+      }
     } else if (ring_wait)
       fail(self, fmt::format("{} {} waited {:.0f} s for worker {} (the previous one in the ring)",
                              j.mode == Mode::sync ? "step" : "the final average after step", j.step + 1, limit, j.prev_id));
@@ -267,6 +297,26 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
   }
   if (!s.job || s.job->start.job_id != c.job_id) return;
   auto& j = *s.job;
+  if (c.command == Command::ring_check) {
+    // The next worker waits on this one: answering says this trainer takes messages (it waits
+    // itself, or is about to send). Only a worker of the job is answered.
+    if (const auto* address = elastic::worker_address(j.start, peer))
+      send_to(self, *address,
+              gossip::Control{s.o.self_id, s.o.incarnation, Command::ring_check_answer, c.job_id, c.argument});
+    return;
+  }
+  if (c.command == Command::ring_check_answer) {
+    uint64_t nonce = 0;
+    for (size_t b = 0; b < 8 && b < c.argument.size(); ++b) nonce |= uint64_t{c.argument[b]} << (8 * b);
+    if (j.ring_check && !j.ring_check->answered && peer == j.prev_id && c.argument.size() == 8 &&
+        nonce == j.ring_check->nonce) {
+      j.ring_check->answered = true;
+      node_events().info("ring_check_answered job={} worker={} reason=\"it takes messages: it waits on a worker "
+                         "before it\"",
+                         j.start.job_id, peer);
+    }
+    return;
+  }
   if (c.command == Command::worker_finished && j.mode == Mode::async && j.rank == 0) {
     if (std::find(j.start.workers.begin(), j.start.workers.end(), peer) == j.start.workers.end()) return;
     j.finished.insert(peer);
@@ -330,6 +380,15 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
         auto promise = *self->state.drain;
         on_drain(self);
         return promise;
+      },
+      [self](hang_atom) {
+        // Fault injection (SIGRTMIN to the node): this actor's thread blocks, as a hung device or a
+        // deadlock would block it, while the router goes on answering membership's probes. Long
+        // enough for the next worker's step timeout to evict this one.
+        const double seconds = self->state.job ? 2 * self->state.job->config.job.step_timeout_s : 10;
+        node_events().warn("trainer_hanging seconds={:.0f}", seconds);
+        std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
+        node_events().warn("trainer_hung_until_now");
       },
       // Connection trouble: membership decides who is gone; the step timeout covers the rest.
       [](peer_atom, const std::string&, const std::string&) {},

@@ -341,7 +341,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::CONTROL: {
       auto r = e.getControl();
       const auto command = r.getCommand();
-      if (command > wire::Control::Command::TARGET_REACHED)
+      if (command > wire::Control::Command::RING_CHECK_ANSWER)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown control command {}", static_cast<int>(command))};
       const auto arg = r.getArgument();
       return Control{r.getCoordinator(), r.getCoordinatorIncarnation(), static_cast<Control::Command>(command),
@@ -383,7 +383,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::GENERATION_VOTE: {
       auto r = e.getGenerationVote();
       const auto kind = r.getKind();
-      if (kind > wire::GenerationVote::Kind::EVICT)
+      if (kind > wire::GenerationVote::Kind::BACK)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown generation vote kind {}", static_cast<int>(kind))};
       GenerationVote v{r.getJobId(), static_cast<GenerationVote::Kind>(kind), r.getNumber(), r.getBase()};
       for (auto w : r.getWorkers()) v.workers.emplace_back(w);

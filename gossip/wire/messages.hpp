@@ -138,7 +138,9 @@ struct Control {
     evaluate,
     worker_finished,
     job_finished,
-    target_reached
+    target_reached,
+    ring_check,        ///< the next worker in the ring asks whether this one's trainer takes messages
+    ring_check_answer  ///< it does (the question's argument back)
   };
   std::string coordinator;
   uint64_t coordinator_incarnation = 0;
@@ -184,7 +186,7 @@ struct JobStart {
 
 /// Job control's votes (elastic/job_control.hpp).
 struct GenerationVote {
-  enum class Kind : uint8_t { propose, ack, refuse, evict };
+  enum class Kind : uint8_t { propose, ack, refuse, evict, back };
   uint64_t job_id = 0;
   Kind kind = Kind::propose;
   uint64_t number = 0;  ///< proposed; refuse: the highest the refuser has promised or installed

@@ -171,6 +171,9 @@ struct Control {
     workerFinished @4;     # async: a worker has applied all its updates (to rank 0)
     jobFinished @5;        # async: rank 0 has the final model; shards may go
     targetReached @6;      # async, gossip with stop_at_target: rank 0's evaluation reached the target
+    ringCheck @7;          # sync, gossip's final average: the next worker, waiting past step_timeout_s, asks
+                           # whether this worker's trainer still takes messages (argument: a nonce)
+    ringCheckAnswer @8;    # it does: the nonce back; one that is hung never answers and is evicted
   }
 }
 
@@ -241,6 +244,7 @@ struct GenerationVote {
     ack @1;
     refuse @2;
     evict @3;                # to the duty holder: workers[0] blocks the ring though membership holds it live
+    back @4;                 # to the duty holder: the sender, left out while alive, runs again (no longer passed over)
   }
 }
 

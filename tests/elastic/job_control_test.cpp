@@ -375,33 +375,82 @@ TEST_CASE("random kills, restarts, joins and partitions: one generation per numb
   }
 }
 
-TEST_CASE("a worker that blocks the ring while alive is left out until it runs again with another boot id",
+TEST_CASE("a worker that blocks the ring while alive is left out until it says it runs again, or restarts",
           "[elastic][job_control]") {
   Net net;
   for (auto id : {"w0", "w1", "w2"}) net.add(id);
   net.start({"w0", "w1", "w2"});
   for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
-  // w2 waited for w1 (its previous in the ring), which membership holds live: it asks the duty holder.
+  // w1's trainer hangs (it takes no message), though membership holds it live; w2 waited for it
+  // (its previous in the ring) and asks the duty holder to leave it out.
+  net.down.insert("w1");
   auto& w2 = net.nodes.at("w2");
   JobControl::Output out;
   w2.control->evict(net.now, "w1", w2.local, out);
   net.apply(w2, out);
   net.deliver_all();
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
-  CHECK(net.nodes.at("w1").dropped);
-  // Still alive and the same run: later views do not bring it back.
+  // Still alive and the same run, and silent: later views do not bring it back.
   for (int i = 0; i < 3; ++i) {
     net.tick(3000);
     for (auto id : {"w0", "w2"}) net.set_view(id, {});
     net.deliver_all();
   }
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
-  // Restarted, it is a joiner like any other.
+  // Its trainer runs again and reads the install waiting for it: it is left out, says it is
+  // back, and the duty holder proposes it as a joiner.
+  net.down.erase("w1");
+  net.queue.emplace_back("w0", "w1", net.nodes.at("w0").control->record());
+  net.deliver_all();
+  CHECK(net.nodes.at("w1").dropped);
+  CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
+  CHECK(net.nodes.at("w1").control->record().generation == net.nodes.at("w0").control->record().generation);
+  // Evicted again, it stays out while it stays silent; a new run of it (a restart) is a joiner
+  // like any other.
+  net.down.insert("w1");
+  out = {};
+  w2.control->evict(net.now, "w1", w2.local, out);
+  net.apply(w2, out);
+  net.deliver_all();
+  CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
+  net.down.erase("w1");
   net.add("w1", 2);
   for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
   net.deliver_all();
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
   CHECK(net.nodes.at("w1").control->record().generation == net.nodes.at("w0").control->record().generation);
+}
+
+TEST_CASE("the duty holder itself blocking the ring is left out by the next in line, whom the others follow",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+  // w0 holds the duty, and its trainer hangs: it takes no message, though membership holds it live.
+  net.down.insert("w0");
+  // w1, next after it in the ring, evicts it: asking w0 would get no answer, so w1, the next in
+  // line once w0 is passed over, proposes itself.
+  auto& w1 = net.nodes.at("w1");
+  JobControl::Output out;
+  w1.control->evict(net.now, "w0", w1.local, out);
+  net.apply(w1, out);
+  net.deliver_all();
+  for (auto id : {"w1", "w2"}) {
+    INFO(id);
+    CHECK(net.nodes.at(id).control->record().generation == 2);
+    CHECK(net.nodes.at(id).control->record().workers == std::vector<std::string>{"w1", "w2"});
+  }
+  // An evict vote for the duty holder reaching the next in line is taken up there too, and the
+  // worker it names is passed over by the receiver from then on.
+  Net again;
+  for (auto id : {"w0", "w1", "w2"}) again.add(id);
+  again.start({"w0", "w1", "w2"});
+  for (auto id : {"w0", "w1", "w2"}) again.set_view(id, {});
+  again.down.insert("w0");
+  again.queue.emplace_back("w2", "w1", GenerationVote{7, GenerationVote::Kind::evict, 1, 1, {"w0"}});
+  again.deliver_all();
+  CHECK(again.nodes.at("w2").control->record().workers == std::vector<std::string>{"w1", "w2"});
 }
 
 TEST_CASE("gossip: the install re-splits every list after its cursor, a worker gone keeps only what it mixed",

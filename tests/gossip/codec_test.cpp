@@ -60,6 +60,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       ShardState{9, 2, 33, true, 12, chunk},
       GossipAverage{9, 77, true, chunk},
       Control{"node-0", 5, Control::Command::job_finished, 11, {}},
+      Control{"node-1", 6, Control::Command::ring_check_answer, 12, {1, 2, 3, 4, 5, 6, 7, 8}},
       Control{"node-0", 5, Control::Command::target_reached, 11, {}},
       JobStart{9, "[job]", "127.0.0.1:9000", {"a", "b"}, {"127.0.0.1:1", "127.0.0.1:2"}, "a", 4, "submitter-7", {5, 6},
                3, JobProgress{40, 1, 192, 6336}, {"a"}, 3, 192, {{0, 0, 10, 1, 0, 10}, {0, 10, 20}}},

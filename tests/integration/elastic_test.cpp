@@ -240,3 +240,32 @@ TEST_CASE("a worker's trainer role crashes, its supervisor restarts it, and it r
   check_result(result, "sync", 3, 2, 1);
   CHECK(result["generations"][1]["restarted"] == nlohmann::json::array({"node-01"}));
 }
+
+TEST_CASE("a worker alive to membership that blocks the ring is evicted, the job goes on, and it comes back",
+          "[integration][elastic]") {
+  TempDir dir;
+  // A step that waits 4 s for its previous worker evicts it (the default is 60 s).
+  ElasticRun r(dir, "sync", {"--set", "job.step_timeout_s=4"});
+  // Fault injection: node-01's trainer blocks its thread for twice the step timeout; its router
+  // goes on answering probes, so membership never holds it dead.
+  ::kill(r.pid_of("node-01"), SIGRTMIN);
+  r.expect_generation(2, "gone node-01");
+  // Its trainer runs again, reads that it was left out, and says so: it is taken back as a joiner
+  // that pulls the state.
+  r.expect_generation(3, "joined node-01");
+  const auto result = r.finish();
+  // node-01 stayed a member of the cluster throughout: an eviction and a return, not a death.
+  CHECK(result["membership_event_list"].empty());
+  check_result(result, "sync", 3, 3, 2);
+  CHECK(result["generations"][1]["removed"] == nlohmann::json::array({"node-01"}));
+  CHECK(result["generations"][2]["added"] == nlohmann::json::array({"node-01"}));
+  bool evicted = false;
+  for (const auto& f : fs::recursive_directory_iterator(dir.path / "out"))
+    if (f.is_regular_file() && f.path().extension() == ".log") {
+      std::ifstream in(f.path());
+      const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+      evicted = evicted || text.find("worker_evicting") != std::string::npos;
+    }
+  CHECK(evicted);
+}
+

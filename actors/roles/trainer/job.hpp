@@ -113,6 +113,16 @@ struct Job {
   Clock::time_point last_step_end, window_start;
   Clock::time_point waiting_since;  // when this worker last began waiting for others
   Clock::time_point progress_at;    // when others last moved it on: the step timeout's mark
+  // Past the step timeout, before evicting the previous worker: whether its trainer still takes
+  // messages. One that answers waits on a worker before it (which its own next worker evicts);
+  // one that does not is the one that blocks the ring.
+  struct RingCheck {
+    Clock::time_point mark;  // the progress_at it was asked at: a stale one is asked again
+    Clock::time_point sent;
+    uint64_t nonce = 0;
+    bool answered = false;
+  };
+  std::optional<RingCheck> ring_check;
   double compute_seconds = 0, ring_seconds = 0;  // where the steps' time went
   // Rank 0.
   caf::actor evaluator;
