@@ -62,10 +62,11 @@ struct ElasticRun {
   }
 
   /// Starts `tepdist node` on the job's cluster file under `name`, joining through the first node.
-  void add_node(const std::string& name) {
-    added.push_back(std::make_unique<Child>(std::vector<std::string>{
-        TEPDIST_BINARY, "node", (dir.path / "out" / "cluster.toml").string(), "--name", name, "--join", seed, "--set",
-        "compute.threads=1"}));
+  void add_node(const std::string& name, const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> argv{TEPDIST_BINARY, "node", (dir.path / "out" / "cluster.toml").string(), "--name", name,
+                                  "--join", seed, "--set", "compute.threads=1"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    added.push_back(std::make_unique<Child>(argv));
   }
 
   /// Waits for the launcher's line on generation n, and checks what it says changed.
@@ -267,5 +268,23 @@ TEST_CASE("a worker alive to membership that blocks the ring is evicted, the job
       evicted = evicted || text.find("worker_evicting") != std::string::npos;
     }
   CHECK(evicted);
+}
+
+TEST_CASE("a joiner that cannot run the job declines it, saying why, and the job goes on without it",
+          "[integration][elastic]") {
+  TempDir dir;
+  // Ring messages of 2 MiB; the joiner's frames are limited to 1 MiB, so it cannot take part.
+  ElasticRun r(dir, "sync", {"--set", "job.ring_chunk_kb=2048"});
+  r.add_node("node-09", {"--set", "cluster.max_frame_mb=1"});
+  // Proposed as a joiner (generation 2), it declines on the install, and the next generation,
+  // at once, leaves it out again (training may not step in between).
+  const auto joined = r.run->wait_for("generation 2:", std::chrono::seconds(60));
+  REQUIRE(joined);
+  CHECK_THAT(*joined, Catch::Contains("joined node-09"));
+  r.expect_generation(3, "gone node-09");
+  const auto result = r.finish();
+  check_result(result, "sync", 3, 3, 2);
+  INFO(r.added[0]->all());
+  CHECK_THAT(r.added[0]->all(), Catch::Contains("job_declined") && Catch::Contains("does not fit this node's frames"));
 }
 

@@ -198,6 +198,22 @@ void check_submitter(Trainer* self) {
     }
 }
 
+void decline_join(Trainer* self, const gossip::JobStart& record, const std::string& why) {
+  auto& s = self->state;
+  // A joiner that cannot run the job (its data set, its frame limit, its backend) is its own
+  // problem, not the job's: the submitter hears nothing, and the duty holder is asked to leave
+  // this node out again (an eviction of itself), which it does in the next generation. The job is
+  // never joined again here.
+  node_events().warn("job_declined job={} generation={} reason=\"{}\"", record.job_id, record.generation, why);
+  s.ended_jobs.insert(record.job_id);
+  s.joining.reset();
+  const std::string holder = elastic::job_duty_holder(record, s.view);
+  if (const auto* address = elastic::worker_address(record, holder); address && holder != s.o.self_id)
+    send_to(self, *address,
+            gossip::GenerationVote{record.job_id, gossip::GenerationVote::Kind::evict, record.generation,
+                                   record.generation, {s.o.self_id}});
+}
+
 void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
   auto& s = self->state;
   auto me = std::find(record.workers.begin(), record.workers.end(), s.o.self_id);
@@ -215,6 +231,7 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
   job->has_state = has_state;
   if (auto ok = setup(self, *job); !ok) {
     if (job->shard_host) self->send_exit(job->shard_host, caf::exit_reason::kill);
+    if (!has_state && record.generation >= 2) return decline_join(self, record, ok.error());
     return fail_start(self, record, ok.error());
   }
   // Only a job that is set up takes shard updates (the router holds them until then).

@@ -364,6 +364,10 @@ void check_submitter(Trainer* self);
 
 void start_job(Trainer* self, const gossip::JobStart& record, bool has_state);
 
+/// A joiner whose setup of the job failed: it says why in its own log, asks the duty holder to
+/// leave it out, and never joins the job again; the job is not failed for it.
+void decline_join(Trainer* self, const gossip::JobStart& record, const std::string& why);
+
 /// A later generation's record (generation 2 on): from its proposer, or forwarded by a member.
 void on_install(Trainer* self, const std::string& peer, const gossip::JobStart& record);
 
