@@ -4,7 +4,9 @@
 # fault comes every FAULT_GAP seconds, drawn from the seed: kill -9 of a launcher's node (the
 # launcher restarts it), SIGSTOP for 3 s then SIGCONT, a join of a new node, a graceful leave
 # (SIGTERM: a drain) of a node this script added, a crash of a node's trainer role (SIGUSR2: its
-# supervisor restarts it and it rejoins); and one partition of the link emulator (nodes 0, 1 in
+# supervisor restarts it and it rejoins), a hang of a node's trainer role (SIGRTMIN: its thread
+# blocks for twice step_timeout_s = 5 s while membership holds the node live; it is evicted and
+# taken back); and one partition of the link emulator (nodes 0, 1 in
 # region a, 2, 3 in b) 25 s into the cluster's life, for 4 s. Beside it, fault-free runs at 4 and
 # at 3 workers. Per mode, medians over the seeds:
 #   completion        chaos runs that finished (exit 0)
@@ -14,6 +16,8 @@
 #   kill to step      a kill -9 (or a trainer crash) to the survivors' next committed step (the
 #                     first step any node logs in a generation begun after it; goal <= 3 s)
 #   join to step      a join to the joiner's first step (goal <= 5 s)
+#   hang to step      a hang to the others' next committed step (the ring check's course: about
+#                     1.5 x step_timeout_s)
 #   unexplained       deaths of members no fault touched (must be 0)
 #
 #   bench/chaos.sh [BUILD_DIR] [SEEDS] [EPOCHS]        (defaults: build 3 3; FAULT_GAP=4)
@@ -45,6 +49,7 @@ epochs = $epochs
 seed = 0
 eval_every_steps = 0
 log_every_steps = 20
+step_timeout_s = 5
 [model]
 preset = "lenet"
 [data]
@@ -89,7 +94,7 @@ run() {
     while kill -0 "$launcher" 2>/dev/null; do
       sleep "$gap"
       kill -0 "$launcher" 2>/dev/null || break
-      local kind=$((RANDOM % 5)) victim="node-0$((RANDOM % nodes))"
+      local kind=$((RANDOM % 6)) victim="node-0$((RANDOM % nodes))"
       case $kind in
         0) pkill -9 -f -- "$out/run/cluster.toml --name $victim " && echo "$(now) kill $victim" >>"$out/faults.txt" ;;
         1) local p
@@ -105,6 +110,7 @@ run() {
            leaver=$(for ((k = 0; k < joined; k++)); do pgrep -f -- "--name node-1$k " >/dev/null && echo "node-1$k"; done | head -1)
            [[ -n $leaver ]] && pkill -TERM -f -- "--name $leaver " && echo "$(now) leave $leaver" >>"$out/faults.txt" ;;
         4) pkill -USR2 -f -- "$out/run/cluster.toml --name $victim " && echo "$(now) crash $victim" >>"$out/faults.txt" ;;
+        5) pkill -RTMIN -f -- "$out/run/cluster.toml --name $victim " && echo "$(now) hang $victim" >>"$out/faults.txt" ;;
       esac
     done
   fi
@@ -143,7 +149,7 @@ def med(v):
 rows = []
 for mode in ("sync", "gossip"):
     done = 0
-    accs_c, accs_f, goods4, goods3, kills, joins, unexplained, faults = [], [], [], [], [], [], 0, 0
+    accs_c, accs_f, goods4, goods3, kills, joins, hangs, unexplained, faults = [], [], [], [], [], [], [], 0, 0
     for s in range(1, seeds + 1):
         base = os.path.join(root, f"{mode}-{s}")
         free4, free3, chaos = (result(base + x) for x in ("-free4", "-free3", "-chaos"))
@@ -168,6 +174,9 @@ for mode in ("sync", "gossip"):
             if kind in ("kill", "crash"):  # both: the survivors' next committed step
                 after = [f for f, _ in firsts if f > t]
                 if after: kills.append(min(after) - t)
+            if kind == "hang":
+                after = [f for f, log in firsts if f > t and os.path.basename(log) != f"{node}.log"]
+                if after: hangs.append(min(after) - t)
             if kind == "join":
                 mine = [f for f, log in firsts if f > t and os.path.basename(log) == f"{node}.log"]
                 if mine: joins.append(min(mine) - t)
@@ -178,10 +187,10 @@ for mode in ("sync", "gossip"):
                     if who not in touched and not who.startswith("submitter") and not 20 <= t - started <= 40}:
             unexplained += 1
     rows.append((mode, f"{done}/{seeds}", med(accs_c), med(accs_f), med(goods4), med(goods3), med(kills),
-                 len(kills), med(joins), len(joins), unexplained, faults))
+                 len(kills), med(joins), len(joins), med(hangs), len(hangs), unexplained, faults))
 
-print("\n| mode | completed | accuracy chaos / fault-free | goodput vs 4 / vs 3 workers | kill to next step (median, n) | join to first step (median, n) | unexplained deaths | faults |")
-print("|---|---|---|---|---|---|---|---|")
-for m, c, ac, af, g4, g3, k, kn, j, jn, u, f in rows:
-    print(f"| {m} | {c} | {ac:.4f} / {af:.4f} | {g4:.2f} / {g3:.2f} | {k:.2f} s ({kn}) | {j:.2f} s ({jn}) | {u} | {f} |")
+print("\n| mode | completed | accuracy chaos / fault-free | goodput vs 4 / vs 3 workers | kill to next step (median, n) | join to first step (median, n) | hang to next step (median, n) | unexplained deaths | faults |")
+print("|---|---|---|---|---|---|---|---|---|")
+for m, c, ac, af, g4, g3, k, kn, j, jn, h, hn, u, f in rows:
+    print(f"| {m} | {c} | {ac:.4f} / {af:.4f} | {g4:.2f} / {g3:.2f} | {k:.2f} s ({kn}) | {j:.2f} s ({jn}) | {h:.2f} s ({hn}) | {u} | {f} |")
 EOF
