@@ -81,7 +81,7 @@ int run_node(const NodeOptions& o) {
   sigemptyset(&signals);
   for (int s : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&signals, s);
   // Fault injection, for tests and bench/chaos.sh: SIGUSR2 to a worker node crashes its trainer
-  // role, which its supervisor restarts; SIGRTMIN hangs it (its thread blocks for twice the job's
+  // role, which its supervisor restarts; SIGRTMIN hangs it (its thread blocks for three times the job's
   // step_timeout_s) while membership, on its own thread, goes on answering: a worker alive to
   // membership that blocks the ring. (A submitter, which may live in a user's program, leaves both
   // alone.)

@@ -5,7 +5,7 @@
 # launcher restarts it), SIGSTOP for 3 s then SIGCONT, a join of a new node, a graceful leave
 # (SIGTERM: a drain) of a node this script added, a crash of a node's trainer role (SIGUSR2: its
 # supervisor restarts it and it rejoins), a hang of a node's trainer role (SIGRTMIN: its thread
-# blocks for twice step_timeout_s = 5 s while membership holds the node live; it is evicted and
+# blocks for three times step_timeout_s = 5 s while membership holds the node live; it is evicted and
 # taken back); and one partition of the link emulator (nodes 0, 1 in
 # region a, 2, 3 in b) 25 s into the cluster's life, for 4 s. Beside it, fault-free runs at 4 and
 # at 3 workers. Per mode, medians over the seeds:

@@ -228,7 +228,22 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
       }
       return on_ack(from, vote, out);
     case GenerationVote::Kind::evict:
-      if (vote.workers.size() != 1 || vote.number != record_.generation) return;
+      if (vote.workers.size() != 1) return;
+      if (vote.workers[0] == from) {
+        // A member asks to be left out itself: it cannot run the job (a joiner whose setup
+        // failed), and says so to every proposal that names it. Its run is passed over from now.
+        if (!has_record()) return;
+        excluded_[from] = vote.boot_id;
+        strikes_[from] = max_strikes;  // never taken back by `back`: only a new run comes back
+        out.log.push_back(fmt::format("{} cannot run the job: left out", from));
+        if (holds_duty() && ((proposal_ && std::ranges::count(proposal_->roster.ids, from)) ||
+                             std::ranges::count(record_.workers, from))) {
+          quiet_until_ = 0;
+          propose(now, mine, out);
+        }
+        return;
+      }
+      if (vote.number != record_.generation) return;
       if (std::find(record_.workers.begin(), record_.workers.end(), from) == record_.workers.end()) return;
       // Sent to the duty holder as the sender sees it, which may be this node only once the
       // accused (the holder until now) is passed over: judged after the exclusion, never sent on.
@@ -239,6 +254,14 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
       // duty holder proposes it as a joiner (it pulls the state). Only from the run evicted.
       const auto it = excluded_.find(from);
       if (it == excluded_.end() || (it->second && vote.boot_id && it->second != vote.boot_id)) return;
+      if (strikes_[from] >= max_strikes) {
+        // Evicted that often in this run: whatever blocks it is not passing (or it cannot run the
+        // job at all). It stays out until it runs with another boot id.
+        if (!std::exchange(told_out_[from], true))
+          out.log.push_back(fmt::format("{} runs again, but was evicted {} times: left out until it restarts", from,
+                                        max_strikes));
+        return;
+      }
       excluded_.erase(it);
       out.log.push_back(fmt::format("{} runs again: no longer left out", from));
       if (holds_duty() && !proposal_ && now >= quiet_until_) on_view(now, view_, mine, out);
@@ -358,7 +381,12 @@ void JobControl::evict(double now, const std::string& id, const Local& mine, Out
   // worker that blocks the ring holds the duty itself (a hung trainer answers no vote), the next
   // in line takes it up, and the others follow its proposal as they follow any.
   const auto i = static_cast<size_t>(it - record_.workers.begin());
-  excluded_[id] = i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
+  const uint64_t boot = i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
+  if (auto known = excluded_.find(id); known == excluded_.end() || known->second != boot) {
+    excluded_[id] = boot;
+    if (strikes_boot_[id] != boot) strikes_boot_[id] = boot, strikes_[id] = 0;
+    ++strikes_[id];  // once per eviction of this run, however many ask for it
+  }
   if (!holds_duty()) {
     if (!forward) return;
     if (const auto* holder = worker_address(record_, duty_holder()))
@@ -390,6 +418,13 @@ void JobControl::install(const JobStart& record, Output& out) {
   highest_seen_ = std::max(highest_seen_, record.generation);
   if (proposal_ && proposal_->number <= record.generation) proposal_.reset();
   out.installed = true;
+  // Someone took these workers back (or their new runs): no longer passed over here, whether
+  // this node evicted them itself or heard the vote. Left, an exclusion on a node that never hears
+  // `back` would make it take the duty from the worker it still passes over.
+  for (size_t i = 0; i < record.workers.size(); ++i)
+    if (auto x = excluded_.find(record.workers[i]);
+        x != excluded_.end() && (!x->second || i >= record.worker_boot_ids.size() || x->second == record.worker_boot_ids[i]))
+      excluded_.erase(x);
   left_out_ = std::find(record.workers.begin(), record.workers.end(), o_.self) == record.workers.end();
   if (left_out_) {
     out.dropped = fmt::format("not a worker of generation {}", record.generation);

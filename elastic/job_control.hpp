@@ -152,6 +152,10 @@ class JobControl {
   std::string promised_to_;           // the address of the proposer of promised_ (not this node's own)
   uint64_t job_id_ = 0;               // a joiner's: the job of the proposals it heard
   std::map<std::string, uint64_t> excluded_;  // evicted workers: id -> boot id of the evicted run
+  static constexpr int max_strikes = 2;       // evictions of one run before its `back` is not taken
+  std::map<std::string, int> strikes_;        // evictions of a worker's current run (strikes_boot_)
+  std::map<std::string, uint64_t> strikes_boot_;
+  std::map<std::string, bool> told_out_;      // the log said once that it stays out
   double promised_at_ = 0;            // when the promise was made or last repeated
   bool left_out_ = false;             // not a worker of the installed generation, though running
   double back_said_at_ = -1;          // when `back` was last said (-1: at the install; timed from the next tick)

@@ -216,18 +216,25 @@ void on_tick(Trainer* self) {
       auto& check = j.ring_check;
       const char* what = j.mode == Mode::sync ? "step" : "the final average after step";
       std::string why;
-      if (!check || check->mark != j.progress_at) {
+      const bool fresh = !check || check->mark != j.progress_at;
+      if (fresh || !check->answered) {
         // The nonce only matches an answer to its question (the channel is authenticated); the
-        // clock serves, and leaves gossip's seeded partner draws alone.
-        check = Job::RingCheck{j.progress_at, now, static_cast<uint64_t>(now.time_since_epoch().count()), false};
+        // clock serves, and leaves gossip's seeded partner draws alone. Asked again each tick
+        // until answered: one lost question or answer must not evict a healthy worker.
+        if (fresh)
+          check = Job::RingCheck{j.progress_at, now, static_cast<uint64_t>(now.time_since_epoch().count()), false};
         std::vector<uint8_t> nonce(8);
         for (size_t b = 0; b < 8; ++b) nonce[b] = static_cast<uint8_t>(check->nonce >> (8 * b));
         if (const auto* address = elastic::worker_address(j.start, j.prev_id))
           send_to(self, *address,
                   gossip::Control{s.o.self_id, s.o.incarnation, gossip::Control::Command::ring_check, j.start.job_id,
                                   std::move(nonce)});
-        node_events().info("ring_check job={} worker={} reason=\"{} {} waited {:.0f} s for it\"", j.start.job_id,
-                           j.prev_id, what, j.step + 1, waited);
+        if (fresh)
+          node_events().info("ring_check job={} worker={} reason=\"{} {} waited {:.0f} s for it\"", j.start.job_id,
+                             j.prev_id, what, j.step + 1, waited);
+      }
+      if (fresh) {
+        // Just asked: the answer has its half timeout from now.
       } else if (!check->answered && seconds_between(check->sent, now) > limit / 2) {
         why = fmt::format("{} {} waited {:.0f} s for it, and its trainer did not answer in {:.1f} s", what, j.step + 1,
                           waited, limit / 2);
@@ -304,7 +311,9 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
     // itself, or is about to send). Only a worker of the job is answered.
     if (const auto* address = elastic::worker_address(j.start, peer))
       send_to(self, *address,
-              gossip::Control{s.o.self_id, s.o.incarnation, Command::ring_check_answer, c.job_id, c.argument});
+              gossip::Control{s.o.self_id, s.o.incarnation, Command::ring_check_answer, c.job_id,
+                              std::vector<uint8_t>(c.argument.begin(), c.argument.begin() +
+                                                                           std::min<ptrdiff_t>(8, c.argument.size()))});
     return;
   }
   if (c.command == Command::ring_check_answer) {
@@ -386,8 +395,9 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
       [self](hang_atom) {
         // Fault injection (SIGRTMIN to the node): this actor's thread blocks, as a hung device or a
         // deadlock would block it, while the router goes on answering membership's probes. Long
-        // enough for the next worker's step timeout to evict this one.
-        const double seconds = self->state.job ? 2 * self->state.job->config.job.step_timeout_s : 10;
+        // enough for the next worker's ring check to evict this one (it evicts between 1.5 and 2
+        // step timeouts after the ring stopped, ticks being a second apart).
+        const double seconds = self->state.job ? 3 * self->state.job->config.job.step_timeout_s : 10;
         node_events().warn("trainer_hanging seconds={:.0f}", seconds);
         std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
         node_events().warn("trainer_hung_until_now");

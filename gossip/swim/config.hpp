@@ -33,12 +33,13 @@ struct Config {
   /// Each update is piggybacked about retransmit_mult * log10(N + 1) times. Higher: more reliable
   /// dissemination, more bytes per message.
   double retransmit_mult = 4;
-  /// A node that has just learned of a suspicion, a death, a leave or a refutation (or refutes
-  /// one itself) pushes it at once to this many random live members, on a ping of its own, instead
-  /// of leaving it to ride on the next probes only: news then reaches most of the cluster in a few
-  /// network round trips, and piggybacking catches the few the pushes missed (memberlist's
-  /// GossipNodes, sent on learning rather than on a timer). Costs about fanout x N pings and acks
-  /// per such event; 0 turns it off.
+  /// A node that has just declared a member dead or left (its own verdict, or one it took from
+  /// another) pushes it at once to this many random live members, on a ping of its own, instead
+  /// of leaving it to ride on the next probes only: the verdict then reaches most of the cluster
+  /// in a few network round trips, and piggybacking catches the few the pushes missed
+  /// (memberlist's GossipNodes, sent on learning rather than on a timer). Suspicions and
+  /// refutations are not pushed (a suspect would get less time to refute). Costs about fanout x N
+  /// pings and acks per verdict; 0 turns it off.
   int urgent_fanout = 3;
   /// Piggybacked updates per message are bounded by this many bytes (estimated).
   size_t gossip_budget_bytes = 1200;

@@ -421,6 +421,88 @@ TEST_CASE("a worker that blocks the ring while alive is left out until it says i
   CHECK(net.nodes.at("w1").control->record().generation == net.nodes.at("w0").control->record().generation);
 }
 
+TEST_CASE("a worker taken back is passed over nowhere, and one evicted twice in a run stays out",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+  auto evict_w1 = [&] {
+    net.down.insert("w1");
+    auto& w2 = net.nodes.at("w2");
+    JobControl::Output out;
+    w2.control->evict(net.now, "w1", w2.local, out);  // w2 passes w1 over too, and asks w0
+    net.apply(w2, out);
+    net.deliver_all();
+    REQUIRE(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
+    net.down.erase("w1");
+    net.queue.emplace_back("w0", "w1", net.nodes.at("w0").control->record());
+    net.deliver_all();  // w1 reads that it was left out and says it is back
+  };
+  evict_w1();
+  REQUIRE(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
+  // w0 dies. w2 had evicted w1 itself; the install that took w1 back ended that, so w2 agrees
+  // that w1 holds the duty now, and their generation installs.
+  net.down.insert("w0");
+  for (auto id : {"w1", "w2"}) net.set_view(id, {"w0"});
+  net.tick(3000);  // past the quiet period of their last acks
+  net.deliver_all();
+  for (auto id : {"w1", "w2"}) {
+    INFO(id);
+    CHECK(net.nodes.at(id).control->record().workers == std::vector<std::string>{"w1", "w2"});
+  }
+  // The same duty holder evicting w1 twice in one run does not take its second `back`: w1 stays
+  // out until it restarts. (The count is the duty holder's: a new holder starts it afresh.)
+  Net again;
+  for (auto id : {"w0", "w1", "w2"}) again.add(id);
+  again.start({"w0", "w1", "w2"});
+  for (auto id : {"w0", "w1", "w2"}) again.set_view(id, {});
+  auto evict_again = [&] {
+    again.down.insert("w1");
+    auto& w2 = again.nodes.at("w2");
+    JobControl::Output out;
+    w2.control->evict(again.now, "w1", w2.local, out);
+    again.apply(w2, out);
+    again.deliver_all();
+    again.down.erase("w1");
+    again.queue.emplace_back("w0", "w1", again.nodes.at("w0").control->record());
+    again.deliver_all();
+  };
+  evict_again();
+  REQUIRE(again.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
+  evict_again();
+  CHECK(again.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
+  for (int i = 0; i < 3; ++i) {
+    again.tick(3000);  // w1 says it is back again every retry period
+    again.deliver_all();
+  }
+  CHECK(again.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
+}
+
+TEST_CASE("a joiner that cannot run the job asks to be left out, and is", "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1"});
+  net.nodes.at("w2").local.has_state = false;
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+  net.deliver_all();
+  REQUIRE(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
+  // w2's setup of the job fails: it asks the duty holder to leave it out, naming itself.
+  GenerationVote decline{7, GenerationVote::Kind::evict, 2, 2, {"w2"}};
+  decline.boot_id = 1;
+  net.queue.emplace_back("w2", "w0", decline);
+  net.deliver_all();
+  net.down.insert("w2");  // it takes no part in the job any more
+  CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1"});
+  // Later views do not bring it back (it is the same run).
+  for (int i = 0; i < 3; ++i) {
+    net.tick(3000);
+    for (auto id : {"w0", "w1"}) net.set_view(id, {});
+    net.deliver_all();
+  }
+  CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1"});
+}
+
 TEST_CASE("the duty holder itself blocking the ring is left out by the next in line, whom the others follow",
           "[elastic][job_control]") {
   Net net;

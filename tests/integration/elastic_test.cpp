@@ -247,7 +247,7 @@ TEST_CASE("a worker alive to membership that blocks the ring is evicted, the job
   TempDir dir;
   // A step that waits 4 s for its previous worker evicts it (the default is 60 s).
   ElasticRun r(dir, "sync", {"--set", "job.step_timeout_s=4"});
-  // Fault injection: node-01's trainer blocks its thread for twice the step timeout; its router
+  // Fault injection: node-01's trainer blocks its thread for three step timeouts; its router
   // goes on answering probes, so membership never holds it dead.
   ::kill(r.pid_of("node-01"), SIGRTMIN);
   r.expect_generation(2, "gone node-01");

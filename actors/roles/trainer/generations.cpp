@@ -206,12 +206,19 @@ void decline_join(Trainer* self, const gossip::JobStart& record, const std::stri
   // never joined again here.
   node_events().warn("job_declined job={} generation={} reason=\"{}\"", record.job_id, record.generation, why);
   s.ended_jobs.insert(record.job_id);
+  s.declined_jobs.insert(record.job_id);
   s.joining.reset();
-  const std::string holder = elastic::job_duty_holder(record, s.view);
+  // The duty holder as the others will see it once this node is passed over (this node may have
+  // the lowest id); any later proposal naming this node is answered the same way (on_vote).
+  const std::string holder = elastic::job_duty_holder(record, s.view, {{s.o.self_id, s.o.boot_id}});
   if (const auto* address = elastic::worker_address(record, holder); address && holder != s.o.self_id)
-    send_to(self, *address,
-            gossip::GenerationVote{record.job_id, gossip::GenerationVote::Kind::evict, record.generation,
-                                   record.generation, {s.o.self_id}});
+    send_to(self, *address, decline_vote(s, record.job_id, record.generation));
+}
+
+gossip::GenerationVote decline_vote(const TrainerState& s, uint64_t job_id, uint64_t generation) {
+  gossip::GenerationVote v{job_id, gossip::GenerationVote::Kind::evict, generation, generation, {s.o.self_id}};
+  v.boot_id = s.o.boot_id;
+  return v;
 }
 
 void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
@@ -300,7 +307,15 @@ void on_install(Trainer* self, const std::string& peer, const gossip::JobStart& 
 
 void on_vote(Trainer* self, const std::string& peer, const gossip::GenerationVote& vote) {
   auto& s = self->state;
-  if (s.ended_jobs.contains(vote.job_id)) return;
+  if (s.ended_jobs.contains(vote.job_id)) {
+    // A job this node declined, proposed to it again (by a duty holder that did not hear it):
+    // the same answer, so the proposer leaves it out instead of waiting for its ack.
+    if (s.declined_jobs.contains(vote.job_id) && vote.kind == gossip::GenerationVote::Kind::propose &&
+        std::ranges::count(vote.workers, s.o.self_id))
+      for (const auto& m : s.view)
+        if (m.id == peer) send_to(self, m.address, decline_vote(s, vote.job_id, vote.base));
+    return;
+  }
   elastic::JobControl::Output out;
   if (s.job) {
     if (s.job->start.job_id != vote.job_id || !s.job->control) return;

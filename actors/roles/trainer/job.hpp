@@ -165,6 +165,7 @@ struct TrainerState {
   Clock::time_point joining_since;
   static constexpr double joining_limit_s = 60;  // a proposal whose install never comes is forgotten
   std::set<uint64_t> ended_jobs;  // finished, failed or abandoned here: never joined again
+  std::set<uint64_t> declined_jobs;  // of those, the ones this node could not set up as a joiner
   Clock::time_point started = Clock::now();
   static constexpr double held_limit_s = 10;
   static constexpr double pending_limit_s = 30;  // how long a submission waits for this view
@@ -367,6 +368,9 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state);
 /// A joiner whose setup of the job failed: it says why in its own log, asks the duty holder to
 /// leave it out, and never joins the job again; the job is not failed for it.
 void decline_join(Trainer* self, const gossip::JobStart& record, const std::string& why);
+
+/// What a node that declined a job answers: an evict vote naming itself, with its boot id.
+gossip::GenerationVote decline_vote(const TrainerState& s, uint64_t job_id, uint64_t generation);
 
 /// A later generation's record (generation 2 on): from its proposer, or forwarded by a member.
 void on_install(Trainer* self, const std::string& peer, const gossip::JobStart& record);
