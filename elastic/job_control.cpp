@@ -234,7 +234,7 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
         // failed), and says so to every proposal that names it. Its run is passed over from now.
         if (!has_record()) return;
         excluded_[from] = vote.boot_id;
-        strikes_[from] = max_strikes;  // never taken back by `back`: only a new run comes back
+        strikes_[from] = {vote.boot_id, max_strikes};  // never taken back by `back`: only a new run comes back
         out.log.push_back(fmt::format("{} cannot run the job: left out", from));
         if (holds_duty() && ((proposal_ && std::ranges::count(proposal_->roster.ids, from)) ||
                              std::ranges::count(record_.workers, from))) {
@@ -254,10 +254,10 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
       // duty holder proposes it as a joiner (it pulls the state). Only from the run evicted.
       const auto it = excluded_.find(from);
       if (it == excluded_.end() || (it->second && vote.boot_id && it->second != vote.boot_id)) return;
-      if (strikes_[from] >= max_strikes) {
+      if (auto& strikes = strikes_[from]; strikes.count >= max_strikes) {
         // Evicted that often in this run: whatever blocks it is not passing (or it cannot run the
         // job at all). It stays out until it runs with another boot id.
-        if (!std::exchange(told_out_[from], true))
+        if (!std::exchange(strikes.told, true))
           out.log.push_back(fmt::format("{} runs again, but was evicted {} times: left out until it restarts", from,
                                         max_strikes));
         return;
@@ -384,8 +384,9 @@ void JobControl::evict(double now, const std::string& id, const Local& mine, Out
   const uint64_t boot = i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
   if (auto known = excluded_.find(id); known == excluded_.end() || known->second != boot) {
     excluded_[id] = boot;
-    if (strikes_boot_[id] != boot) strikes_boot_[id] = boot, strikes_[id] = 0;
-    ++strikes_[id];  // once per eviction of this run, however many ask for it
+    auto& strikes = strikes_[id];
+    if (strikes.boot != boot) strikes = {boot};
+    ++strikes.count;  // once per eviction of this run, however many ask for it
   }
   if (!holds_duty()) {
     if (!forward) return;

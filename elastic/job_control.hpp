@@ -153,9 +153,12 @@ class JobControl {
   uint64_t job_id_ = 0;               // a joiner's: the job of the proposals it heard
   std::map<std::string, uint64_t> excluded_;  // evicted workers: id -> boot id of the evicted run
   static constexpr int max_strikes = 2;       // evictions of one run before its `back` is not taken
-  std::map<std::string, int> strikes_;        // evictions of a worker's current run (strikes_boot_)
-  std::map<std::string, uint64_t> strikes_boot_;
-  std::map<std::string, bool> told_out_;      // the log said once that it stays out
+  struct Strikes {
+    uint64_t boot = 0;  // the run they count for: another run starts afresh
+    int count = 0;
+    bool told = false;  // the log said once that it stays out
+  };
+  std::map<std::string, Strikes> strikes_;    // by worker id
   double promised_at_ = 0;            // when the promise was made or last repeated
   bool left_out_ = false;             // not a worker of the installed generation, though running
   double back_said_at_ = -1;          // when `back` was last said (-1: at the install; timed from the next tick)

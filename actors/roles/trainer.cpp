@@ -233,15 +233,13 @@ void on_tick(Trainer* self) {
           node_events().info("ring_check job={} worker={} reason=\"{} {} waited {:.0f} s for it\"", j.start.job_id,
                              j.prev_id, what, j.step + 1, waited);
       }
-      if (fresh) {
-        // Just asked: the answer has its half timeout from now.
-      } else if (!check->answered && seconds_between(check->sent, now) > limit / 2) {
+      // Just asked (fresh): the answer has its half timeout from now.
+      if (!fresh && !check->answered && seconds_between(check->sent, now) > limit / 2)
         why = fmt::format("{} {} waited {:.0f} s for it, and its trainer did not answer in {:.1f} s", what, j.step + 1,
                           waited, limit / 2);
-      } else if (waited > 2 * limit) {
+      else if (!fresh && check->answered && waited > 2 * limit)
         why = fmt::format("{} {} waited {:.0f} s for it (its trainer answers, but the ring has not moved)", what,
                           j.step + 1, waited);
-      }
       if (!why.empty()) {
         node_events().warn("worker_evicting job={} worker={} reason=\"{}\"", j.start.job_id, j.prev_id, why);
         j.progress_at = now;

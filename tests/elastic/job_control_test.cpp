@@ -141,6 +141,24 @@ struct Net {
     REQUIRE(queue.empty());
   }
 
+  /// `by` waited too long for `who` (its previous in the ring) and evicts it; everything it sets
+  /// off is delivered.
+  void evict(const std::string& by, const std::string& who) {
+    auto& n = nodes.at(by);
+    JobControl::Output out;
+    n.control->evict(now, who, n.local, out);
+    apply(n, out);
+    deliver_all();
+  }
+
+  /// `who`, whose trainer took no message for a while, runs again and reads the install `from`
+  /// sent it meanwhile.
+  void wake(const std::string& who, const std::string& from) {
+    down.erase(who);
+    queue.emplace_back(from, who, nodes.at(from).control->record());
+    deliver_all();
+  }
+
   void tick(double ms) {
     now += ms;
     for (auto& [id, n] : nodes) {
@@ -384,11 +402,7 @@ TEST_CASE("a worker that blocks the ring while alive is left out until it says i
   // w1's trainer hangs (it takes no message), though membership holds it live; w2 waited for it
   // (its previous in the ring) and asks the duty holder to leave it out.
   net.down.insert("w1");
-  auto& w2 = net.nodes.at("w2");
-  JobControl::Output out;
-  w2.control->evict(net.now, "w1", w2.local, out);
-  net.apply(w2, out);
-  net.deliver_all();
+  net.evict("w2", "w1");
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
   // Still alive and the same run, and silent: later views do not bring it back.
   for (int i = 0; i < 3; ++i) {
@@ -399,19 +413,14 @@ TEST_CASE("a worker that blocks the ring while alive is left out until it says i
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
   // Its trainer runs again and reads the install waiting for it: it is left out, says it is
   // back, and the duty holder proposes it as a joiner.
-  net.down.erase("w1");
-  net.queue.emplace_back("w0", "w1", net.nodes.at("w0").control->record());
-  net.deliver_all();
+  net.wake("w1", "w0");
   CHECK(net.nodes.at("w1").dropped);
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
   CHECK(net.nodes.at("w1").control->record().generation == net.nodes.at("w0").control->record().generation);
   // Evicted again, it stays out while it stays silent; a new run of it (a restart) is a joiner
   // like any other.
   net.down.insert("w1");
-  out = {};
-  w2.control->evict(net.now, "w1", w2.local, out);
-  net.apply(w2, out);
-  net.deliver_all();
+  net.evict("w2", "w1");
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
   net.down.erase("w1");
   net.add("w1", 2);
@@ -427,19 +436,10 @@ TEST_CASE("a worker taken back is passed over nowhere, and one evicted twice in 
   for (auto id : {"w0", "w1", "w2"}) net.add(id);
   net.start({"w0", "w1", "w2"});
   for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
-  auto evict_w1 = [&] {
-    net.down.insert("w1");
-    auto& w2 = net.nodes.at("w2");
-    JobControl::Output out;
-    w2.control->evict(net.now, "w1", w2.local, out);  // w2 passes w1 over too, and asks w0
-    net.apply(w2, out);
-    net.deliver_all();
-    REQUIRE(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
-    net.down.erase("w1");
-    net.queue.emplace_back("w0", "w1", net.nodes.at("w0").control->record());
-    net.deliver_all();  // w1 reads that it was left out and says it is back
-  };
-  evict_w1();
+  net.down.insert("w1");
+  net.evict("w2", "w1");  // w2 passes w1 over too, and asks w0
+  REQUIRE(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
+  net.wake("w1", "w0");  // w1 reads that it was left out and says it is back
   REQUIRE(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
   // w0 dies. w2 had evicted w1 itself; the install that took w1 back ended that, so w2 agrees
   // that w1 holds the duty now, and their generation installs.
@@ -457,20 +457,13 @@ TEST_CASE("a worker taken back is passed over nowhere, and one evicted twice in 
   for (auto id : {"w0", "w1", "w2"}) again.add(id);
   again.start({"w0", "w1", "w2"});
   for (auto id : {"w0", "w1", "w2"}) again.set_view(id, {});
-  auto evict_again = [&] {
+  for (int eviction = 1; eviction <= 2; ++eviction) {
     again.down.insert("w1");
-    auto& w2 = again.nodes.at("w2");
-    JobControl::Output out;
-    w2.control->evict(again.now, "w1", w2.local, out);
-    again.apply(w2, out);
-    again.deliver_all();
-    again.down.erase("w1");
-    again.queue.emplace_back("w0", "w1", again.nodes.at("w0").control->record());
-    again.deliver_all();
-  };
-  evict_again();
-  REQUIRE(again.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
-  evict_again();
+    again.evict("w2", "w1");
+    again.wake("w1", "w0");
+    if (eviction == 1)
+      REQUIRE(again.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
+  }
   CHECK(again.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
   for (int i = 0; i < 3; ++i) {
     again.tick(3000);  // w1 says it is back again every retry period
@@ -513,11 +506,7 @@ TEST_CASE("the duty holder itself blocking the ring is left out by the next in l
   net.down.insert("w0");
   // w1, next after it in the ring, evicts it: asking w0 would get no answer, so w1, the next in
   // line once w0 is passed over, proposes itself.
-  auto& w1 = net.nodes.at("w1");
-  JobControl::Output out;
-  w1.control->evict(net.now, "w0", w1.local, out);
-  net.apply(w1, out);
-  net.deliver_all();
+  net.evict("w1", "w0");
   for (auto id : {"w1", "w2"}) {
     INFO(id);
     CHECK(net.nodes.at(id).control->record().generation == 2);
