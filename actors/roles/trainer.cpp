@@ -14,7 +14,7 @@ void end_drain(Trainer* self) {
   const Job* j = s.job.get();
   const std::string where = !j ? std::string("drained: no job")
                                : fmt::format("drained: job {} generation {} after step {}", j->start.job_id, j->generation,
-                                             j->mode == Mode::sync ? j->progress.step : static_cast<uint64_t>(j->step));
+                                             j->driver->progress(*j).step);
   node_events().info("trainer_drained where=\"{}\"", where);
   s.drained = true;
   if (s.drain) s.drain->deliver(where);
@@ -23,21 +23,17 @@ void end_drain(Trainer* self) {
 
 void on_drain(Trainer* self) {
   const Job* j = self->state.job.get();
-  if (!j || !j->member || j->finishing || !may_step(*j) || !mid_step(*j)) end_drain(self);
+  if (!j || !j->member || j->finishing || !may_step(*j) || !j->driver->mid_step(*j)) end_drain(self);
   else start_ticking(self);  // each tick looks again (on_tick)
 }
 
 void do_step(Trainer* self) {
   auto& s = self->state;
-  if (s.drain && !(s.job && mid_step(*s.job))) end_drain(self);
+  if (s.drain && !(s.job && s.job->driver->mid_step(*s.job))) end_drain(self);
   if (s.drained) return;
   auto* j = s.job.get();
   if (!j || j->finishing) return;
-  switch (j->mode) {
-    case Mode::sync: return sync_step(self);
-    case Mode::async: return async_step(self);
-    case Mode::gossip: return gossip_step(self);
-  }
+  j->driver->step(self, *j);
 }
 
 void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart& start) {
@@ -144,7 +140,7 @@ void on_view(Trainer* self, std::vector<gossip::Member> view) {
   } else {
     elastic::JobControl::Output out;
     const uint64_t job_id = s.job->start.job_id;
-    s.job->control->on_view(now_ms(s), s.view, local_of(*s.job), out);
+    s.job->control->on_view(now_ms(s), s.view, s.job->driver->local(*s.job), out);
     apply_control(self, job_id, out);
     if (!s.job) return;
   }
@@ -155,17 +151,85 @@ void keep_ending(Trainer* self) {
   auto& s = self->state;
   auto& j = *s.job;
   if (j.finishing) return;
-  const bool async_done = j.mode == Mode::async && (j.serving || j.finished.contains(s.o.self_id));
-  if (j.rank == 0 && (async_done || j.final_average)) {
+  if (j.rank == 0 && j.driver->ending(j)) {
     JobReport r = report_of(j, JobReport::Kind::progress);
     r.samples = j.own_samples * j.world;
     to_submitter(self, j, r);
   }
-  if (j.mode == Mode::async && j.serving)
-    send_to(self, j.start.addresses[0], gossip::Control{s.o.self_id, s.o.incarnation,
-                                                         gossip::Control::Command::worker_finished, j.start.job_id, {}});
-  if (j.mode == Mode::async && j.assembling) pull_missing(self);
-  if (j.rank == 0 && j.mode != Mode::sync && j.target_reached) tell_target_reached(self);
+  j.driver->keep_ending(self, j);
+}
+
+void check_step_timeout(Trainer* self) {
+  auto& s = self->state;
+  auto& j = *s.job;
+  const auto limit = j.config.job.step_timeout_s;
+  const char* ring_wait = j.driver->ring_wait(j);
+  if (j.control && j.pulling) {
+    // A worker that cannot get the state from any donor steps out of the job rather than end it
+    // for everyone: the others' ring leaves it out (eviction), and it may be proposed again.
+    node_events().warn("job_left job={} reason=\"no donor answered the state pull for {:.0f} s\"", j.start.job_id,
+                       limit);
+    j.member = false;
+    j.has_state = false;
+    j.pulling.reset();
+  } else if (j.control && j.control->paused()) {
+    // Waiting for a generation (the side of a partition without a quorum): the state is kept,
+    // whatever the wait; the job is not this worker's to end.
+    j.progress_at = Clock::now();
+    node_events().warn("job_waiting job={} promised={} reason=\"no generation installed for {:.0f} s (a quorum "
+                       "lost, or the other side of a partition)\"",
+                       j.start.job_id, j.control->promised(), limit);
+  } else if (ring_wait && j.control && j.prev_id != s.o.self_id) {
+    // Membership holds the previous worker live, yet the ring has not moved. Every worker after
+    // a hung one waits too, so first ask the previous one whether its trainer takes messages:
+    // one that answers waits on a worker before it, whose own next worker evicts that one. No
+    // answer within half the timeout: this is the one that blocks the ring; it is left out of
+    // the next generation rather than end the job. (An answer is not a pass forever: at twice
+    // the timeout it is evicted anyway, should the whole ring wait on a message that was lost.)
+    const auto now = Clock::now();
+    const double waited = seconds_between(j.progress_at, now);
+    auto& check = j.ring_check;
+    const char* what = ring_wait;
+    std::string why;
+    const bool fresh = !check || check->mark != j.progress_at;
+    if (fresh || !check->answered) {
+      // The nonce only matches an answer to its question (the channel is authenticated); the
+      // clock serves, and leaves gossip's seeded partner draws alone. Asked again each tick
+      // until answered: one lost question or answer must not evict a healthy worker.
+      if (fresh)
+        check = Job::RingCheck{j.progress_at, now, static_cast<uint64_t>(now.time_since_epoch().count()), false};
+      std::vector<uint8_t> nonce(8);
+      for (size_t b = 0; b < 8; ++b) nonce[b] = static_cast<uint8_t>(check->nonce >> (8 * b));
+      if (const auto* address = elastic::worker_address(j.start, j.prev_id))
+        send_to(self, *address,
+                gossip::Control{s.o.self_id, s.o.incarnation, gossip::Control::Command::ring_check, j.start.job_id,
+                                std::move(nonce)});
+      if (fresh)
+        node_events().info("ring_check job={} worker={} reason=\"{} {} waited {:.0f} s for it\"", j.start.job_id,
+                           j.prev_id, what, j.step + 1, waited);
+    }
+    // Just asked (fresh): the answer has its half timeout from now.
+    if (!fresh && !check->answered && seconds_between(check->sent, now) > limit / 2)
+      why = fmt::format("{} {} waited {:.0f} s for it, and its trainer did not answer in {:.1f} s", what, j.step + 1,
+                        waited, limit / 2);
+    else if (!fresh && check->answered && waited > 2 * limit)
+      why = fmt::format("{} {} waited {:.0f} s for it (its trainer answers, but the ring has not moved)", what,
+                        j.step + 1, waited);
+    if (!why.empty()) {
+      node_events().warn("worker_evicting job={} worker={} reason=\"{}\"", j.start.job_id, j.prev_id, why);
+      j.progress_at = now;
+      check.reset();
+      elastic::JobControl::Output out;
+      const uint64_t job_id = j.start.job_id;
+      j.control->evict(now_ms(s), j.prev_id, j.driver->local(j), out);
+      apply_control(self, job_id, out);
+    }
+  } else if (ring_wait) {
+    fail(self, fmt::format("{} {} waited {:.0f} s for worker {} (the previous one in the ring)", ring_wait, j.step + 1,
+                           limit, j.prev_id));
+  } else if (const auto why = j.driver->stalled(j); !why.empty()) {
+    fail(self, why);
+  }
 }
 
 void on_tick(Trainer* self) {
@@ -183,79 +247,8 @@ void on_tick(Trainer* self) {
       fail_start(self, start, fmt::format("{}, still after {:.0f} s", ok.error(), TrainerState::held_limit_s));
   }
   if (s.job && s.job->member && !s.job->finishing &&
-      seconds_between(s.job->progress_at, Clock::now()) > s.job->config.job.step_timeout_s) {
-    auto& j = *s.job;
-    const auto limit = j.config.job.step_timeout_s;
-    // Gossip: workers end their local steps at different times, so the final average waits for
-    // the previous worker without a limit until its first chunk comes (a dead one is membership's).
-    const bool ring_wait = j.mode == Mode::sync || (j.mode == Mode::gossip && j.final_average && j.heard_final);
-    if (j.control && j.pulling) {
-      // A worker that cannot get the state from any donor steps out of the job rather than end it
-      // for everyone: the others' ring leaves it out (eviction), and it may be proposed again.
-      node_events().warn("job_left job={} reason=\"no donor answered the state pull for {:.0f} s\"", j.start.job_id,
-                         limit);
-      j.member = false;
-      j.has_state = false;
-      j.pulling.reset();
-    } else if (j.control && j.control->paused()) {
-      // Waiting for a generation (the side of a partition without a quorum): the state is kept,
-      // whatever the wait; the job is not this worker's to end.
-      j.progress_at = Clock::now();
-      node_events().warn("job_waiting job={} promised={} reason=\"no generation installed for {:.0f} s (a quorum "
-                         "lost, or the other side of a partition)\"",
-                         j.start.job_id, j.control->promised(), limit);
-    } else if (ring_wait && j.control && j.prev_id != s.o.self_id) {
-      // Membership holds the previous worker live, yet the ring has not moved. Every worker after
-      // a hung one waits too, so first ask the previous one whether its trainer takes messages:
-      // one that answers waits on a worker before it, whose own next worker evicts that one. No
-      // answer within half the timeout: this is the one that blocks the ring; it is left out of
-      // the next generation rather than end the job. (An answer is not a pass forever: at twice
-      // the timeout it is evicted anyway, should the whole ring wait on a message that was lost.)
-      const auto now = Clock::now();
-      const double waited = seconds_between(j.progress_at, now);
-      auto& check = j.ring_check;
-      const char* what = j.mode == Mode::sync ? "step" : "the final average after step";
-      std::string why;
-      const bool fresh = !check || check->mark != j.progress_at;
-      if (fresh || !check->answered) {
-        // The nonce only matches an answer to its question (the channel is authenticated); the
-        // clock serves, and leaves gossip's seeded partner draws alone. Asked again each tick
-        // until answered: one lost question or answer must not evict a healthy worker.
-        if (fresh)
-          check = Job::RingCheck{j.progress_at, now, static_cast<uint64_t>(now.time_since_epoch().count()), false};
-        std::vector<uint8_t> nonce(8);
-        for (size_t b = 0; b < 8; ++b) nonce[b] = static_cast<uint8_t>(check->nonce >> (8 * b));
-        if (const auto* address = elastic::worker_address(j.start, j.prev_id))
-          send_to(self, *address,
-                  gossip::Control{s.o.self_id, s.o.incarnation, gossip::Control::Command::ring_check, j.start.job_id,
-                                  std::move(nonce)});
-        if (fresh)
-          node_events().info("ring_check job={} worker={} reason=\"{} {} waited {:.0f} s for it\"", j.start.job_id,
-                             j.prev_id, what, j.step + 1, waited);
-      }
-      // Just asked (fresh): the answer has its half timeout from now.
-      if (!fresh && !check->answered && seconds_between(check->sent, now) > limit / 2)
-        why = fmt::format("{} {} waited {:.0f} s for it, and its trainer did not answer in {:.1f} s", what, j.step + 1,
-                          waited, limit / 2);
-      else if (!fresh && check->answered && waited > 2 * limit)
-        why = fmt::format("{} {} waited {:.0f} s for it (its trainer answers, but the ring has not moved)", what,
-                          j.step + 1, waited);
-      if (!why.empty()) {
-        node_events().warn("worker_evicting job={} worker={} reason=\"{}\"", j.start.job_id, j.prev_id, why);
-        j.progress_at = now;
-        check.reset();
-        elastic::JobControl::Output out;
-        const uint64_t job_id = j.start.job_id;
-        j.control->evict(now_ms(s), j.prev_id, local_of(j), out);
-        apply_control(self, job_id, out);
-      }
-    } else if (ring_wait)
-      fail(self, fmt::format("{} {} waited {:.0f} s for worker {} (the previous one in the ring)",
-                             j.mode == Mode::sync ? "step" : "the final average after step", j.step + 1, limit, j.prev_id));
-    else if (j.mode == Mode::async && !j.serving && !j.assembling && (j.blocked || j.step >= j.total_steps) &&
-             !j.finished.contains(s.o.self_id))
-      fail(self, fmt::format("step {} waited {:.0f} s for answers from shard primaries", j.step + 1, limit));
-  }
+      seconds_between(s.job->progress_at, Clock::now()) > s.job->config.job.step_timeout_s)
+    check_step_timeout(self);
   if (s.job && s.job->control) {
     auto& j = *s.job;
     const uint64_t job_id = j.start.job_id;
@@ -265,7 +258,7 @@ void on_tick(Trainer* self) {
       for (auto& [address, pull] : again) send_to(self, address, pull);
     }
     elastic::JobControl::Output out;
-    j.control->on_tick(now_ms(s), local_of(j), out);
+    j.control->on_tick(now_ms(s), j.driver->local(j), out);
     apply_control(self, job_id, out);
   }
   if (s.job && s.job->member) keep_ending(self);
@@ -326,22 +319,7 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
     }
     return;
   }
-  if (c.command == Command::worker_finished && j.mode == Mode::async && j.rank == 0) {
-    if (std::find(j.start.workers.begin(), j.start.workers.end(), peer) == j.start.workers.end()) return;
-    j.finished.insert(peer);
-    return maybe_assemble(self);
-  }
-  if (c.command == Command::target_reached && j.mode != Mode::sync && j.rank != 0 && peer == j.start.workers[0]) {
-    stop_training(self);
-    // A worker waiting on nothing (none of its steps under way) takes the end now.
-    self->send(self, step_atom::value);
-    return;
-  }
-  if (c.command == Command::job_finished && j.mode == Mode::async && j.rank != 0 && peer == j.start.workers[0]) {
-    // Rank 0 has the final model: every update has been applied, so the counts are final.
-    j.serving = false;
-    return finish_job(self);
-  }
+  if (j.driver->on_control(self, j, peer, c)) return;
   if (c.command != Command::stop_job) return;
   const auto& workers = s.job->start.workers;
   if (peer != s.job->start.submitter_id) {
@@ -370,9 +348,9 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
   return {
       [self](view_atom, std::vector<gossip::Member> view) { on_view(self, std::move(view)); },
       [self](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {
+        auto& s = self->state;
         if (const auto* chunk = std::get_if<gossip::RingChunk>(&m.body)) on_chunk(self, peer, *chunk);
-        else if (const auto* state = std::get_if<gossip::ShardState>(&m.body)) on_shard_state(self, peer, *state);
-        else if (const auto* average = std::get_if<gossip::GossipAverage>(&m.body)) on_gossip(self, peer, *average);
+        else if (s.job && s.job->driver->on_message(self, *s.job, peer, m.body)) return;
         else if (const auto* start = std::get_if<gossip::JobStart>(&m.body))
           start->coordinator.empty()   ? on_submitted(self, peer, *start)
           : start->generation >= 2 ? on_install(self, peer, *start)
@@ -383,6 +361,7 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
         else if (const auto* control = std::get_if<gossip::Control>(&m.body)) on_control(self, peer, *control);
       },
       [self](step_atom) { do_step(self); },
+      [self](retire_atom) { self->state.retired.clear(); },
       [self](tick_atom) { on_tick(self); },
       [self](drain_atom) -> caf::result<std::string> {
         self->state.drain = self->make_response_promise<std::string>();

@@ -3,7 +3,8 @@
 // coordinator's control plane when this node is the coordinator. One detached actor (its own
 // thread: a step's forward and backward pass blocks it, and frames wait in its mailbox meanwhile).
 // What follows describes sync; async (with a shard host, actors/roles/shard_host.hpp) and gossip
-// differ in what a step does, as docs/architecture.md says ("Async and gossip training").
+// differ in what a step does, as docs/architecture.md says ("Async and gossip training"). Each
+// mode is one driver behind one interface (trainer/job.hpp, Driver).
 //
 //   submitter --JobStart--> coordinator   (assign_job: ring order = live workers by id)
 //   coordinator --JobStart--> every worker (check_assignment: obeyed only from the coordinator)

@@ -22,19 +22,25 @@ caf::behavior evaluator(caf::event_based_actor*, std::shared_ptr<EvalKit> kit) {
 }
 }  // namespace
 
-void stop_training(Trainer* self) {
-  auto& j = *self->state.job;
+void stop_training(Trainer*, Job& j) {
   if (j.step >= j.total_steps) return;
   node_events().info("stop_at_target job={} rank={} step={} of={}", j.start.job_id, j.rank, j.step, j.total_steps);
   j.total_steps = j.step;
 }
 
-void tell_target_reached(Trainer* self) {
+void tell_target_reached(Trainer* self, Job& j) {
   auto& s = self->state;
-  auto& j = *s.job;
   for (size_t i = 1; i < j.start.addresses.size(); ++i)
     send_to(self, j.start.addresses[i],
             gossip::Control{s.o.self_id, s.o.incarnation, gossip::Control::Command::target_reached, j.start.job_id, {}});
+}
+
+bool take_target_reached(Trainer* self, Job& j, const std::string& peer, const gossip::Control& c) {
+  if (c.command != gossip::Control::Command::target_reached || j.rank == 0 || peer != j.start.workers[0]) return false;
+  stop_training(self, j);
+  // A worker waiting on nothing (none of its steps under way) takes the end now.
+  self->send(self, step_atom::value);
+  return true;
 }
 
 void evaluate_snapshot(Trainer* self) {
@@ -53,14 +59,13 @@ void evaluate_snapshot(Trainer* self) {
         job->last_accuracy = r.test_accuracy = accuracy;
         job->last_test_loss = r.test_loss = loss;
         job->eval_seconds += seconds;
+        // Sync votes to stop in the next ring; async and gossip tell the workers (Driver::on_target).
         const bool reached = job->config.job.stop_at_target && accuracy >= job->config.job.target_accuracy;
-        if (reached && !job->target_reached && job->mode != Mode::sync) {
+        if (reached && !job->target_reached) {
           job->target_reached = true;
-          tell_target_reached(self);
-          stop_training(self);
+          job->driver->on_target(self, *job);
           if (!self->state.job) return;
         }
-        job->target_reached |= reached;
         r.eval_seconds = seconds;
         to_submitter(self, *job, r);
         if (job->finishing && job->pending_evals == 0) complete_rank0(self);

@@ -2,16 +2,6 @@
 
 namespace tepdist::actors::trainer_detail {
 
-elastic::JobControl::Local local_of(const Job& j) {
-  if (j.mode == Mode::sync) return {j.progress, j.has_state};
-  auto progress = gossip_progress(j);
-  progress.position = j.consumed;  // the cursor in this worker's list
-  // Cursors count only in the generation they were measured in: the one the acks build on.
-  const bool current = j.member && j.control && j.control->record().generation == j.generation;
-  if (!current) return {progress, false, {}};
-  return {progress, j.has_state, {j.cursors.begin(), j.cursors.end()}};
-}
-
 elastic::StateView state_view(Job& j) {
   std::vector<std::span<float>> parts{j.model->parameters()};
   for (auto& [name, buffer] : j.optimizer->state()) parts.push_back(buffer);
@@ -41,8 +31,7 @@ void apply_control(Trainer* self, uint64_t job_id, elastic::JobControl::Output& 
     j.member = false;
     j.has_state = false;
     j.pulling.reset();
-    j.cursors.clear();  // they point into lists of a generation this worker is no longer in
-    j.consumed = 0;
+    j.driver->left(j);
     return;
   }
   if (out.installed) enter_generation(self);
@@ -71,7 +60,7 @@ void start_pull(Trainer* self) {
     return fail(self, fmt::format("generation {} names no donor of the state at step {}", r.generation, r.resume.step));
   const auto view = state_view(j);
   // Sync donors hold exactly the state at the resume step; gossip donors give their replica as it is.
-  const uint64_t at = j.mode == Mode::sync ? r.resume.step : 0;
+  const uint64_t at = j.driver->pull_step(j);
   j.pulling.emplace(elastic::StatePuller::Options{r.job_id, at, view.size(), chunk_elements(j), 5000, donors});
   std::vector<std::pair<std::string, gossip::StatePull>> out;
   j.pulling->start(now_ms(s), out);
@@ -93,7 +82,7 @@ void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePu
     node_events().warn("state_pull_refused from={} reason=\"this worker is pulling the state itself\"", peer);
     return;
   }
-  const uint64_t at = j.mode == Mode::sync ? j.progress.step : p.step;
+  const uint64_t at = j.driver->serve_step(j, p.step);
   auto pieces = elastic::serve_state(p, j.start.job_id, at, state_view(j), chunk_elements(j));
   if (!pieces) {
     node_events().warn("state_pull_refused from={} reason=\"{}\"", peer, pieces.error());
@@ -115,10 +104,7 @@ void on_state_piece(Trainer* self, const std::string& peer, const gossip::StateP
   j.pulling.reset();
   j.has_state = true;
   const auto& resume = j.start.resume;
-  if (j.mode == Mode::sync) {
-    j.progress = resume;
-    j.epoch = static_cast<int64_t>(resume.epoch);
-  }
+  j.driver->pulled(j);
   j.step = std::max(j.step, static_cast<int64_t>(resume.step));
   j.optimizer->set_steps(static_cast<int64_t>(resume.step));
   j.waiting_since = j.progress_at = Clock::now();
@@ -145,32 +131,7 @@ void enter_generation(Trainer* self) {
   j.waiting_since = j.progress_at = Clock::now();
   const auto batch = static_cast<int64_t>(j.config.data.batch_size);
   j.rate->set_generation(r.resume, static_cast<int64_t>(r.previous_world) * batch, static_cast<int64_t>(j.world) * batch);
-  if (j.mode == Mode::sync) {
-    if (j.has_state && j.progress.step > r.resume.step)
-      return fail(self, fmt::format("this worker is at step {}, past generation {}'s resume step {}", j.progress.step,
-                                    r.generation, r.resume.step));
-    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.elements() + 3,
-                                                              chunk_elements(j), r.resume.step});
-  } else {
-    // Gossip: pairs only among this generation's workers; exchanges under way are over, and a final
-    // average under way starts again among them.
-    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.elements(), chunk_elements(j)});
-    const auto every = static_cast<uint64_t>(j.config.job.gossip_every);
-    j.gossip.emplace(gossip::collective::GossipAveraging::Options{r.job_id, j.rank, j.world, j.elements(),
-                                                                  chunk_elements(j), every, std::max<uint64_t>(16, 4 * every)});
-    j.random.seed(j.config.job.seed * 1000003 + j.rank + r.generation * 7919);
-    j.final_average = j.heard_final = false;
-    j.spans = j.rank < r.spans.size() ? elastic::spans_of(r.spans[j.rank]) : elastic::Spans{};
-    for (const auto& span : j.spans)
-      if (span.end > static_cast<uint64_t>(j.data.train.size()) ||
-          span.epoch >= static_cast<uint64_t>(j.config.job.epochs))
-        return fail(self, fmt::format("generation {} gives this worker positions [{}, {}) of epoch {}, outside the "
-                                      "job's {} samples and {} epochs",
-                                      r.generation, span.begin, span.end, span.epoch, j.data.train.size(),
-                                      j.config.job.epochs));
-    j.consumed = 0;
-    j.cursors.clear();
-  }
+  if (auto ok = j.driver->enter(self, j); !ok) return fail(self, ok.error());
   if (j.rank == 0)
     if (auto ok = ensure_evaluator(self, j); !ok) return fail(self, ok.error());
   std::string donors;
@@ -178,7 +139,7 @@ void enter_generation(Trainer* self) {
   node_events().info("generation_installed job={} generation={} rank={} workers={} resume_step={} donors={}", r.job_id,
                      r.generation, j.rank, j.world, r.resume.step, donors.empty() ? "-" : donors);
   report_status(self);
-  const bool behind = !j.has_state || (j.mode == Mode::sync && j.progress.step < r.resume.step);
+  const bool behind = !j.has_state || j.driver->behind(j);
   if (behind) {
     j.has_state = false;
     return start_pull(self);
@@ -237,20 +198,14 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
   job->next_address = record.addresses[(job->rank + 1) % job->world];
   job->has_state = has_state;
   if (auto ok = setup(self, *job); !ok) {
-    if (job->shard_host) self->send_exit(job->shard_host, caf::exit_reason::kill);
+    if (job->driver) job->driver->drop(self);
     if (!has_state && record.generation >= 2) return decline_join(self, record, ok.error());
     return fail_start(self, record, ok.error());
   }
-  // Only a job that is set up takes shard updates (the router holds them until then).
-  if (job->shard_host) {
-    std::vector<gossip::ShardHolders> placement;
-    for (uint32_t i = 0; i < job->placement.size(); ++i) placement.push_back({i, job->placement[i]});
-    caf::anon_send(s.router, shards_atom::value, job->shard_host, std::move(placement));
-  }
   node_events().info("job_started job={} mode={} rank={} workers={} steps={} steps_per_epoch={} generation={}",
-                     record.job_id, mode_name(job->mode), job->rank, job->world, job->total_steps,
+                     record.job_id, job->driver->name(), job->rank, job->world, job->total_steps,
                      job->steps_per_epoch, job->generation);
-  const bool elastic_mode = job->mode != Mode::async;
+  const bool elastic_mode = job->driver->elastic();
   s.job = std::move(job);
   s.joining.reset();
   s.last_job = std::max(s.last_job, record.job_id);
@@ -261,7 +216,7 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
     j.control = make_control(s, &j.config);
     j.control->adopt(j.start);
     elastic::JobControl::Output out;
-    j.control->on_view(now_ms(s), s.view, local_of(j), out);
+    j.control->on_view(now_ms(s), s.view, j.driver->local(j), out);
     // The generation first (rings, rank 0's evaluator), then what the view asks for.
     enter_generation(self);
     if (s.job && s.job->start.job_id == record.job_id) apply_control(self, record.job_id, out);
@@ -319,7 +274,7 @@ void on_vote(Trainer* self, const std::string& peer, const gossip::GenerationVot
   elastic::JobControl::Output out;
   if (s.job) {
     if (s.job->start.job_id != vote.job_id || !s.job->control) return;
-    s.job->control->on_vote(now_ms(s), peer, vote, local_of(*s.job), out);
+    s.job->control->on_vote(now_ms(s), peer, vote, s.job->driver->local(*s.job), out);
     return apply_control(self, vote.job_id, out);
   }
   // No job here: proposed as a joiner. Its acks say it holds nothing.

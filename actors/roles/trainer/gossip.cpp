@@ -1,102 +1,245 @@
+// The gossip driver: each worker trains its own replica through its own list of positions
+// (elastic/progress.hpp), and every gossip_every local steps averages it with a random partner of
+// the generation (gossip/collective/gossip_average.hpp); after its last local step one ring
+// all-reduce of the replicas leaves every worker with the same average. On a change the rest of
+// every list is re-split (job control), and what a dead worker never mixed counts as not consumed.
+
 #include "actors/roles/trainer/job.hpp"
 
 namespace tepdist::actors::trainer_detail {
+namespace {
 
-void end_final_average(Trainer* self) {
-  auto& j = *self->state.job;
-  const auto p = j.model->parameters();
-  const float inv = 1.0f / static_cast<float>(j.world);
-  for (size_t i = 0; i < p.size(); ++i) p[i] = j.buffer[i] * inv;
-  j.ring_seconds += seconds_between(j.waiting_since, Clock::now());
-  j.last_eval_step = -1;  // the average is another model than the replica evaluated at this step
-  if (j.rank == 0) evaluate_snapshot(self);
-  finish_job(self);
-}
+class GossipDriver final : public Driver {
+ public:
+  const char* name() const override { return "gossip"; }
 
-gossip::JobProgress gossip_progress(const Job& j) {
-  const auto step = static_cast<uint64_t>(j.step), per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
-  const uint64_t reference = j.start.reference_batch;
-  return {step, step / per_epoch, step % per_epoch * reference, step * reference};
-}
+  std::expected<void, std::string> setup(Trainer*, Job& j) override {
+    j.buffer.assign(j.elements(), 0.0f);
+    // Each worker trains through its own list of positions; the job ends when all are done.
+    if (j.start.spans.empty())
+      for (const auto& list : elastic::initial_spans(j.data.train.size(), j.config.job.epochs, j.world))
+        j.start.spans.push_back(elastic::triples_of(list));
+    j.total_steps = j.config.job.max_steps > 0 ? j.config.job.max_steps : std::numeric_limits<int64_t>::max();
+    return {};
+  }
 
-void gossip_step(Trainer* self) {
-  auto& j = *self->state.job;
-  if (j.final_average || !may_step(j)) return;
-  const auto slice = elastic::next_slice(j.spans, j.consumed, static_cast<uint64_t>(j.config.data.batch_size));
-  if (slice.count == 0 || j.step >= j.total_steps) return start_final_average(self);
-  const auto now = Clock::now();
-  if (!j.first_step) j.first_step = j.window_start = now;
-  float loss = 0;
-  const int64_t samples = compute_pieces(j, slice, loss);
-  j.consumed += slice.count;
-  j.epoch = static_cast<int64_t>(slice.epoch);
-  if (samples > 0) j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(gossip_progress(j)));
-  if (j.gossip->after_step()) {
-    j.partner = j.gossip->partner(j.random());
-    std::vector<gossip::GossipAverage> out;
-    j.gossip->begin(j.next_exchange++, j.model->parameters(), out);
-    for (auto& m : out) {
-      m.generation = j.generation;
-      m.consumed = j.consumed;
-      j.tensor_bytes += m.chunk.data.size_bytes();
-      if (!send_to(self, j.start.addresses[j.partner], std::move(m)))
-        return fail(self, fmt::format("the send queue to worker {} is full; raise [cluster] send_queue_mb",
-                                      j.start.workers[j.partner]));
+  /// A local step on this worker's replica, and now and then an averaging with a peer.
+  void step(Trainer* self, Job& j) override {
+    if (final_average_ || !may_step(j)) return;
+    const auto batch = static_cast<uint64_t>(j.config.data.batch_size);
+    const auto slice = elastic::next_slice(spans_, consumed_, batch);
+    if (slice.count == 0 || j.step >= j.total_steps) return start_final_average(self, j);
+    const auto now = Clock::now();
+    if (!j.first_step) j.first_step = j.window_start = now;
+    float loss = 0;
+    const int64_t samples = compute_pieces(j, slice, loss);
+    consumed_ += slice.count;
+    j.epoch = static_cast<int64_t>(slice.epoch);
+    if (samples > 0) j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(progress(j)));
+    if (averaging_->after_step()) {
+      partner_ = averaging_->partner(random_());
+      std::vector<gossip::GossipAverage> out;
+      averaging_->begin(next_exchange_++, j.model->parameters(), out);
+      for (auto& m : out) {
+        m.generation = j.generation;
+        m.consumed = consumed_;
+        j.tensor_bytes += m.chunk.data.size_bytes();
+        if (!send_to(self, j.start.addresses[partner_], std::move(m)))
+          return fail(self, fmt::format("the send queue to worker {} is full; raise [cluster] send_queue_mb",
+                                        j.start.workers[partner_]));
+      }
+    }
+    j.compute_seconds += seconds_between(now, Clock::now());
+    // The epoch is that of the next step's positions; the last step is the end of the list.
+    const auto next = elastic::next_slice(spans_, consumed_, batch);
+    const bool last = next.count == 0 || j.step + 1 >= j.total_steps;
+    const bool epoch_end = next.epoch != static_cast<uint64_t>(j.epoch);
+    if (last) j.epoch = static_cast<int64_t>(spans_.empty() ? 0 : spans_.back().epoch + 1);
+    after_local_step(self, j, samples, loss, epoch_end, last);
+    self->send(self, step_atom::value);
+  }
+
+  /// This worker's local steps as a progress, in reference batches (the rate policy reads the
+  /// schedule at the step and ramps over samples).
+  gossip::JobProgress progress(const Job& j) const override {
+    const auto step = static_cast<uint64_t>(j.step), per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
+    const uint64_t reference = j.start.reference_batch;
+    return {step, step / per_epoch, step % per_epoch * reference, step * reference};
+  }
+
+  elastic::JobControl::Local local(const Job& j) const override {
+    auto at = progress(j);
+    at.position = consumed_;  // the cursor in this worker's list
+    // Cursors count only in the generation they were measured in: the one the acks build on.
+    const bool current = j.member && j.control && j.control->record().generation == j.generation;
+    if (!current) return {at, false, {}};
+    return {at, j.has_state, {cursors_.begin(), cursors_.end()}};
+  }
+
+  void add_status(const Job& j, const std::string& self_id, gossip::JobStatus& st) const override {
+    const auto per_epoch = static_cast<uint64_t>(j.steps_per_epoch), step = static_cast<uint64_t>(j.step);
+    st.progress = {step, per_epoch ? step / per_epoch : 0, consumed_, j.own_samples};
+    for (const auto& w : j.start.workers) {
+      if (w == self_id) st.workers.emplace_back(w, consumed_);
+      else if (const auto it = cursors_.find(w); it != cursors_.end()) st.workers.emplace_back(w, it->second);
+      else st.workers.emplace_back(w, 0);  // not heard from in this generation yet
     }
   }
-  j.compute_seconds += seconds_between(now, Clock::now());
-  after_local_step(self, samples, loss);
-  self->send(self, step_atom::value);
-}
 
-void start_final_average(Trainer* self) {
-  auto& j = *self->state.job;
-  j.final_average = true;
-  j.gossip->abandon();
-  const auto params = j.model->parameters();
-  std::copy(params.begin(), params.end(), j.buffer.begin());
-  std::vector<gossip::RingChunk> out;
-  j.ring->start(1, j.buffer, out);
-  if (!send_ring(self, out)) return;
-  j.waiting_since = j.progress_at = Clock::now();
-  if (j.ring->done()) end_final_average(self);
-}
-
-void on_gossip(Trainer* self, const std::string& peer, const gossip::GossipAverage& m) {
-  auto& s = self->state;
-  if (!s.job || s.job->mode != Mode::gossip || s.job->start.job_id != m.job_id) return;
-  auto& j = *s.job;
-  const auto it = std::find(j.start.workers.begin(), j.start.workers.end(), peer);
-  if (it == j.start.workers.end()) {
-    node_events().warn("gossip_refused from={} reason=\"not a worker of job {}\"", peer, j.start.job_id);
-    return;
+  bool on_message(Trainer* self, Job& j, const std::string& peer, const gossip::Body& body) override {
+    const auto* m = std::get_if<gossip::GossipAverage>(&body);
+    if (!m) return false;
+    if (m->job_id == j.start.job_id) on_average(self, j, peer, *m);
+    return true;
   }
-  const auto from = static_cast<uint32_t>(it - j.start.workers.begin());
-  // Mixings happen within one generation, and not while this worker has promised the next: its
-  // ack's cursors must stay what was mixed.
-  if (m.generation != j.generation || !j.member || (j.control && j.control->paused())) return;
-  // What it had trained on when it sent this is in the mixing: counted, should it die.
-  if (m.generation == j.generation) j.cursors[peer] = std::max(j.cursors[peer], m.consumed);
-  if (m.reply) {
-    if (from != j.partner) {
-      node_events().warn("gossip_refused from={} reason=\"not the partner of this exchange\"", peer);
+
+  bool on_control(Trainer* self, Job& j, const std::string& peer, const gossip::Control& c) override {
+    return take_target_reached(self, j, peer, c);
+  }
+
+  void ring_moved(Trainer* self, Job& j) override {
+    heard_final_ = true;
+    if (j.ring->done() && final_average_ && !j.finishing) end_final_average(self, j);
+  }
+
+  // Workers end their local steps at different times, so the final average waits for the previous
+  // worker without a limit until its first chunk comes (a dead one is membership's).
+  const char* ring_wait(const Job&) const override {
+    return final_average_ && heard_final_ ? "the final average after step" : nullptr;
+  }
+
+  bool ending(const Job&) const override { return final_average_; }
+
+  void keep_ending(Trainer* self, Job& j) override {
+    if (j.rank == 0 && j.target_reached) tell_target_reached(self, j);  // should a message be lost
+  }
+
+  void on_target(Trainer* self, Job& j) override {
+    tell_target_reached(self, j);
+    stop_training(self, j);
+  }
+
+  /// Pairs only among this generation's workers; exchanges under way are over, and a final average
+  /// under way starts again among them.
+  std::expected<void, std::string> enter(Trainer*, Job& j) override {
+    const auto& r = j.start;
+    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.elements(), chunk_elements(j)});
+    const auto every = static_cast<uint64_t>(j.config.job.gossip_every);
+    averaging_.emplace(gossip::collective::GossipAveraging::Options{
+        r.job_id, j.rank, j.world, j.elements(), chunk_elements(j), every, std::max<uint64_t>(16, 4 * every)});
+    random_.seed(j.config.job.seed * 1000003 + j.rank + r.generation * 7919);
+    final_average_ = heard_final_ = false;
+    spans_ = j.rank < r.spans.size() ? elastic::spans_of(r.spans[j.rank]) : elastic::Spans{};
+    for (const auto& span : spans_)
+      if (span.end > static_cast<uint64_t>(j.data.train.size()) || span.epoch >= static_cast<uint64_t>(j.config.job.epochs))
+        return std::unexpected(fmt::format("generation {} gives this worker positions [{}, {}) of epoch {}, outside the "
+                                           "job's {} samples and {} epochs",
+                                           r.generation, span.begin, span.end, span.epoch, j.data.train.size(),
+                                           j.config.job.epochs));
+    consumed_ = 0;
+    cursors_.clear();
+    return {};
+  }
+
+  // Donors give their replica as it is (step 0: any).
+  void left(Job&) override {
+    cursors_.clear();  // they point into lists of a generation this worker is no longer in
+    consumed_ = 0;
+  }
+
+  void add_counters(const Job&, JobReport& r) const override {
+    if (averaging_) r.exchanges = averaging_->completed();  // the active side's count: each exchange once
+  }
+
+ private:
+  /// The gradient of one local step's pieces of positions (one epoch) into the model's gradients.
+  static int64_t compute_pieces(Job& j, const elastic::StepSlice& slice, float& loss) {
+    if (slice.count == 0) return 0;
+    compute_positions(j, static_cast<int64_t>(slice.epoch), 0, 0, loss);  // the epoch's order
+    std::vector<int64_t> idx;
+    idx.reserve(slice.count);
+    for (const auto& [begin, end] : slice.pieces)
+      idx.insert(idx.end(), j.order.begin() + static_cast<ptrdiff_t>(begin), j.order.begin() + static_cast<ptrdiff_t>(end));
+    compute::gather_batch(j.data.train, idx, j.x, j.y);
+    loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
+    return static_cast<int64_t>(idx.size());
+  }
+
+  /// After the last local step: one ring all-reduce of the replicas; every worker ends with the
+  /// same average.
+  void start_final_average(Trainer* self, Job& j) {
+    final_average_ = true;
+    averaging_->abandon();
+    const auto params = j.model->parameters();
+    std::copy(params.begin(), params.end(), j.buffer.begin());
+    std::vector<gossip::RingChunk> out;
+    j.ring->start(1, j.buffer, out);
+    if (!send_ring(self, out)) return;
+    j.waiting_since = j.progress_at = Clock::now();
+    if (j.ring->done()) end_final_average(self, j);
+  }
+
+  /// The ring has summed the replicas; every worker divides the same sum the same way.
+  void end_final_average(Trainer* self, Job& j) {
+    const auto p = j.model->parameters();
+    const float inv = 1.0f / static_cast<float>(j.world);
+    for (size_t i = 0; i < p.size(); ++i) p[i] = j.buffer[i] * inv;
+    j.ring_seconds += seconds_between(j.waiting_since, Clock::now());
+    j.last_eval_step = -1;  // the average is another model than the replica evaluated at this step
+    if (j.rank == 0) evaluate_snapshot(self);
+    finish_job(self);
+  }
+
+  void on_average(Trainer* self, Job& j, const std::string& peer, const gossip::GossipAverage& m) {
+    const auto it = std::find(j.start.workers.begin(), j.start.workers.end(), peer);
+    if (it == j.start.workers.end()) {
+      node_events().warn("gossip_refused from={} reason=\"not a worker of job {}\"", peer, j.start.job_id);
       return;
     }
-    if (auto ok = j.gossip->on_reply(m, j.model->parameters()); !ok && !j.final_average)
+    const auto from = static_cast<uint32_t>(it - j.start.workers.begin());
+    // Mixings happen within one generation, and not while this worker has promised the next: its
+    // ack's cursors must stay what was mixed.
+    if (m.generation != j.generation || !j.member || (j.control && j.control->paused()) || !averaging_) return;
+    // What it had trained on when it sent this is in the mixing: counted, should it die.
+    cursors_[peer] = std::max(cursors_[peer], m.consumed);
+    if (m.reply) {
+      if (from != partner_) {
+        node_events().warn("gossip_refused from={} reason=\"not the partner of this exchange\"", peer);
+        return;
+      }
+      if (auto ok = averaging_->on_reply(m, j.model->parameters()); !ok && !final_average_)
+        node_events().warn("gossip_refused from={} reason=\"{}\"", peer, ok.error());
+      return;
+    }
+    if (final_average_) return;  // the replicas are being averaged for good: no more pairs
+    std::vector<gossip::GossipAverage> out;
+    if (auto ok = averaging_->on_request(m, j.model->parameters(), out); !ok) {
       node_events().warn("gossip_refused from={} reason=\"{}\"", peer, ok.error());
-    return;
+      return;
+    }
+    for (auto& r : out) {
+      r.generation = j.generation;
+      r.consumed = consumed_;
+      j.tensor_bytes += r.chunk.data.size_bytes();
+      send_to(self, j.start.addresses[from], std::move(r));
+    }
   }
-  if (j.final_average) return;  // the replicas are being averaged for good: no more pairs
-  std::vector<gossip::GossipAverage> out;
-  if (auto ok = j.gossip->on_request(m, j.model->parameters(), out); !ok) {
-    node_events().warn("gossip_refused from={} reason=\"{}\"", peer, ok.error());
-    return;
-  }
-  for (auto& r : out) {
-    r.generation = j.generation;
-    r.consumed = j.consumed;
-    j.tensor_bytes += r.chunk.data.size_bytes();
-    send_to(self, j.start.addresses[from], std::move(r));
-  }
-}
+
+  // This worker's positions, how far it is through them, and how far the others were when they
+  // last mixed with it (for the next re-split, should one be gone).
+  elastic::Spans spans_;
+  uint64_t consumed_ = 0;
+  std::map<std::string, uint64_t> cursors_;
+  std::optional<gossip::collective::GossipAveraging> averaging_;
+  std::mt19937_64 random_;
+  uint64_t next_exchange_ = 1;
+  uint32_t partner_ = 0;
+  bool final_average_ = false;
+  bool heard_final_ = false;  // a chunk of the final average came: the previous worker is done stepping
+};
+
+}  // namespace
+
+std::unique_ptr<Driver> make_gossip_driver() { return std::make_unique<GossipDriver>(); }
+
 }  // namespace tepdist::actors::trainer_detail

@@ -13,11 +13,11 @@ bool send_to(Trainer* self, const std::string& address, gossip::Body body) {
   auto& o = self->state.o;
   gossip::Message m{o.self_id, o.incarnation, o.cluster_id, std::move(body)};
   // This node's own shards are served by its shard host, not over a connection to itself.
-  if (address == o.self_address && std::holds_alternative<gossip::ShardUpdate>(m.body) && self->state.job &&
-      self->state.job->shard_host) {
-    self->send(self->state.job->shard_host, wire_atom::value, o.self_id, o.self_address, std::move(m));
-    return true;
-  }
+  if (address == o.self_address && std::holds_alternative<gossip::ShardUpdate>(m.body) && self->state.job)
+    if (const auto host = self->state.job->driver->local_shards()) {
+      self->send(host, wire_atom::value, o.self_id, o.self_address, std::move(m));
+      return true;
+    }
   if (o.transport->send(address, m)) return true;
   node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
   return false;
@@ -47,22 +47,12 @@ JobReport report_of(const Job& j, JobReport::Kind kind) {
 }
 
 gossip::JobStatus job_status(const Job& j, const std::string& self_id) {
-  gossip::JobStatus st{j.start.job_id, mode_name(j.mode), j.generation, "training", {}};
+  gossip::JobStatus st{j.start.job_id, j.driver->name(), j.generation, "training", {}};
   if (j.finishing) st.phase = "finished";
   else if (j.pulling) st.phase = "pulling";
   else if (!j.member) st.phase = "waiting";
   else if (j.control && j.control->paused()) st.phase = "voting";
-  const auto per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
-  const auto step = static_cast<uint64_t>(j.step);
-  if (j.mode == Mode::sync) st.progress = j.progress;
-  else st.progress = {step, per_epoch ? step / per_epoch : 0, j.consumed, j.own_samples};
-  for (const auto& w : j.start.workers) {
-    if (j.mode == Mode::async && w != self_id) continue;  // async workers do not tell each other
-    if (j.mode == Mode::sync) st.workers.emplace_back(w, j.progress.position);
-    else if (w == self_id) st.workers.emplace_back(w, j.consumed);
-    else if (const auto it = j.cursors.find(w); it != j.cursors.end()) st.workers.emplace_back(w, it->second);
-    else st.workers.emplace_back(w, 0);  // not heard from in this generation yet
-  }
+  j.driver->add_status(j, self_id, st);
   return st;
 }
 
@@ -73,16 +63,17 @@ void report_status(Trainer* self) {
 }
 
 void drop_job(Trainer* self, bool over) {
-  auto& job = self->state.job;
-  if (job && over) self->state.ended_jobs.insert(job->start.job_id);
-  // kill, not user_shutdown: it must not work through queued evaluations of a job that is over.
-  if (job && job->evaluator) self->send_exit(job->evaluator, caf::exit_reason::kill);
-  if (job && job->shard_host) {
-    self->send_exit(job->shard_host, caf::exit_reason::kill);
-    // Updates for the next job wait in the router until that job's host registers.
-    caf::anon_send(self->state.router, shards_atom::value, caf::actor(), std::vector<gossip::ShardHolders>());
+  auto& s = self->state;
+  if (auto& job = s.job) {
+    if (over) s.ended_jobs.insert(job->start.job_id);
+    // kill, not user_shutdown: it must not work through queued evaluations of a job that is over.
+    if (job->evaluator) self->send_exit(job->evaluator, caf::exit_reason::kill);
+    job->driver->drop(self);
+    // Whatever the handler under way holds of the job (a reference, the driver's `this`) stays
+    // valid until it returns; the next message frees it.
+    s.retired.push_back(std::move(job));
+    self->send(self, retire_atom::value);
   }
-  job.reset();
   report_status(self);
   if (self->state.drain) on_drain(self);  // draining, and now no job: drained
 }
@@ -109,6 +100,47 @@ bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out) {
   return true;
 }
 
+void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c) {
+  auto& s = self->state;
+  if (!s.job || s.job->start.job_id != c.job_id) {
+    // A neighbour that was told of the job first may already be on step 1: keep its chunks.
+    constexpr size_t stash_limit = 256u << 20;
+    const size_t bytes = c.chunk.data.size_bytes();
+    if (c.job_id > s.last_job && (!s.job || c.job_id > s.job->start.job_id) && s.stash_bytes + bytes <= stash_limit) {
+      s.stash.emplace_back(peer, c);
+      s.stash_bytes += bytes;
+    }
+    return;
+  }
+  auto& j = *s.job;
+  if (!j.ring) return;  // no ring in this mode (async), or none entered yet
+  if (c.generation != j.generation) {
+    // A member that installed the next generation first has started its ring: keep its chunks
+    // (bounded) for when this worker installs it too. Older generations' rings are over.
+    constexpr size_t ahead_limit = 256u << 20;
+    if (c.generation > j.generation && j.ahead_bytes + c.chunk.data.size_bytes() <= ahead_limit) {
+      j.ahead.emplace_back(peer, c);
+      j.ahead_bytes += c.chunk.data.size_bytes();
+    }
+    return;
+  }
+  // A worker that promised the next generation finishes no step of this one: what it reported
+  // in its ack must stay true until the install.
+  if (j.control && j.control->paused()) return;
+  if (peer != j.prev_id) {
+    node_events().warn("ring_chunk_refused from={} reason=\"not the previous worker ({})\"", peer, j.prev_id);
+    return;
+  }
+  std::vector<gossip::RingChunk> out;
+  if (auto ok = j.ring->on_chunk(c, out); !ok) {
+    node_events().warn("ring_chunk_refused from={} reason=\"{}\"", peer, ok.error());
+    return;
+  }
+  j.progress_at = Clock::now();  // not waiting_since: the wait for this step goes on
+  if (!send_ring(self, out)) return;
+  j.driver->ring_moved(self, j);
+}
+
 void fail_start(Trainer* self, const gossip::JobStart& start, const std::string& why) {
   node_events().warn("job_refused job={} reason=\"{}\"", start.job_id, why);
   JobReport r;
@@ -116,15 +148,6 @@ void fail_start(Trainer* self, const gossip::JobStart& start, const std::string&
   r.kind = JobReport::Kind::failed;
   r.error = fmt::format("{}: {}", self->state.o.self_id, why);
   send_to(self, start.submitter, r);
-}
-
-void add_mode_counters(const Job& j, JobReport& r) {
-  if (j.async) r.stale_rejected = j.async->rejected();
-  if (j.shard_counters) {
-    r.updates_applied = j.shard_counters->applied.load();
-    r.staleness_sum = j.shard_counters->staleness_sum.load();
-  }
-  if (j.gossip) r.exchanges = j.gossip->completed();  // the active side's count: each exchange once
 }
 
 std::string save_detached(const TrainerState& s, const Job& j, const JobReport& r) {
@@ -140,7 +163,7 @@ std::string save_detached(const TrainerState& s, const Job& j, const JobReport& 
       "{{\n  \"job_id\": {},\n  \"mode\": \"{}\",\n  \"generation\": {},\n  \"workers\": {},\n  \"steps\": {},\n"
       "  \"epochs\": {},\n  \"test_accuracy\": {},\n  \"test_loss\": {},\n  \"train_seconds\": {},\n"
       "  \"parameter_checksum\": \"{:016x}\",\n  \"submitter\": \"gone; saved by {}\"\n}}\n",
-      j.start.job_id, mode_name(j.mode), j.generation, j.world, j.step, j.epoch, r.test_accuracy, r.test_loss,
+      j.start.job_id, j.driver->name(), j.generation, j.world, j.step, j.epoch, r.test_accuracy, r.test_loss,
       r.train_seconds, r.checksum, s.o.self_id);
   if (auto ok = compute::write_file_atomically(dir / "result.json", result); !ok)
     return fmt::format("not saved: {}", ok.error().message);
@@ -170,17 +193,17 @@ void complete_rank0(Trainer* self) {
   r.samples = j.own_samples;
   r.bytes_sent = j.bytes_sent();
   r.checksum = checksum(params);
-  add_mode_counters(j, r);
+  j.driver->add_counters(j, r);
   r.test_accuracy = j.last_accuracy;
   r.test_loss = j.last_test_loss;
   r.eval_seconds = j.eval_seconds;
-  const double samples = j.mode == Mode::sync ? static_cast<double>(j.samples) : static_cast<double>(j.own_samples);
-  r.samples_per_second = r.train_seconds > 0 ? samples / r.train_seconds : 0.0;
+  r.samples_per_second =
+      r.train_seconds > 0 ? static_cast<double>(j.driver->samples_trained(j)) / r.train_seconds : 0.0;
   to_submitter(self, j, r);
   const std::string saved = j.detached ? save_detached(self->state, j, r) : std::string("-");
   node_events().info("job_done job={} mode={} rank=0 steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f} "
                      "test_accuracy={:.4f} saved=\"{}\"",
-                     j.start.job_id, mode_name(j.mode), j.step, r.checksum, j.compute_seconds, j.ring_seconds,
+                     j.start.job_id, j.driver->name(), j.step, r.checksum, j.compute_seconds, j.ring_seconds,
                      r.test_accuracy, saved);
   drop_job(self);
 }
@@ -196,10 +219,10 @@ void finish_job(Trainer* self) {
   r.samples = j.own_samples;
   r.bytes_sent = j.bytes_sent();
   r.checksum = checksum(j.model->parameters());
-  add_mode_counters(j, r);
+  j.driver->add_counters(j, r);
   to_submitter(self, j, r);
   node_events().info("job_done job={} mode={} rank={} steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f}",
-                     j.start.job_id, mode_name(j.mode), j.rank, j.step, r.checksum, j.compute_seconds, j.ring_seconds);
+                     j.start.job_id, j.driver->name(), j.rank, j.step, r.checksum, j.compute_seconds, j.ring_seconds);
   drop_job(self);
 }
 
@@ -227,49 +250,17 @@ int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, flo
   return end - begin;
 }
 
-int64_t compute_pieces(Job& j, const elastic::StepSlice& slice, float& loss) {
-  if (slice.count == 0) return 0;
-  compute_positions(j, static_cast<int64_t>(slice.epoch), 0, 0, loss);  // the epoch's order
-  std::vector<int64_t> idx;
-  idx.reserve(slice.count);
-  for (const auto& [begin, end] : slice.pieces)
-    idx.insert(idx.end(), j.order.begin() + static_cast<ptrdiff_t>(begin), j.order.begin() + static_cast<ptrdiff_t>(end));
-  compute::gather_batch(j.data.train, idx, j.x, j.y);
-  loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
-  return static_cast<int64_t>(idx.size());
-}
-
-int64_t compute_slice(Job& j, int64_t t, float& loss) {
-  const int64_t n = j.data.train.size(), batch = j.config.data.batch_size;
-  const int64_t epoch = t / j.steps_per_epoch, in_epoch = t % j.steps_per_epoch;
-  const auto [begin, end] = elastic::sync_batch_slice(n, j.world, batch, in_epoch, j.rank);
-  return compute_positions(j, epoch, begin, end, loss);
-}
-
 bool may_step(const Job& j) {
   return !j.control || (j.member && !j.control->paused() && !j.pulling && j.has_state);
 }
 
-void after_local_step(Trainer* self, int64_t samples, float loss) {
-  auto& j = *self->state.job;
+void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool epoch_end, bool last) {
   ++j.step;
   note_first_step(j);
   j.own_samples += static_cast<uint64_t>(samples);
   j.window_samples += static_cast<uint64_t>(samples);
   j.loss = loss;
   j.last_step_end = Clock::now();
-  // Gossip: the epoch is that of the step's positions (set by the step); async counts steps.
-  const bool epoch_end =
-      j.mode == Mode::gossip
-          ? elastic::next_slice(j.spans, j.consumed, static_cast<uint64_t>(j.config.data.batch_size)).epoch !=
-                static_cast<uint64_t>(j.epoch)
-          : j.step % j.steps_per_epoch == 0;
-  if (epoch_end && j.mode != Mode::gossip) ++j.epoch;
-  // This worker's last step: gossip at the end of its list, async at its step count.
-  const bool last = j.step >= j.total_steps ||
-                    (j.mode == Mode::gossip &&
-                     elastic::next_slice(j.spans, j.consumed, static_cast<uint64_t>(j.config.data.batch_size)).count == 0);
-  if (last && j.mode == Mode::gossip) j.epoch = static_cast<int64_t>(j.spans.empty() ? 0 : j.spans.back().epoch + 1);
   if (j.rank != 0) return;
   if (j.step % j.config.job.log_every_steps == 0 || last) {
     JobReport r = report_of(j, JobReport::Kind::progress);
@@ -323,25 +314,13 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
     return std::unexpected(fmt::format("job.ring_chunk_kb = {} does not fit this node's frames ([cluster] max_frame_mb "
                                        "= {})",
                                        j.config.job.ring_chunk_kb, o.max_frame_kb / 1024));
+  // The mode's own set-up comes last: async's registers its shard host, which takes updates from then on.
   const auto& mode = j.config.job.mode;
-  if (mode == "sync") {
-    j.mode = Mode::sync;
-    j.buffer.assign(j.elements() + 3, 0.0f);
-  } else if (mode == "gossip") {
-    j.mode = Mode::gossip;
-    j.buffer.assign(j.elements(), 0.0f);
-    // Each worker trains through its own list of positions; the job ends when all are done.
-    if (j.start.spans.empty())
-      for (const auto& list : elastic::initial_spans(j.data.train.size(), j.config.job.epochs, j.world))
-        j.start.spans.push_back(elastic::triples_of(list));
-    j.total_steps = j.config.job.max_steps > 0 ? j.config.job.max_steps : std::numeric_limits<int64_t>::max();
-  } else if (mode == "async") {
-    j.mode = Mode::async;
-    if (auto ok = setup_async(self, j); !ok) return ok;
-  } else {
-    return std::unexpected(fmt::format("job.mode = \"{}\" is not a cluster mode (sync, async or gossip)", mode));
-  }
-  return {};
+  if (mode == "sync") j.driver = make_sync_driver();
+  else if (mode == "gossip") j.driver = make_gossip_driver();
+  else if (mode == "async") j.driver = make_async_driver();
+  else return std::unexpected(fmt::format("job.mode = \"{}\" is not a cluster mode (sync, async or gossip)", mode));
+  return j.driver->setup(self, j);
 }
 
 double now_ms(const TrainerState& s) { return std::chrono::duration<double, std::milli>(Clock::now() - s.started).count(); }

@@ -1,8 +1,9 @@
 #pragma once
 // The trainer role's insides, shared by its files (actors/roles/trainer.hpp is the role's public
-// face). One job at a time: the Job struct below, driven by the actor in trainer.cpp; each mode's
-// steps in sync.cpp, async.cpp and gossip.cpp; generations and state transfer (job control) in
-// generations.cpp; rank 0's evaluation in evaluation.cpp; what every mode shares in job.cpp.
+// face). One job at a time: the Job struct below, driven by the actor in trainer.cpp; each mode a
+// Driver (below) in sync.cpp, async.cpp and gossip.cpp, holding the mode's own state; generations
+// and state transfer (job control) in generations.cpp; rank 0's evaluation in evaluation.cpp; what
+// every mode shares in job.cpp.
 
 #include "actors/roles/trainer.hpp"
 
@@ -44,67 +45,113 @@ namespace tepdist::actors::trainer_detail {
 using Clock = std::chrono::steady_clock;
 using step_atom = caf::atom_constant<caf::atom("step")>;
 using eval_atom = caf::atom_constant<caf::atom("eval")>;
+using retire_atom = caf::atom_constant<caf::atom("retire")>;  ///< frees the jobs dropped by the last message
 using gossip::JobReport;
 
 inline double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
 
-enum class Mode { sync, async, gossip };
+struct Job;
+struct TrainerState;
+using Trainer = caf::stateful_actor<TrainerState>;
+
+/// One mode's part of a job, behind one interface: the actor (trainer.cpp), job control
+/// (generations.cpp) and evaluation call every mode the same way, and each mode's state lives in
+/// its driver, not in the Job. Drivers: sync.cpp (a ring all-reduce every step), gossip.cpp
+/// (pairwise averaging, one final average), async.cpp (sharded parameters). Methods take the job
+/// they belong to; a job that fails inside one is retired, not destroyed, until the message
+/// handler returns (drop_job), so `j` and the driver stay valid to the end of the call.
+class Driver {
+ public:
+  virtual ~Driver() = default;
+  virtual const char* name() const = 0;
+  /// The mode's own set-up, after the job's model, data, optimiser and rate are made.
+  virtual std::expected<void, std::string> setup(Trainer* self, Job& j) = 0;
+  /// Whether job control drives the job through membership changes (async: part 2 of elastic
+  /// training; until then a change ends it, saying so).
+  virtual bool elastic() const { return true; }
+  /// The next step, if this worker may take one now (else it waits for what unblocks it).
+  virtual void step(Trainer* self, Job& j) = 0;
+  /// A step is under way that a drain waits for (sync: sent its part, waits for the sum).
+  virtual bool mid_step(const Job&) const { return false; }
+  /// Where this worker is, in reference steps (sync: the job's progress, alike on every member).
+  virtual gossip::JobProgress progress(const Job& j) const = 0;
+  /// What job control is told of this worker's progress and state.
+  virtual elastic::JobControl::Local local(const Job& j) const = 0;
+  /// The status answer's progress and per-worker positions.
+  virtual void add_status(const Job& j, const std::string& self_id, gossip::JobStatus& st) const = 0;
+  /// The mode's own wire messages (ShardState, GossipAverage): false if not the mode's.
+  virtual bool on_message(Trainer*, Job&, const std::string& /*peer*/, const gossip::Body&) { return false; }
+  /// The mode's own control commands: false if not the mode's.
+  virtual bool on_control(Trainer*, Job&, const std::string& /*peer*/, const gossip::Control&) { return false; }
+  /// A chunk of this generation moved the ring (sync's step, gossip's final average).
+  virtual void ring_moved(Trainer*, Job&) {}
+  /// What waits on the previous worker in the ring now ("step", "the final average after step"),
+  /// for the step timeout and its ring check; null: nothing does.
+  virtual const char* ring_wait(const Job&) const { return nullptr; }
+  /// Past the step timeout and not waiting on the ring: why the job is stuck (async: shard
+  /// answers), or empty.
+  virtual std::string stalled(const Job&) const { return {}; }
+  /// Ends without a barrier (async, gossip's final average): rank 0 tells the submitter it is alive.
+  virtual bool ending(const Job&) const { return false; }
+  /// Each tick while a job ends: what the mode repeats, should a message be lost.
+  virtual void keep_ending(Trainer*, Job&) {}
+  /// Rank 0's evaluation reached the target (stop_at_target). Called once.
+  virtual void on_target(Trainer*, Job&) {}
+  /// The installed generation's part for the mode (rings, pairs, positions); an error fails the job.
+  virtual std::expected<void, std::string> enter(Trainer* self, Job& j) = 0;
+  /// Behind the generation's resume point although it holds state: it pulls.
+  virtual bool behind(const Job&) const { return false; }
+  /// The step the state is pulled at (a donor holds that state), and served at for a pull of `asked`.
+  virtual uint64_t pull_step(const Job&) const { return 0; }
+  virtual uint64_t serve_step(const Job&, uint64_t asked) const { return asked; }
+  /// The state is pulled: the mode takes the generation's resume point.
+  virtual void pulled(Job&) {}
+  /// Left out of the installed generation: what pointed into it goes.
+  virtual void left(Job&) {}
+  virtual void add_counters(const Job&, gossip::JobReport&) const {}
+  /// Samples the job trained on, for the final rate (sync: the cluster's; others: this worker's).
+  virtual uint64_t samples_trained(const Job& j) const;
+  /// The job ends here: actors the mode started go.
+  virtual void drop(Trainer*) {}
+  /// The actor serving this node's shards, if the mode has one (its updates skip the wire).
+  virtual caf::actor local_shards() const { return {}; }
+};
+
+std::unique_ptr<Driver> make_sync_driver();
+std::unique_ptr<Driver> make_gossip_driver();
+std::unique_ptr<Driver> make_async_driver();
 
 struct Job {
   gossip::JobStart start;  // the record of the generation this worker trains in
   elastic::JobConfig config;
-  Mode mode = Mode::sync;
+  std::unique_ptr<Driver> driver;
   uint32_t rank = 0, world = 1;
   std::string prev_id, next_address;
   // Job control (sync and gossip): generations, and the state this worker holds.
   std::unique_ptr<elastic::JobControl> control;
   uint64_t generation = 1;
-  gossip::JobProgress progress;  // sync: the job's, alike on every member; gossip: this worker's own
   bool has_state = true;         // false: a joiner, or a member behind, until it has pulled the state
   bool member = true;            // a worker of the installed generation (false: left out of it; waits)
   bool stepped_in_generation = false;  // the first step of each generation is logged (bench/chaos.sh times it)
   std::optional<elastic::StatePuller> pulling;
   std::optional<elastic::RatePolicy> rate;
-  bool stop_voted = false;       // sync: a stop vote was in the last sum
-  // Gossip: this worker's positions (elastic/progress.hpp), how far it is through them, and how far
-  // the others were when they last mixed with it (for the next re-split, should one be gone).
-  elastic::Spans spans;
-  uint64_t consumed = 0;
-  std::map<std::string, uint64_t> cursors;
-  // Ring chunks of a generation this worker has not installed yet (a faster member started it).
+  // The ring (sync: every step; gossip: the final average), and its chunks of a generation this
+  // worker has not installed yet (a faster member started it).
+  std::optional<gossip::collective::RingAllReduce> ring;
   std::vector<std::pair<std::string, gossip::RingChunk>> ahead;
   size_t ahead_bytes = 0;
+  std::vector<float> buffer;  // sync: [gradient x samples, loss x samples, samples, stop votes]; gossip: parameters;
+                              // async updates: the parameters before a step, then the step's change
   elastic::JobData data;
   std::unique_ptr<compute::Model> model;
   std::unique_ptr<compute::Backend> backend;
   std::unique_ptr<compute::Optimizer> optimizer;
   std::optional<compute::LrSchedule> schedule;
-  std::optional<gossip::collective::RingAllReduce> ring;  // sync: every step; gossip: the final average
-  std::vector<float> buffer;  // sync: [gradient x samples, loss x samples, samples, stop votes]; gossip: parameters;
-                              // async updates: the parameters before a step, then the step's change
   std::vector<int64_t> order;  // the shuffled sample indices of epoch order_epoch
   int64_t order_epoch = -1;
   uint64_t tensor_bytes = 0;   // async and gossip: payload bytes sent outside the ring
-  // async
-  std::optional<elastic::AsyncWorker> async;
-  elastic::Placement placement;
-  caf::actor shard_host;
-  std::shared_ptr<ShardHostCounters> shard_counters;
-  bool blocked = false;             // waiting for a shard's answer before the next step
-  bool serving = false;             // not rank 0: all applied; holding shards until rank 0 has the model
-  std::set<std::string> finished;   // rank 0: workers whose updates are all applied
-  bool assembling = false;          // rank 0: pulling every shard for the final model
-  std::vector<uint8_t> assembled;   // per shard
-  size_t assembled_count = 0;
-  // gossip
-  std::optional<gossip::collective::GossipAveraging> gossip;
-  std::mt19937_64 random;
-  uint64_t next_exchange = 1;
-  uint32_t partner = 0;
-  bool final_average = false;
-  bool heard_final = false;  // a chunk of the final average came: the previous worker is done stepping
   int64_t step = 0, epoch = 0, steps_per_epoch = 0, total_steps = 0;
-  uint64_t own_samples = 0, samples = 0, window_samples = 0;
+  uint64_t own_samples = 0, window_samples = 0;
   double loss = 0;
   compute::LossScratch scratch;
   compute::Tensor x;
@@ -139,13 +186,16 @@ struct Job {
   uint64_t bytes_sent() const { return (ring ? ring->bytes_sent() : 0) + tensor_bytes; }
 };
 
-inline const char* mode_name(Mode m) { return m == Mode::sync ? "sync" : m == Mode::async ? "async" : "gossip"; }
+inline uint64_t Driver::samples_trained(const Job& j) const { return j.own_samples; }
 
 struct TrainerState {
   TrainerOptions o;
   caf::actor router;
   std::vector<gossip::Member> view;
   std::unique_ptr<Job> job;
+  // Jobs dropped during the message being handled: kept until it returns (retire_atom), so that
+  // whatever that handler still holds of them stays valid.
+  std::vector<std::unique_ptr<Job>> retired;
   // Chunks of a job not started here yet (a faster neighbour was told first), with their senders;
   // bounded in bytes, and only for jobs newer than any this node has run.
   std::vector<std::pair<std::string, gossip::RingChunk>> stash;
@@ -176,8 +226,6 @@ struct TrainerState {
   static inline const char* name = "tepdist.trainer";
 };
 
-using Trainer = caf::stateful_actor<TrainerState>;
-
 // -- What every mode shares (job.cpp) --
 
 uint64_t checksum(std::span<const float> values);
@@ -199,7 +247,8 @@ gossip::JobStatus job_status(const Job& j, const std::string& self_id);
 /// Tells the router what to answer status queries with (called each tick and at each generation).
 void report_status(Trainer* self);
 
-/// Ends the current job here: its evaluator goes with it. `over`: the job is over for this node
+/// Ends the current job here: its evaluator and the mode's actors go with it, and the job is
+/// retired (freed once the message being handled returns). `over`: the job is over for this node
 /// (done, failed, abandoned), not merely left by it (a worker dropped from a generation may be
 /// proposed again).
 void drop_job(Trainer* self, bool over = true);
@@ -209,9 +258,10 @@ void fail(Trainer* self, const std::string& why);
 /// Sends ring chunks to the next worker; false (the job failed) if its send queue is full.
 bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out);
 
-void fail_start(Trainer* self, const gossip::JobStart& start, const std::string& why);
+/// A ring chunk: fed to the job's ring (or kept for a job or generation not started here yet).
+void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c);
 
-void add_mode_counters(const Job& j, JobReport& r);
+void fail_start(Trainer* self, const gossip::JobStart& start, const std::string& why);
 
 /// Rank 0 at the end of a detached job: the model and the result go to this node's
 /// results_dir/JOB_ID/ instead (model.safetensors, result.json). Where, or why not, for the log.
@@ -230,15 +280,6 @@ void note_first_step(Job& j);
 /// gradients; returns the samples (0: none) and sets their loss.
 int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, float& loss);
 
-/// Gossip: the gradient of one local step's pieces of positions (one epoch) into the model's
-/// gradients; returns the samples and sets their loss.
-int64_t compute_pieces(Job& j, const elastic::StepSlice& slice, float& loss);
-
-/// Async: the gradient of this worker's slice of global batch t (of epoch t /
-/// steps_per_epoch) into the model's gradients; returns the samples in the slice (0 for a short
-/// last step) and their loss.
-int64_t compute_slice(Job& j, int64_t t, float& loss);
-
 /// Whether this worker may take a step now: not while it has promised a generation that is not
 /// installed yet, nor while it pulls the state.
 bool may_step(const Job& j);
@@ -246,7 +287,8 @@ bool may_step(const Job& j);
 /// Async and gossip, after each fresh local step: epoch count, and rank 0's progress reports and
 /// evaluations. A global step here is one step of every worker (world x batch samples, as in
 /// sync); rank 0's own steps stand for them, and its rate times the workers for the cluster's.
-void after_local_step(Trainer* self, int64_t samples, float loss);
+/// `last`: this worker's last local step.
+void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool epoch_end, bool last);
 
 std::expected<void, std::string> setup(Trainer* self, Job& j);
 
@@ -258,11 +300,15 @@ size_t chunk_elements(const Job& j);
 
 /// Async and gossip with stop_at_target: no fresh step after the one under way. What follows is
 /// the usual end (async: pushes flushed and answered, the shards pulled; gossip: the final average).
-void stop_training(Trainer* self);
+void stop_training(Trainer* self, Job& j);
 
 /// Rank 0, async and gossip: the target is reached; every other worker is told to stop (again on
 /// each tick until the job ends, should a message be lost).
-void tell_target_reached(Trainer* self);
+void tell_target_reached(Trainer* self, Job& j);
+
+/// Async and gossip, a worker other than rank 0 told by rank 0 that the target is reached: it
+/// stops after the step under way. False: not that command, or not from rank 0.
+bool take_target_reached(Trainer* self, Job& j, const std::string& peer, const gossip::Control& c);
 
 /// Rank 0: evaluates a snapshot of the parameters in the evaluator, reports it when done.
 void evaluate_snapshot(Trainer* self);
@@ -270,67 +316,7 @@ void evaluate_snapshot(Trainer* self);
 /// Rank 0's evaluator, made when this worker first has rank 0.
 std::expected<void, std::string> ensure_evaluator(Trainer* self, Job& j);
 
-// -- sync: one ring all-reduce a step (sync.cpp) --
-
-/// Sync: whether the job is over at the progress every member shares (or a stop vote was summed).
-bool sync_finished(const Job& j);
-
-/// The ring summed everything: divide by the samples, step the optimiser, move on.
-void finish_step(Trainer* self);
-
-void sync_step(Trainer* self);
-
-/// Sync: a ring step is under way (this worker sent its part and waits for the sum).
-bool mid_step(const Job& j);
-
-void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c);
-
-// -- async: sharded parameters (async.cpp) --
-
-void send_all(Trainer* self, elastic::Outgoing<gossip::ShardUpdate>& out);
-
-/// Async: one batch (a fresh one, or a refused one again), its gradient pushed to the shards.
-void async_step(Trainer* self);
-
-/// Rank 0: pulls every shard not assembled yet from its primary (again on each tick, should an
-/// answer be lost).
-void pull_missing(Trainer* self);
-
-/// Rank 0, once every worker has applied all its updates: pull every shard for the final model.
-void maybe_assemble(Trainer* self);
-
-/// Async: every fresh batch done; once every push is answered (and refused ones redone), this
-/// worker is finished. Rank 0 then waits for the others; the others keep serving their shards.
-void finish_async(Trainer* self);
-
-void on_shard_state(Trainer* self, const std::string& peer, const gossip::ShardState& st);
-
-/// Async: the shards, where they live, this worker's side of the protocol, and the host for the
-/// shards this node holds. Every node starts from the same initial parameters (same seed), so
-/// primaries and replicas start equal.
-std::expected<void, std::string> setup_async(Trainer* self, Job& j);
-
-// -- gossip: pairwise averaging, one final average (gossip.cpp) --
-
-/// Gossip: the ring has summed the replicas; every worker divides the same sum the same way.
-void end_final_average(Trainer* self);
-
-/// Gossip: this worker's local steps as a progress, in reference batches (the rate policy reads the
-/// schedule at the step and ramps over samples).
-gossip::JobProgress gossip_progress(const Job& j);
-
-/// Gossip: a local step on this worker's replica, and now and then an averaging with a peer.
-void gossip_step(Trainer* self);
-
-/// Gossip, after the last local step: one ring all-reduce of the replicas; every worker ends with
-/// the same average.
-void start_final_average(Trainer* self);
-
-void on_gossip(Trainer* self, const std::string& peer, const gossip::GossipAverage& m);
-
 // -- Job control: generations and state transfer (generations.cpp) --
-
-elastic::JobControl::Local local_of(const Job& j);
 
 /// The job's state as one vector: the parameters, then each optimiser state buffer.
 elastic::StateView state_view(Job& j);
@@ -351,18 +337,18 @@ void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePu
 
 void on_state_piece(Trainer* self, const std::string& peer, const gossip::StatePiece& p);
 
-/// The installed generation: ring order, this worker's rank, the rings rebuilt, the rate rescaled;
-/// then training resumes, or the state is pulled first.
+/// The installed generation: ring order, this worker's rank, the mode's part (rings, pairs,
+/// positions), the rate rescaled; then training resumes, or the state is pulled first.
 void enter_generation(Trainer* self);
 
-/// Sets up `record`'s job on this node and enters its generation: the first assignment
-/// (has_state: every worker starts from the same initial parameters), or a joiner's install
-/// (it pulls the state).
 /// The submitter is a client, not a part of the job: once the view holds it dead or left, the job
 /// goes on detached, and rank 0 saves the result on its own node. (Not in the view is not gone:
 /// gossip of its join may not have come yet.)
 void check_submitter(Trainer* self);
 
+/// Sets up `record`'s job on this node and enters its generation: the first assignment
+/// (has_state: every worker starts from the same initial parameters), or a joiner's install
+/// (it pulls the state).
 void start_job(Trainer* self, const gossip::JobStart& record, bool has_state);
 
 /// A joiner whose setup of the job failed: it says why in its own log, asks the duty holder to
@@ -402,9 +388,13 @@ void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip
 void on_view(Trainer* self, std::vector<gossip::Member> view);
 
 /// Every tick while a job ends without a barrier: rank 0 tells the submitter it is alive (its
-/// last step may come long before the slowest worker's), a finished async worker repeats that it
-/// is finished (rank 0 may not have had the job yet), and rank 0 repeats its missing pulls.
+/// last step may come long before the slowest worker's); the mode repeats what it must (async: a
+/// finished worker says so again, rank 0 its pulls; rank 0 of async and gossip that the target is
+/// reached).
 void keep_ending(Trainer* self);
+
+/// Past the step timeout: what the worker waits on decides (a pull, a pause, the ring, the shards).
+void check_step_timeout(Trainer* self);
 
 void on_tick(Trainer* self);
 
