@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 
@@ -20,6 +21,8 @@ struct TempDir {
     std::filesystem::create_directories(path);
   }
   ~TempDir() {
+    // TEPDIST_KEEP_TEST_DIRS=1 keeps them (logs of a failure to read); the path is in the output.
+    if (const char* keep = std::getenv("TEPDIST_KEEP_TEST_DIRS"); keep && *keep == '1') return;
     std::error_code ignored;
     std::filesystem::remove_all(path, ignored);
   }

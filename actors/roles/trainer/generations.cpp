@@ -61,7 +61,9 @@ void start_pull(Trainer* self) {
   const auto view = state_view(j);
   // Sync donors hold exactly the state at the resume step; gossip donors give their replica as it is.
   const uint64_t at = j.driver->pull_step(j);
-  j.pulling.emplace(elastic::StatePuller::Options{r.job_id, at, view.size(), chunk_elements(j), 5000, donors});
+  // A piece not received is asked for again well inside the step timeout, which ends the pull.
+  const double retry_ms = std::min(5000.0, j.config.job.step_timeout_s * 1000 / 4);
+  j.pulling.emplace(elastic::StatePuller::Options{r.job_id, at, view.size(), chunk_elements(j), retry_ms, donors});
   std::vector<std::pair<std::string, gossip::StatePull>> out;
   j.pulling->start(now_ms(s), out);
   node_events().info("state_pull job={} generation={} step={} elements={} donors={} pieces={}", r.job_id, r.generation,
@@ -74,6 +76,13 @@ void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePu
   if (!s.job || s.job->start.job_id != p.job_id || !s.job->control) return;
   auto& j = *s.job;
   const auto* address = elastic::worker_address(j.start, peer);
+  if (!address && j.control->paused()) {
+    // A donor of the next generation has acked it and waits for its install, which may reach the
+    // puller first: the pull waits here for the install (enter_generation serves it).
+    constexpr size_t early_limit = 1024;
+    if (j.early_pulls.size() < early_limit) j.early_pulls.emplace_back(peer, p);
+    return;
+  }
   if (!address) {
     node_events().warn("state_pull_refused from={} reason=\"not a worker of generation {}\"", peer, j.generation);
     return;
@@ -139,6 +148,10 @@ void enter_generation(Trainer* self) {
   node_events().info("generation_installed job={} generation={} rank={} workers={} resume_step={} donors={}", r.job_id,
                      r.generation, j.rank, j.world, r.resume.step, donors.empty() ? "-" : donors);
   report_status(self);
+  // Pulls that came before this install: served now (or refused, naming why).
+  std::vector<std::pair<std::string, gossip::StatePull>> early;
+  early.swap(j.early_pulls);
+  for (const auto& [peer, pull] : early) on_state_pull(self, peer, pull);
   const bool behind = !j.has_state || j.driver->behind(j);
   if (behind) {
     j.has_state = false;

@@ -134,6 +134,9 @@ struct Job {
   bool member = true;            // a worker of the installed generation (false: left out of it; waits)
   bool stepped_in_generation = false;  // the first step of each generation is logged (bench/chaos.sh times it)
   std::optional<elastic::StatePuller> pulling;
+  // Pulls from workers of the generation this worker acked but has not installed yet (the
+  // install reached the puller first): served once it is installed (bounded).
+  std::vector<std::pair<std::string, gossip::StatePull>> early_pulls;
   std::optional<elastic::RatePolicy> rate;
   // The ring (sync: every step; gossip: the final average), and its chunks of a generation this
   // worker has not installed yet (a faster member started it).
