@@ -85,7 +85,9 @@ class LocalNodes {
   }
 
   /// From here on a node that dies of anything but a clean exit (a crash, SIGKILL) is started
-  /// again under its name, joining through `seeds`, at most `budget` times per node; `report`
+  /// again under its name and on its address (`seeds[i]` is node i's: cluster.toml and the
+  /// hints printed stay true, and peers that held it dead find it there), joining through the
+  /// other seeds, at most `budget` times per node; `report`
   /// hears of each restart (on the keeper's thread). A node stopped by SIGTERM or SIGINT left
   /// gracefully and stays gone.
   void keep(int64_t budget, std::vector<std::string> seeds, std::function<void(const std::string&)> report) {
@@ -137,7 +139,9 @@ class LocalNodes {
             }
             args.push_back(spec.args[a]);
           }
-          for (const auto& seed : seeds) args.insert(args.end(), {"--join", seed});
+          if (i < seeds.size()) args.insert(args.end(), {"--listen", seeds[i]});
+          for (size_t k = 0; k < seeds.size(); ++k)
+            if (k != i) args.insert(args.end(), {"--join", seeds[k]});
           if (auto pid = spawn(args, spec.log)) {
             pids_[i] = *pid;
             report(fmt::format("{} died ({}); restarted it (restart {} of {})", name, how, spec.restarts, budget));
