@@ -30,6 +30,10 @@ struct SubmitterState {
   std::string trouble;  // the last connection problem, for a join that does not happen
   std::set<uint32_t> done;  // ranks of the latest generation that reported done
   std::map<std::string, std::pair<std::string, uint64_t>> workers_seen;  // id -> (live/died/left, boot id)
+  // Since when every worker of the newest generation known here is gone in the run it names (see
+  // state_gone): the job's state is then held by no node.
+  std::optional<std::chrono::steady_clock::time_point> gone_since;
+  static constexpr double gone_grace_s = 15;  // and no report came meanwhile: the job is lost
   static inline const char* name = "tepdist.submitter";
 };
 using Submitter = caf::stateful_actor<SubmitterState>;
@@ -43,6 +47,27 @@ void end(Submitter* self, int status, const std::string& why) {
   if (self->state.ended) return;
   self->state.ended = true;
   self->state.submission->on_end(status, why);
+}
+
+/// Why no node can hold the job's state any more, from this view: every worker of the newest
+/// generation known here has left, or runs again in another run (a restart loses the state).
+/// Empty: one may hold it. A dead worker may be across a partition from this node, so it is not
+/// counted gone; a job whose last holders die for good ends at the report timeout instead.
+std::string state_gone(const SubmitterState& s) {
+  if (!s.assigned || s.assigned->workers.empty()) return {};
+  const auto& r = *s.assigned;
+  std::string gone;
+  for (size_t i = 0; i < r.workers.size(); ++i) {
+    const auto it = std::find_if(s.view.begin(), s.view.end(), [&](const gossip::Member& m) { return m.id == r.workers[i]; });
+    if (it == s.view.end()) return {};
+    const uint64_t boot = i < r.worker_boot_ids.size() ? r.worker_boot_ids[i] : 0;
+    std::string what;
+    if (it->state == gossip::Member::State::left) what = "left";
+    else if (elastic::is_live(*it) && boot && it->boot_id && it->boot_id != boot) what = "restarted";
+    else return {};
+    gone += fmt::format("{}{} {}", gone.empty() ? "" : ", ", r.workers[i], what);
+  }
+  return gone;
 }
 
 void on_view(Submitter* self, std::vector<gossip::Member> view) {
@@ -170,6 +195,19 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
         // reason to wait forever.
         auto& s = self->state;
         if (s.ended) return;
+        if (s.assigned) {
+          // Every node that held the state is gone: said once it has lasted a while with no
+          // report (should this view be behind a generation), instead of at the report timeout.
+          const auto now = std::chrono::steady_clock::now();
+          const auto gone = state_gone(s);
+          if (gone.empty() || (s.gone_since && s.heard && s.last_report > *s.gone_since)) s.gone_since.reset();
+          if (!gone.empty() && !s.gone_since) s.gone_since = now;
+          if (!gone.empty() && std::chrono::duration<double>(now - *s.gone_since).count() > SubmitterState::gone_grace_s)
+            return end(self, 1,
+                       fmt::format("job {} lost its state: every worker of generation {} is gone ({}), so no node "
+                                   "holds it; without a checkpoint it cannot resume",
+                                   s.sent.job_id, s.assigned->generation, gone));
+        }
         if (s.heard) {
           // Reports stopped: rank 0 is gone or cannot reach this node.
           const double quiet = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.last_report).count();

@@ -293,6 +293,28 @@ void JobControl::on_ack(const std::string& from, const GenerationVote& vote, Out
   try_install(out);
 }
 
+std::string JobControl::state_gone(const Proposal& p) const {
+  std::string gone;
+  for (size_t i = 0; i < record_.workers.size(); ++i) {
+    const auto& id = record_.workers[i];
+    const uint64_t boot = i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
+    const Member* m = find(view_, id);
+    const auto ack = p.acks.find(id);
+    const auto other_run = [&](uint64_t b) { return boot && b && b != boot; };
+    std::string what;
+    if (m && m->state == Member::State::left) what = "left";
+    else if ((m && is_live(*m) && other_run(m->boot_id)) || (ack != p.acks.end() && other_run(ack->second.boot_id)))
+      what = "restarted";
+    else if (ack != p.acks.end() && !ack->second.has_state) what = "holds none";
+    // Dead on a cluster that cannot be partitioned is gone; with a majority quorum it may be the
+    // other side of a partition, holding the state.
+    else if (m && m->state == Member::State::dead && o_.quorum == Quorum::any) what = "dead";
+    else return {};  // it may hold the state: not heard from, suspect, or dead across a partition
+    gone += fmt::format("{}{} {}", gone.empty() ? "" : ", ", id, what);
+  }
+  return gone;
+}
+
 void JobControl::try_install(Output& out) {
   auto& p = *proposal_;
   if (p.acks.size() < p.roster.ids.size()) return;
@@ -317,6 +339,14 @@ void JobControl::try_install(Output& out) {
     if (!any_state || it->second.progress.step > resume.step) resume = it->second.progress;
     any_state = true;
   }
+  if (!any_state)
+    if (auto gone = state_gone(p); !gone.empty()) {
+      out.lost = fmt::format("no worker holds the job's state any more ({}); without a checkpoint it cannot resume",
+                             gone);
+      out.log.push_back(fmt::format("generation {}: {}", p.number, out.lost));
+      proposal_.reset();
+      return;
+    }
   const size_t need = o_.quorum == Quorum::majority ? base / 2 + 1 : std::min<size_t>(1, base);
   if (acked < need) {
     out.log.push_back(fmt::format("generation {} has {} of the {} acks it needs from generation {}'s {} workers; "

@@ -27,6 +27,12 @@
 //               the furthest any acker saw it mix at), re-split among the new workers.
 //   refuse      an older number, or one built on an older generation, is refused with the
 //               refuser's highest number; the proposer proposes again above it.
+//   lost        a proposal every worker acked, where none of the installed generation's workers
+//               can hold the state any more (each left, runs again in another run, acked without
+//               it, or, on a cluster that cannot be partitioned, is dead): the job cannot go on
+//               without a checkpoint, and the duty holder says so (Output::lost) instead of
+//               proposing again and again. A worker only unheard, or dead where a partition is
+//               possible, may hold it: the proposer waits.
 //   evict       a worker that has waited step_timeout_s for a ring neighbour that membership still
 //               holds live asks the duty holder to leave it out; it stays out, in the duty
 //               holder's proposals, until it runs again with another boot id.
@@ -94,6 +100,10 @@ class JobControl {
     bool installed = false;   ///< record() is a newer generation
     bool paused = false;      ///< this node acked a proposal: no new step until an install
     std::string dropped;      ///< this node is not a worker of the installed generation: why
+    /// The job cannot go on: every worker of the installed generation is gone in the run it names
+    /// (left, restarted, acked without the state, or dead on a cluster that cannot be
+    /// partitioned), so no node holds the state. Why, naming each. Only the duty holder says it.
+    std::string lost;
     std::vector<std::string> log;  ///< decisions worth a log line (proposed, refused, waiting)
   };
 
@@ -136,6 +146,9 @@ class JobControl {
   void propose(double now, const Local& mine, Output& out);
   void on_ack(const std::string& from, const gossip::GenerationVote& vote, Output& out);
   void try_install(Output& out);
+  /// Why no worker of the installed generation can hold the state any more, naming each (empty:
+  /// one may: it acked with it, or is not heard from, suspect, or dead across a partition).
+  std::string state_gone(const Proposal& p) const;
   void install(const gossip::JobStart& record, Output& out);
   gossip::GenerationVote ack_of(uint64_t number, const Local& mine) const;
   /// Left out of the installed generation while running: tells the duty holder it runs (back).

@@ -48,6 +48,13 @@ void SimJob::apply(const std::string& id, elastic::JobControl::Output& out, Send
     for (const auto& line : out.log) fmt::print(stderr, "{:.3f}:{}:job:{}\n", now_, id, line);
   for (auto& [address, body] : out.sends) sends.push_back({address, std::move(body)});
   auto& w = workers_.at(id);
+  if (!out.lost.empty()) {
+    for (const auto& [other, o] : workers_)
+      if (o.running && o.has_state)
+        fail(fmt::format("no_false_loss: {} says the state is lost ({}) while {} holds it at step {}", id, out.lost,
+                         other, o.progress.step));
+    if (report_.lost.empty()) report_.lost = fmt::format("{} at {:.3f} s: {}", id, now_ / 1000, out.lost);
+  }
   if (trace_ && out.installed)
     fmt::print(stderr, "{:.3f}:{}:job:installed {}{}\n", now_, id, w.control->record().generation,
                out.dropped.empty() ? "" : " (dropped: " + out.dropped + ")");
@@ -178,7 +185,7 @@ void SimJob::step(const std::function<bool(const std::string&)>& ready,
 }
 
 void SimJob::check_settled(const std::vector<std::string>& running) {
-  if (installed_.empty()) return;
+  if (installed_.empty() || !report_.lost.empty()) return;
   const auto& [newest, workers] = *installed_.rbegin();
   std::vector<std::string> want = running;
   std::sort(want.begin(), want.end());

@@ -11,7 +11,10 @@
 //   one_side         no generation steps after a newer one has stepped (two sides never train)
 //   every_sample     within an epoch every position is trained on exactly once
 //   settled          at the end every running node is a worker of the newest generation, not
-//                    paused (the scenario leaves settle time after its last fault)
+//                    paused (the scenario leaves settle time after its last fault); not checked
+//                    after a true loss (below), which the report shows
+//   no_false_loss    a duty holder says the job's state is lost (JobControl::Output::lost) only
+//                    when no running node holds it
 
 #include <cstdint>
 #include <cstdlib>
@@ -37,6 +40,7 @@ struct JobReport {
   uint64_t generations = 0;  ///< installed, counting the first
   uint64_t steps = 0, epochs = 0;
   uint64_t pulls = 0;        ///< state transfers to members behind or joining
+  std::string lost;          ///< the job's state was lost (more faults than it survives): why
 };
 
 class SimJob {

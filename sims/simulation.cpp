@@ -760,7 +760,7 @@ std::string format_report(const Report& r, bool json) {
                         {"broken", r.broken}};
     if (r.job)
       j["job"] = {{"generations", r.job->generations}, {"steps", r.job->steps}, {"epochs", r.job->epochs},
-                  {"pulls", r.job->pulls}};
+                  {"pulls", r.job->pulls}, {"lost", r.job->lost}};
     return j.dump(2) + "\n";
   }
   std::string s = fmt::format("scenario {} seed {}: {} nodes, {} simulated s in {:.2f} s wall, peak {:.0f} MB\n",
@@ -784,9 +784,11 @@ std::string format_report(const Report& r, bool json) {
   for (size_t k = 0; k < r.false_deaths.size() && k < 10; ++k)
     s += fmt::format("  false death: {}\n", r.false_deaths[k]);
   s += fmt::format("  {} events, event log hash {:016x}\n", r.events, r.event_log_hash);
-  if (r.job)
+  if (r.job) {
     s += fmt::format("  job: {} generations installed, {} steps, {} epochs, {} state pulls\n", r.job->generations,
                      r.job->steps, r.job->epochs, r.job->pulls);
+    if (!r.job->lost.empty()) s += fmt::format("  job lost: {}\n", r.job->lost);
+  }
   for (const auto& b : r.broken) s += fmt::format("  BROKEN {}\n", b);
   s += r.broken.empty() ? "  all invariants hold\n" : fmt::format("  replay with --seed {}\n", r.seed);
   return s;

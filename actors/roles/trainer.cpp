@@ -321,11 +321,17 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
   }
   if (j.driver->on_control(self, j, peer, c)) return;
   if (c.command != Command::stop_job) return;
-  const auto& workers = s.job->start.workers;
   if (peer != s.job->start.submitter_id) {
-    // Relayed by a worker of the job (whichever the submitter reached): stop.
-    if (std::find(workers.begin(), workers.end(), peer) != workers.end()) fail(self, "stopped by the submitter");
-    return;
+    // From a worker of the job (this node's generation, or the newest its job control holds):
+    // relayed from the submitter (no reason), or the job cannot go on (why).
+    if (!elastic::worker_address(j.start, peer) && !(j.control && elastic::worker_address(j.control->record(), peer)))
+      return;
+    if (c.argument.empty()) return fail(self, "stopped by the submitter");
+    std::string why(c.argument.begin(),
+                    c.argument.begin() + static_cast<ptrdiff_t>(std::min(c.argument.size(), gossip::Control::max_reason)));
+    for (auto& ch : why)
+      if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) ch = '?';
+    return fail(self, fmt::format("stopped by {}: {}", peer, why));
   }
   // From the job's submitter: this worker relays it to the others (generations may have changed
   // who the submitter first sent the job to).

@@ -146,7 +146,10 @@ struct Control {
   uint64_t coordinator_incarnation = 0;
   Command command = Command::start_job;
   uint64_t job_id = 0;
+  /// ring_check and its answer: a nonce. stop_job: empty from the submitter; from a worker, why
+  /// (text, at most max_reason bytes are read).
   std::vector<uint8_t> argument;
+  static constexpr size_t max_reason = 512;
   friend bool operator==(const Control&, const Control&) = default;
 };
 

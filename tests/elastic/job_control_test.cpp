@@ -29,6 +29,7 @@ struct Node {
   std::vector<Member> view;
   std::vector<uint64_t> installs;  // generations installed here, in order
   bool dropped = false;
+  std::string lost;  // why this node said the job's state is lost
 };
 
 struct Net {
@@ -49,6 +50,7 @@ struct Net {
     n.local = {};
     n.installs.clear();
     n.dropped = false;
+    n.lost.clear();
     return n;
   }
 
@@ -104,6 +106,7 @@ struct Net {
       if (to == "submitter") continue;
       queue.emplace_back(n.id, to, std::move(body));
     }
+    if (!out.lost.empty()) n.lost = out.lost;
     if (out.installed) {
       const auto& r = n.control->record();
       n.installs.push_back(r.generation);
@@ -290,6 +293,51 @@ TEST_CASE("with Quorum::any a lone survivor of three goes on, with a majority it
     net.set_view("w2", {"w0", "w1"});
     net.deliver_all();
     CHECK(net.nodes.at("w2").control->record().generation == (quorum == elastic::Quorum::any ? 2u : 1u));
+  }
+}
+
+TEST_CASE("the state is declared lost once no worker can hold it, but a worker that may be across a partition is waited for",
+          "[elastic][job_control]") {
+  for (auto quorum : {elastic::Quorum::any, elastic::Quorum::majority}) {
+    INFO((quorum == elastic::Quorum::any ? "any" : "majority"));
+    Net net;
+    net.quorum = quorum;
+    for (auto id : {"w0", "w1"}) net.add(id);
+    net.start({"w0", "w1"});
+    for (auto id : {"w0", "w1"}) net.nodes.at(id).local.progress = {6, 0, 384, 384};
+    // w2 joins (generation 2) but has not pulled the state yet when both holders are killed.
+    net.add("w2");
+    for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+    net.deliver_all();
+    REQUIRE(net.nodes.at("w2").control->record().generation == 2);
+    net.nodes.at("w2").local = {};
+    net.tick(4000);  // past the quiet time after w2's ack
+    for (auto id : {"w0", "w1"}) net.down.insert(id);
+    net.set_view("w2", {"w0", "w1"});
+    net.deliver_all();
+    auto& w2 = net.nodes.at("w2");
+    if (quorum == elastic::Quorum::any) {
+      // Dead on a cluster that cannot be partitioned is gone: said at once, naming each worker.
+      CHECK_THAT(w2.lost, Catch::Contains("no worker holds the job's state") && Catch::Contains("w0 dead") &&
+                              Catch::Contains("w1 dead") && Catch::Contains("w2 holds none"));
+      CHECK(w2.control->record().generation == 2);  // nothing installed without the state
+      continue;
+    }
+    // Dead where a partition is possible: w0 and w1 may train on the other side. It waits.
+    CHECK(w2.lost.empty());
+    net.tick(3500);
+    net.deliver_all();
+    CHECK(w2.lost.empty());
+    // They come back in new runs, holding nothing: now no worker can hold it.
+    for (auto id : {"w0", "w1"}) {
+      net.down.erase(id);
+      net.add(id, 2);
+    }
+    for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+    net.deliver_all();
+    CHECK_THAT(w2.lost, Catch::Contains("w0 restarted") && Catch::Contains("w1 restarted") &&
+                            Catch::Contains("w2 holds none"));
+    CHECK(w2.control->record().generation == 2);
   }
 }
 

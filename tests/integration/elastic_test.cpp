@@ -289,3 +289,21 @@ TEST_CASE("a joiner that cannot run the job declines it, saying why, and the job
   CHECK_THAT(r.added[0]->all(), Catch::Contains("job_declined") && Catch::Contains("does not fit this node's frames"));
 }
 
+
+TEST_CASE("kill -9 of every node at once: the restarted nodes hold nothing, and the run fails saying the state is lost",
+          "[integration][elastic]") {
+  TempDir dir;
+  ElasticRun r(dir, "sync");
+  std::vector<pid_t> pids;
+  for (const auto* name : {"node-00", "node-01", "node-02"}) pids.push_back(r.pid_of(name));
+  for (const pid_t pid : pids) ::kill(pid, SIGKILL);
+  // The launcher restarts them; in their new runs they hold neither the job nor its state. The
+  // run ends once that has lasted its grace (15 s), not at the report timeout (step_timeout_s +
+  // 120 s), naming each worker.
+  const int status = r.run->wait();
+  INFO(r.run->all());
+  CHECK(status != 0);
+  CHECK_THAT(r.run->all(), Catch::Contains("lost its state") && Catch::Contains("node-00 restarted") &&
+                               Catch::Contains("node-02 restarted") && Catch::Contains("without a checkpoint"));
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}

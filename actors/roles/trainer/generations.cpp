@@ -23,6 +23,16 @@ void apply_control(Trainer* self, uint64_t job_id, elastic::JobControl::Output& 
   for (auto& [address, body] : out.sends) send_to(self, address, std::move(body));
   if (!s.job || s.job->start.job_id != job_id) return;
   auto& j = *s.job;
+  if (!out.lost.empty()) {
+    // No node holds the state any more: every node hears why (one without the job ignores it),
+    // and the job fails here, reporting it to the submitter, rather than propose forever.
+    const std::string why = out.lost.substr(0, gossip::Control::max_reason);
+    const gossip::Control stop{s.o.self_id, s.o.incarnation, gossip::Control::Command::stop_job, job_id,
+                               std::vector<uint8_t>(why.begin(), why.end())};
+    for (const auto& m : s.view)
+      if (m.id != s.o.self_id && elastic::is_live(m)) send_to(self, m.address, stop);
+    return fail(self, fmt::format("the job's state is lost: {}", out.lost));
+  }
   if (out.paused) node_events().info("job_paused job={} step={} promised={}", job_id, j.step, j.control->promised());
   if (!out.dropped.empty()) {
     // Not a worker of the installed generation (it was taken for gone): it lets its state go and
