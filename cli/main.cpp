@@ -5,6 +5,7 @@
 #include <CLI/Formatter.hpp>
 #include <fmt/core.h>
 
+#include "cli/export_command.hpp"
 #include "cli/leave_command.hpp"
 #include "cli/node_command.hpp"
 #include "cli/run_command.hpp"
@@ -45,6 +46,9 @@ int main(int argc, char** argv) {
                     "result on its node ([cluster] results_dir)");
   run_cmd->add_option("--out", run.out, "Directory for result.json, model.safetensors, cluster.toml and logs/")
       ->capture_default_str();
+  run_cmd->add_flag("--resume", run.resume,
+                    "Continue the job from the newest checkpoint in [elastic] checkpoint_dir (default OUT/checkpoints), "
+                    "on any number of nodes (sync jobs)");
 
   tepdist::cli::NodeArgs node;
   auto* node_cmd = app.add_subcommand("node", "Run one node of a cluster until SIGTERM or SIGINT");
@@ -77,6 +81,14 @@ int main(int argc, char** argv) {
   sim_cmd->add_option("--seed", sim.seed, "Seed of the run (default 1); the same seed replays it exactly");
   sim_cmd->add_flag("--json", sim.json, "Print the report as JSON");
 
+  tepdist::cli::ExportArgs export_args;
+  auto* export_cmd = app.add_subcommand("export", "Write the model of a checkpoint as a .safetensors file");
+  export_cmd->add_option("checkpoint", export_args.checkpoint,
+                         "A folder of cluster checkpoints (the newest that checks out) or one checkpoint file")
+      ->required()
+      ->check(CLI::ExistingPath);
+  export_cmd->add_option("--out", export_args.out, "The .safetensors file to write")->capture_default_str();
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -88,5 +100,6 @@ int main(int argc, char** argv) {
   if (status_cmd->parsed()) return tepdist::cli::run_status_command(status);
   if (leave_cmd->parsed()) return tepdist::cli::run_leave_command(leave);
   if (sim_cmd->parsed()) return tepdist::cli::run_sim_command(sim);
+  if (export_cmd->parsed()) return tepdist::cli::run_export_command(export_args);
   return 2;
 }

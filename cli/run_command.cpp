@@ -27,6 +27,7 @@
 #include "actors/router.hpp"
 #include "cli/quickstart_config.hpp"
 #include "compute/io/checkpoint.hpp"
+#include "elastic/checkpoints.hpp"
 #include "compute/io/files.hpp"
 #include "elastic/coordination.hpp"
 #include "elastic/job.hpp"
@@ -346,9 +347,29 @@ int run_run_command(const RunArgs& args) {
   auto loaded = args.config ? elastic::load_config(fs::path(*args.config), overrides)
                             : elastic::parse_config(quickstart_toml, "(built-in configs/quickstart.toml)", overrides);
   if (!loaded) return usage_error(loaded.error().message);
+  std::vector<std::string> implied;
   if (!quorum_given && loaded->cluster.local_nodes > 0 && loaded->network.model.partitions.empty() &&
-      loaded->text.find("quorum") == std::string::npos) {
-    overrides.push_back("elastic.quorum=\"any\"");
+      loaded->text.find("quorum") == std::string::npos)
+    implied.push_back("elastic.quorum=\"any\"");
+  // Checkpoints of a local cluster go beside its other output unless the file says where.
+  if (const auto& e = loaded->elastic; loaded->cluster.local_nodes > 0 && e.checkpoint_dir.empty() &&
+                                       (e.checkpoint_every_steps > 0 || e.checkpoint_every_s > 0))
+    implied.push_back(
+        fmt::format("elastic.checkpoint_dir=\"{}\"", fs::absolute(fs::path(args.out) / "checkpoints").string()));
+  if (args.resume) {
+    const fs::path dir = loaded->elastic.checkpoint_dir.empty() ? fs::path(args.out) / "checkpoints"
+                                                                : fs::path(loaded->elastic.checkpoint_dir);
+    auto found = elastic::latest_checkpoint(dir);
+    if (!found) return usage_error(fmt::format("--resume: {}", found.error()));
+    for (const auto& why : found->passed_over) fmt::print(stderr, "--resume: passed over {}\n", why);
+    const auto& at = found->state;
+    fmt::print("resuming from {}: step {}, epoch {}{}\n", found->part.string(), at.step, at.epoch + 1,
+               at.job ? fmt::format(", position {} (job {}, {} mode)", at.job->position, at.job->job_id, at.job->mode)
+                      : std::string());
+    implied.push_back(fmt::format("elastic.resume_from=\"{}\"", fs::absolute(found->part).string()));
+  }
+  if (!implied.empty()) {
+    overrides.insert(overrides.end(), implied.begin(), implied.end());
     loaded = args.config ? elastic::load_config(fs::path(*args.config), overrides)
                          : elastic::parse_config(quickstart_toml, "(built-in configs/quickstart.toml)", overrides);
     if (!loaded) return usage_error(loaded.error().message);
@@ -630,6 +651,11 @@ int run_run_command(const RunArgs& args) {
     if (auto ok = compute::export_safetensors(model_path, *model); !ok) return runtime_error(ok.error().message);
     model_file = fs::absolute(model_path).string();
   }
+  // The newest checkpoint the job left, where this launcher can see it.
+  std::optional<std::string> checkpoint;
+  if (!c.elastic.checkpoint_dir.empty())
+    if (auto found = elastic::latest_checkpoint(c.elastic.checkpoint_dir))
+      checkpoint = fs::absolute(found->manifest).string();
   const nlohmann::json result = {
       {"mode", c.job.mode},
       {"nodes", collected->members},
@@ -647,7 +673,7 @@ int run_run_command(const RunArgs& args) {
       {"membership_events", worker_changes(collected->generations)},
       {"membership_event_list", collected->membership_events},
       {"generations", collected->generations},
-      {"checkpoint", nullptr},
+      {"checkpoint", checkpoint ? nlohmann::json(*checkpoint) : nlohmann::json(nullptr)},
       {"model", model_file ? nlohmann::json(*model_file) : nlohmann::json(nullptr)},
       {"seed", c.job.seed},
       {"backend", c.compute.backend},

@@ -22,6 +22,9 @@ struct RunArgs {
   /// Submit to a running cluster and exit once the job trains; the job goes on without this
   /// process and rank 0 saves its result on its node ([cluster] results_dir).
   bool detach = false;
+  /// Continue a job from the newest checkpoint in [elastic] checkpoint_dir (default OUT/checkpoints)
+  /// that checks out, on any number of nodes (sync jobs).
+  bool resume = false;
 };
 
 int run_run_command(const RunArgs& args);

@@ -112,7 +112,7 @@ int run_train(const TrainArgs& args) {
   auto schedule = compute::LrSchedule::make(schedule_options);
   if (!schedule) return usage_error(fmt::format("{}: {}", c.source, schedule.error().message));
 
-  compute::TrainingState state{0, 0, c.job.seed};
+  compute::TrainingState state{0, 0, c.job.seed, {}};
   const fs::path checkpoint_path = out / "checkpoint";
   if (args.resume) {
     auto restored = compute::load_checkpoint(checkpoint_path, net, **optimizer);

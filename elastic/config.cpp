@@ -285,6 +285,27 @@ const std::vector<Key>& keys() {
       {{"elastic", "restart_budget", KeyType::integer, "3",
         "`tepdist run`: restarts per local node under restart = \"on-failure\". 0 to 1000."},
        0, 1000, false, false, {}, assign<&J::elastic, &J::Elastic::restart_budget>},
+      {{"elastic", "checkpoint_every_steps", KeyType::integer, "0",
+        "Cluster checkpoints (sync jobs): the worker with rank-0 duties writes the job's state every this many "
+        "steps, and at the end. 0: not by steps. 0 to 1000000000."},
+       0, 1e9, false, false, {}, assign<&J::elastic, &J::Elastic::checkpoint_every_steps>},
+      {{"elastic", "checkpoint_every_s", KeyType::number, "0",
+        "Cluster checkpoints: also (or only) every this many seconds of training, at the next step boundary. "
+        "0: not by time. 0 to 1000000."},
+       0, 1e6, false, false, {}, assign<&J::elastic, &J::Elastic::checkpoint_every_s>},
+      {{"elastic", "checkpoint_dir", KeyType::string, "\"\"",
+        "Where checkpoints go: a folder the worker with rank-0 duties can write (any worker may hold them, so "
+        "across machines a shared file system). \"\": `tepdist run` with local nodes uses OUT/checkpoints; "
+        "a node otherwise its results_dir/JOB_ID/checkpoints."},
+       -inf, inf, false, false, {}, assign<&J::elastic, &J::Elastic::checkpoint_dir>},
+      {{"elastic", "resume_from", KeyType::string, "\"\"",
+        "A checkpoint part (.ckpt) every worker of the job's first generation reads at the start: the job "
+        "continues from the state and position in it, on any number of workers. `tepdist run --resume` sets it "
+        "to the newest checkpoint that checks out. Sync jobs only so far."},
+       -inf, inf, false, false, {}, assign<&J::elastic, &J::Elastic::resume_from>},
+      {{"elastic", "checkpoint_keep", KeyType::integer, "3",
+        "How many of the newest checkpoints are kept; older ones are removed. 1 to 1000."},
+       1, 1000, false, false, {}, assign<&J::elastic, &J::Elastic::checkpoint_keep>},
       {{"membership", "profile", KeyType::string, "\"lan\"",
         "SWIM defaults: \"lan\" (probe every 200 ms, ack timeout 100 ms, suspicion at least 3 x log10(N) "
         "intervals) or \"wan\" (1 s, 500 ms, 4 x log10(N): round trips up to about 250 ms); the keys below "

@@ -107,6 +107,11 @@ struct JobConfig {
     int64_t rescale_batches = 8;    ///< global batches over which the rate moves to a new world's scale
     std::string restart = "on-failure";  ///< `tepdist run`: restart crashed local nodes ("on-failure") or not ("never")
     int64_t restart_budget = 3;     ///< restarts per local node
+    int64_t checkpoint_every_steps = 0;  ///< sync: rank 0 writes the state every this many steps (0: not by steps)
+    double checkpoint_every_s = 0;       ///< and/or every this many seconds (0: not by time)
+    std::string checkpoint_dir;          ///< "": OUT/checkpoints (tepdist run, local nodes), else results_dir/JOB/checkpoints
+    int64_t checkpoint_keep = 3;         ///< the newest this many are kept
+    std::string resume_from;             ///< a checkpoint part the first generation starts from ("": none)
     friend bool operator==(const Elastic&, const Elastic&) = default;
   } elastic;
 

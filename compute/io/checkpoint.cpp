@@ -4,6 +4,8 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <tuple>
+#include <vector>
 #include <nlohmann/json.hpp>
 
 #include "compute/io/files.hpp"
@@ -53,6 +55,78 @@ std::unexpected<Error> corrupt(const std::filesystem::path& path, std::string_vi
   return fail(Errc::corrupt, fmt::format("{}: {}", path.string(), what));
 }
 
+json job_json(const TrainingState::Job& j) {
+  return {{"job_id", j.job_id},     {"generation", j.generation}, {"mode", j.mode},
+          {"position", j.position}, {"samples", j.samples},       {"reference_batch", j.reference_batch}};
+}
+
+/// The training fields of a header (throws json::exception on a missing or mistyped one).
+TrainingState state_of(const json& header) {
+  TrainingState state;
+  state.step = header.at("step").get<int64_t>();
+  state.epoch = header.at("epoch").get<int64_t>();
+  state.seed = header.at("seed").get<uint64_t>();
+  if (header.contains("job")) {
+    const json& j = header.at("job");
+    state.job = TrainingState::Job{j.at("job_id").get<uint64_t>(),   j.at("generation").get<uint64_t>(),
+                                   j.at("mode").get<std::string>(),  j.at("position").get<uint64_t>(),
+                                   j.at("samples").get<uint64_t>(),  j.at("reference_batch").get<uint64_t>()};
+  }
+  return state;
+}
+
+/// A checkpoint file read whole and checked (magic, CRC, version, header bounds): its header and
+/// where the data begins.
+struct Opened {
+  std::string file;
+  json header;
+  size_t data_at = 0;
+};
+
+Result<Opened> open_checkpoint(const std::filesystem::path& path) {
+  auto file = read_file(path);
+  if (!file) return std::unexpected(file.error());
+  Opened o{std::move(*file), {}, 0};
+  const std::string_view in = o.file;
+  const size_t prefix = checkpoint_magic.size() + sizeof(uint32_t) + sizeof(uint64_t);
+  if (in.size() < prefix + sizeof(uint32_t) || in.substr(0, checkpoint_magic.size()) != checkpoint_magic)
+    return corrupt(path, "not a tepdist checkpoint");
+  if (crc32_of(in.substr(0, in.size() - 4)) != get<uint32_t>(in, in.size() - 4))
+    return corrupt(path, "checksum mismatch (the file is damaged or was cut short)");
+  if (const auto v = get<uint32_t>(in, checkpoint_magic.size()); v != checkpoint_version)
+    return corrupt(path, fmt::format("checkpoint version {} (this build reads {})", v, checkpoint_version));
+  const auto header_bytes = get<uint64_t>(in, checkpoint_magic.size() + sizeof(uint32_t));
+  if (header_bytes > max_header_bytes || prefix + header_bytes > in.size() - 4)
+    return corrupt(path, "header length out of range");
+  try {
+    o.header = json::parse(in.substr(prefix, header_bytes));
+  } catch (const json::exception& e) {
+    return corrupt(path, fmt::format("malformed header: {}", e.what()));
+  }
+  o.data_at = prefix + header_bytes;
+  return o;
+}
+
+/// Writes a .safetensors file of `tensors` (name, shape, values), in the order given.
+Result<void> write_safetensors(const std::filesystem::path& path,
+                               const std::vector<std::tuple<std::string, json, std::span<const float>>>& tensors) {
+  json header = json::object();
+  header["__metadata__"] = {{"format", "pt"}, {"producer", "tepdist"}};
+  uint64_t offset = 0;
+  for (const auto& [name, shape, values] : tensors) {
+    header[name] = {{"dtype", "F32"}, {"shape", shape}, {"data_offsets", {offset, offset + values.size_bytes()}}};
+    offset += values.size_bytes();
+  }
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // the format allows padding; it aligns the data
+  std::string out;
+  out.reserve(8 + text.size() + offset);
+  put<uint64_t>(out, text.size());
+  out += text;
+  for (const auto& t : tensors) append_floats(out, std::get<2>(t));
+  return write_file_atomically(path, out);
+}
+
 }  // namespace
 
 Result<void> save_checkpoint(const std::filesystem::path& path, Model& model, Optimizer& optimizer,
@@ -60,7 +134,7 @@ Result<void> save_checkpoint(const std::filesystem::path& path, Model& model, Op
   json buffers = json::array({"parameters"});
   auto opt_state = optimizer.state();
   for (const auto& [name, buf] : opt_state) buffers.push_back("optimizer." + name);
-  const json header = {
+  json header = {
       {"step", state.step},
       {"epoch", state.epoch},
       {"seed", state.seed},
@@ -70,6 +144,7 @@ Result<void> save_checkpoint(const std::filesystem::path& path, Model& model, Op
       {"parameter_count", model.parameters().size()},
       {"buffers", buffers},
   };
+  if (state.job) header["job"] = job_json(*state.job);
   const std::string header_text = header.dump();
   std::string out;
   out.reserve(header_text.size() + (1 + opt_state.size()) * model.parameters().size_bytes() + 64);
@@ -84,28 +159,14 @@ Result<void> save_checkpoint(const std::filesystem::path& path, Model& model, Op
 }
 
 Result<TrainingState> load_checkpoint(const std::filesystem::path& path, Model& model, Optimizer& optimizer) {
-  auto file = read_file(path);
-  if (!file) return std::unexpected(file.error());
-  const std::string_view in = *file;
-  const size_t prefix = checkpoint_magic.size() + sizeof(uint32_t) + sizeof(uint64_t);
-  if (in.size() < prefix + sizeof(uint32_t) || in.substr(0, checkpoint_magic.size()) != checkpoint_magic)
-    return corrupt(path, "not a tepdist checkpoint");
-  if (crc32_of(in.substr(0, in.size() - 4)) != get<uint32_t>(in, in.size() - 4))
-    return corrupt(path, "checksum mismatch (the file is damaged or was cut short)");
-  if (const auto v = get<uint32_t>(in, checkpoint_magic.size()); v != checkpoint_version)
-    return corrupt(path, fmt::format("checkpoint version {} (this build reads {})", v, checkpoint_version));
-  const auto header_bytes = get<uint64_t>(in, checkpoint_magic.size() + sizeof(uint32_t));
-  if (header_bytes > max_header_bytes || prefix + header_bytes > in.size() - 4)
-    return corrupt(path, "header length out of range");
-
-  json header;
+  auto opened = open_checkpoint(path);
+  if (!opened) return std::unexpected(opened.error());
+  const std::string_view in = opened->file;
+  const json& header = opened->header;
   TrainingState state;
   Rng::State model_rng;
   try {
-    header = json::parse(in.substr(prefix, header_bytes));
-    state.step = header.at("step").get<int64_t>();
-    state.epoch = header.at("epoch").get<int64_t>();
-    state.seed = header.at("seed").get<uint64_t>();
+    state = state_of(header);
     model_rng = header.at("model_rng").get<Rng::State>();
     if (header.at("parameters") != parameters_json(model))
       return fail(Errc::mismatch, fmt::format("{}: was saved from a different model (parameter names or shapes differ)",
@@ -121,9 +182,8 @@ Result<TrainingState> load_checkpoint(const std::filesystem::path& path, Model& 
   auto opt_state = optimizer.state();
   const size_t floats = model.parameters().size();
   const size_t data_bytes = (1 + opt_state.size()) * floats * sizeof(float);
-  if (prefix + header_bytes + data_bytes + 4 != in.size())
-    return corrupt(path, "data size does not match the header");
-  const char* data = in.data() + prefix + header_bytes;
+  if (opened->data_at + data_bytes + 4 != in.size()) return corrupt(path, "data size does not match the header");
+  const char* data = in.data() + opened->data_at;
   std::memcpy(model.parameters().data(), data, floats * sizeof(float));
   for (size_t i = 0; i < opt_state.size(); ++i)
     std::memcpy(opt_state[i].second.data(), data + (1 + i) * floats * sizeof(float), floats * sizeof(float));
@@ -133,23 +193,52 @@ Result<TrainingState> load_checkpoint(const std::filesystem::path& path, Model& 
 }
 
 Result<void> export_safetensors(const std::filesystem::path& path, const Model& model) {
-  json header = json::object();
-  header["__metadata__"] = {{"format", "pt"}, {"producer", "tepdist"}};
-  int64_t offset = 0;
-  for (const auto& p : model.named_parameters()) {
-    const int64_t bytes = p.shape.elements() * static_cast<int64_t>(sizeof(float));
-    header[p.name] = {{"dtype", "F32"}, {"shape", shape_json(p.shape)}, {"data_offsets", {offset, offset + bytes}}};
-    offset += bytes;
-  }
-  std::string text = header.dump();
-  text.append((8 - text.size() % 8) % 8, ' ');  // the format allows padding; it aligns the data
-  std::string out;
-  out.reserve(8 + text.size() + static_cast<size_t>(offset));
-  put<uint64_t>(out, text.size());
-  out += text;
+  std::vector<std::tuple<std::string, json, std::span<const float>>> tensors;
   for (const auto& p : model.named_parameters())
-    append_floats(out, model.parameters().subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.shape.elements())));
-  return write_file_atomically(path, out);
+    tensors.emplace_back(p.name, shape_json(p.shape),
+                         model.parameters().subspan(static_cast<size_t>(p.offset), static_cast<size_t>(p.shape.elements())));
+  return write_safetensors(path, tensors);
+}
+
+Result<CheckpointSummary> check_checkpoint(const std::filesystem::path& path) {
+  auto opened = open_checkpoint(path);
+  if (!opened) return std::unexpected(opened.error());
+  CheckpointSummary summary;
+  summary.bytes = opened->file.size();
+  summary.crc = get<uint32_t>(opened->file, opened->file.size() - 4);
+  try {
+    summary.state = state_of(opened->header);
+  } catch (const json::exception& e) {
+    return corrupt(path, fmt::format("malformed header: {}", e.what()));
+  }
+  return summary;
+}
+
+Result<void> export_checkpoint_safetensors(const std::filesystem::path& checkpoint, const std::filesystem::path& out) {
+  auto opened = open_checkpoint(checkpoint);
+  if (!opened) return std::unexpected(opened.error());
+  const std::string_view in = opened->file;
+  std::vector<std::tuple<std::string, json, std::span<const float>>> tensors;
+  std::vector<float> parameters;  // copied out: the data need not be aligned for floats in the file
+  try {
+    const auto count = opened->header.at("parameter_count").get<uint64_t>();
+    if (count > (in.size() - opened->data_at) / sizeof(float))
+      return corrupt(checkpoint, "the parameters run past the end of the file");
+    parameters.resize(count);
+    std::memcpy(parameters.data(), in.data() + opened->data_at, count * sizeof(float));
+    const float* values = parameters.data();
+    for (const auto& p : opened->header.at("parameters")) {
+      uint64_t elements = 1;
+      for (const auto& d : p.at("shape")) elements *= d.get<uint64_t>();
+      const auto offset = p.at("offset").get<uint64_t>();
+      if (offset > count || elements > count - offset)
+        return corrupt(checkpoint, fmt::format("parameter '{}' lies outside the parameters", p.at("name").get<std::string>()));
+      tensors.emplace_back(p.at("name").get<std::string>(), p.at("shape"), std::span<const float>(values + offset, elements));
+    }
+  } catch (const json::exception& e) {
+    return corrupt(checkpoint, fmt::format("malformed header: {}", e.what()));
+  }
+  return write_safetensors(out, tensors);
 }
 
 Result<void> import_safetensors(const std::filesystem::path& path, Model& model) {

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <optional>
+#include <string>
 
 #include "compute/error.hpp"
 #include "compute/model.hpp"
@@ -22,6 +24,17 @@ struct TrainingState {
   int64_t step = 0;   ///< updates applied
   int64_t epoch = 0;  ///< epochs completed
   uint64_t seed = 0;
+  /// A cluster job's checkpoint (tepdist run) also says which job it was and where in the epoch
+  /// it stood; `tepdist train`'s has none.
+  struct Job {
+    uint64_t job_id = 0, generation = 0;
+    std::string mode;
+    uint64_t position = 0;         ///< in the epoch's permutation
+    uint64_t samples = 0;          ///< consumed since the job began
+    uint64_t reference_batch = 0;  ///< the global batch epochs and the schedule are counted in
+    friend bool operator==(const Job&, const Job&) = default;
+  };
+  std::optional<Job> job;
 };
 
 Result<void> save_checkpoint(const std::filesystem::path& path, Model& model, Optimizer& optimizer,
@@ -31,6 +44,19 @@ Result<void> save_checkpoint(const std::filesystem::path& path, Model& model, Op
 /// match the model (same names and shapes) and the optimiser (same kind); nothing is changed unless
 /// everything checks out.
 Result<TrainingState> load_checkpoint(const std::filesystem::path& path, Model& model, Optimizer& optimizer);
+
+/// Checks a checkpoint file whole (magic, version, CRC-32) without a model; its CRC-32 (the
+/// file's last four bytes) and what it says of the training.
+struct CheckpointSummary {
+  uint32_t crc = 0;
+  uint64_t bytes = 0;
+  TrainingState state;
+};
+Result<CheckpointSummary> check_checkpoint(const std::filesystem::path& path);
+
+/// Writes a checkpoint's parameters as a .safetensors file, without a model: the names and shapes
+/// are in its header. The same bytes export_safetensors writes for the model it was saved from.
+Result<void> export_checkpoint_safetensors(const std::filesystem::path& checkpoint, const std::filesystem::path& out);
 
 /// Writes the parameters as a .safetensors file: the stable names, dtype F32, row-major shapes.
 Result<void> export_safetensors(const std::filesystem::path& path, const Model& model);

@@ -55,7 +55,7 @@ TEST_CASE("a checkpoint restores parameters, optimiser state, step and random st
   const std::vector<float> params(m->parameters().begin(), m->parameters().end());
   const std::vector<float> momentum(opt->state()[0].second.begin(), opt->state()[0].second.end());
   const auto rng = m->rng().state();
-  REQUIRE(save_checkpoint(dir.path / "ckpt", *m, *opt, {3, 1, 42}).has_value());
+  REQUIRE(save_checkpoint(dir.path / "ckpt", *m, *opt, {3, 1, 42, {}}).has_value());
 
   auto fresh = built_mlp(2);
   auto fresh_opt = sgd(fresh->parameters().size());
@@ -68,6 +68,40 @@ TEST_CASE("a checkpoint restores parameters, optimiser state, step and random st
   CHECK(std::equal(momentum.begin(), momentum.end(), fresh_opt->state()[0].second.begin()));
   CHECK(fresh_opt->steps() == 3);
   CHECK(fresh->rng().state() == rng);
+}
+
+TEST_CASE("a cluster checkpoint says where its job stood, and exports without a model what the model exports",
+          "[compute][checkpoint]") {
+  TempDir dir;
+  auto m = built_mlp(1);
+  auto opt = sgd(m->parameters().size());
+  train_a_little(*m, *opt);
+  const TrainingState saved{12, 1, 42, TrainingState::Job{99, 3, "sync", 256, 4096, 192}};
+  REQUIRE(save_checkpoint(dir.path / "ckpt", *m, *opt, saved).has_value());
+  const auto summary = check_checkpoint(dir.path / "ckpt");
+  REQUIRE(summary.has_value());
+  CHECK(summary->state.step == 12);
+  CHECK(summary->state.job == saved.job);
+  CHECK(summary->bytes == fs::file_size(dir.path / "ckpt"));
+  auto fresh = built_mlp(2);
+  auto fresh_opt = sgd(fresh->parameters().size());
+  const auto loaded = load_checkpoint(dir.path / "ckpt", *fresh, *fresh_opt);
+  REQUIRE(loaded.has_value());
+  CHECK(loaded->job == saved.job);
+  // tepdist train's checkpoints have no job.
+  REQUIRE(save_checkpoint(dir.path / "plain", *m, *opt, {3, 1, 42, {}}).has_value());
+  CHECK_FALSE(check_checkpoint(dir.path / "plain")->state.job.has_value());
+
+  REQUIRE(export_checkpoint_safetensors(dir.path / "ckpt", dir.path / "from_checkpoint.safetensors").has_value());
+  REQUIRE(export_safetensors(dir.path / "from_model.safetensors", *m).has_value());
+  CHECK(slurp(dir.path / "from_checkpoint.safetensors") == slurp(dir.path / "from_model.safetensors"));
+
+  // Cut short: refused, naming the file, and nothing written.
+  fs::resize_file(dir.path / "ckpt", fs::file_size(dir.path / "ckpt") - 9);
+  const auto cut = export_checkpoint_safetensors(dir.path / "ckpt", dir.path / "cut.safetensors");
+  REQUIRE_FALSE(cut.has_value());
+  CHECK_THAT(cut.error().message, Catch::Contains((dir.path / "ckpt").string()) && Catch::Contains("checksum"));
+  CHECK_FALSE(fs::exists(dir.path / "cut.safetensors"));
 }
 
 TEST_CASE("a damaged checkpoint is detected by its checksum and loads nothing", "[compute][checkpoint]") {

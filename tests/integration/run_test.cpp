@@ -90,7 +90,9 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
   const std::string job = job_file(dir);
   const auto reference = single_process_reference(dir, job);
   const auto result = three_node_run(dir, job, "sync");
+  INFO(result.dump(1));
   CHECK(result["mode"] == "sync");
+  CHECK(result["generations"].size() == 1);  // fault-free: a change of workers here is a false death
   CHECK(result["nodes"] == 3);
   CHECK(result["steps"] == 64);
   CHECK(result["samples"] == 2 * 6144);
@@ -117,9 +119,20 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
   Child single_short({TEPDIST_BINARY, "train", job, "--set", "data.batch_size=192", "--set", "job.max_steps=6", "--out",
                       (dir.path / "single-short").string()});
   REQUIRE(single_short.wait() == 0);
-  Child sync_short({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--set", "job.max_steps=6", "--out",
-                    (dir.path / "sync-short").string()});
+  // With checkpoints every 4 steps: at step 4, and at the end (step 6).
+  Child sync_short({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--set", "job.max_steps=6", "--set",
+                    "elastic.checkpoint_every_steps=4", "--out", (dir.path / "sync-short").string()});
   REQUIRE(sync_short.wait() == 0);
+  const auto checkpoints = dir.path / "sync-short" / "checkpoints";
+  CHECK(fs::exists(checkpoints / "step-00000004.ckpt"));
+  CHECK(read_json(dir.path / "sync-short" / "result.json")["checkpoint"] ==
+        fs::absolute(checkpoints / "step-00000006.json").string());
+  // The newest checkpoint holds the final model: exported without a model or job file, the same bytes.
+  Child exported({TEPDIST_BINARY, "export", checkpoints.string(), "--out", (dir.path / "exported.safetensors").string()});
+  INFO(exported.all());
+  REQUIRE(exported.wait() == 0);
+  CHECK(tepdist::test::read_bytes(dir.path / "exported.safetensors") ==
+        tepdist::test::read_bytes(dir.path / "sync-short" / "model.safetensors"));
   const auto a = tensor_data(dir.path / "single-short" / "model.safetensors");
   const auto b = tensor_data(dir.path / "sync-short" / "model.safetensors");
   REQUIRE(a.size() == b.size());
@@ -129,6 +142,20 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
     norm += a[i] * static_cast<double>(a[i]);
   }
   CHECK(std::sqrt(diff / norm) < 1e-5);
+
+  // Resumed from it (the newest: step 6) with the same --out and node count, the job runs to its
+  // end (64 steps) and ends bit-equal to the run that was never stopped.
+  Child resumed({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--resume", "--out",
+                 (dir.path / "sync-short").string()});
+  INFO(resumed.all());
+  REQUIRE(resumed.wait() == 0);
+  CHECK_THAT(resumed.all(), Catch::Contains("resuming from") && Catch::Contains("step-00000006.ckpt"));
+  const auto resumed_result = read_json(dir.path / "sync-short" / "result.json");
+  INFO(resumed_result.dump(1));
+  CHECK(resumed_result["steps"] == 64);
+  CHECK(resumed_result["generations"].size() == 1);
+  CHECK(tepdist::test::read_bytes(dir.path / "sync-short" / "model.safetensors") ==
+        tepdist::test::read_bytes(dir.path / "sync" / "model.safetensors"));
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
   CHECK((fs::status(dir.path / "sync" / "secret").permissions() & (fs::perms::group_all | fs::perms::others_all)) ==
         fs::perms::none);
@@ -157,6 +184,10 @@ TEST_CASE("an invalid job is refused before any node starts, naming the key", "[
   Child nowhere({TEPDIST_BINARY, "run", job, "--mode", "sync", "--out", out.string()});
   CHECK(nowhere.wait() == 2);
   CHECK_THAT(nowhere.all(), Catch::Contains("cluster.local_nodes"));
+  Child no_checkpoint({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "2", "--resume", "--out", out.string()});
+  CHECK(no_checkpoint.wait() == 2);
+  CHECK_THAT(no_checkpoint.all(), Catch::Contains("--resume") && Catch::Contains((out / "checkpoints").string()) &&
+                                      Catch::Contains("not a folder of checkpoints"));
   CHECK_FALSE(fs::exists(out / "logs" / "node-0.log"));
   CHECK(processes_mentioning(dir.path.string()).empty());
 }

@@ -67,4 +67,10 @@ inline nlohmann::json read_json(const std::filesystem::path& file) {
   return nlohmann::json::parse(in);
 }
 
+/// A file's bytes ("" if it cannot be read).
+inline std::string read_bytes(const std::filesystem::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
 }  // namespace tepdist::test

@@ -292,18 +292,36 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   if (!backend) return std::unexpected(backend.error().message);
   j.backend = std::move(*backend);
   j.backend->set_threads(static_cast<int>(j.config.compute.threads));
+  auto optimizer = compute::make_optimizer(j.config.optimizer.options, j.elements());
+  if (!optimizer) return std::unexpected(optimizer.error().message);
+  j.optimizer = std::move(*optimizer);
+  // A job resumed from a checkpoint (tepdist run --resume): every worker of its first generation
+  // reads the same file, so all start from the same state. Joiners of later generations pull the
+  // state from the donors as always.
+  std::optional<compute::TrainingState> resumed;
+  if (const auto& from = j.config.elastic.resume_from; !from.empty() && j.start.generation <= 1) {
+    auto state = compute::load_checkpoint(from, *j.model, *j.optimizer);
+    if (!state) return std::unexpected(fmt::format("elastic.resume_from: {}", state.error().message));
+    if (!state->job)
+      return std::unexpected(fmt::format("elastic.resume_from: {} is a checkpoint of `tepdist train`, not of a cluster "
+                                         "job (resume it with `tepdist train --resume`)",
+                                         from));
+    if (state->job->mode != j.config.job.mode)
+      return std::unexpected(fmt::format("elastic.resume_from: {} holds a {} job; this job's mode is {}", from,
+                                         state->job->mode, j.config.job.mode));
+    j.start.reference_batch = state->job->reference_batch;
+    resumed = std::move(*state);
+  }
   // Epochs are counted in reference batches (the first generation's global batch), so the job's
   // length and its schedule keep their meaning when the number of workers changes.
   const int64_t batch = j.config.data.batch_size;
-  // The first generation's workers all compute it alike; later records carry it.
+  // The first generation's workers all compute it alike (a resumed job: the checkpoint's); later
+  // records carry it.
   if (j.start.reference_batch == 0) j.start.reference_batch = static_cast<uint64_t>(j.world) * static_cast<uint64_t>(batch);
   const auto reference = static_cast<int64_t>(j.start.reference_batch);
   j.steps_per_epoch = elastic::sync_steps_per_epoch(j.data.train.size(), 1, reference);
   j.total_steps = j.steps_per_epoch * j.config.job.epochs;
   if (j.config.job.max_steps > 0) j.total_steps = std::min(j.total_steps, j.config.job.max_steps);
-  auto optimizer = compute::make_optimizer(j.config.optimizer.options, j.elements());
-  if (!optimizer) return std::unexpected(optimizer.error().message);
-  j.optimizer = std::move(*optimizer);
   compute::ScheduleOptions schedule = j.config.optimizer.schedule;
   schedule.total_steps = j.total_steps;
   auto made = compute::LrSchedule::make(schedule);
@@ -320,7 +338,9 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   else if (mode == "gossip") j.driver = make_gossip_driver();
   else if (mode == "async") j.driver = make_async_driver();
   else return std::unexpected(fmt::format("job.mode = \"{}\" is not a cluster mode (sync, async or gossip)", mode));
-  return j.driver->setup(self, j);
+  if (auto ok = j.driver->setup(self, j); !ok) return ok;
+  if (resumed) return j.driver->resume(j, *resumed);
+  return {};
 }
 
 double now_ms(const TrainerState& s) { return std::chrono::duration<double, std::milli>(Clock::now() - s.started).count(); }

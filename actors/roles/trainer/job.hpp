@@ -29,6 +29,7 @@
 #include "compute/io/files.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/train.hpp"
+#include "elastic/checkpoints.hpp"
 #include "elastic/coordination.hpp"
 #include "elastic/job.hpp"
 #include "elastic/job_control.hpp"
@@ -111,6 +112,14 @@ class Driver {
   virtual void add_counters(const Job&, gossip::JobReport&) const {}
   /// Samples the job trained on, for the final rate (sync: the cluster's; others: this worker's).
   virtual uint64_t samples_trained(const Job& j) const;
+  /// The first generation of a job resumed from a checkpoint (elastic.resume_from): the model
+  /// and optimiser hold its state; the mode takes where the job stood (its progress, and the
+  /// generation's resume point), or says why it cannot.
+  virtual std::expected<void, std::string> resume(Job&, const compute::TrainingState&) {
+    return std::unexpected(fmt::format("elastic.resume_from: resuming a {} job from a checkpoint is not supported yet "
+                                       "(sync jobs only)",
+                                       name()));
+  }
   /// The job ends here: actors the mode started go.
   virtual void drop(Trainer*) {}
   /// The actor serving this node's shards, if the mode has one (its updates skip the wire).

@@ -12,8 +12,13 @@ class SyncDriver final : public Driver {
  public:
   const char* name() const override { return "sync"; }
 
-  std::expected<void, std::string> setup(Trainer*, Job& j) override {
+  std::expected<void, std::string> setup(Trainer* self, Job& j) override {
     j.buffer.assign(j.elements() + 3, 0.0f);
+    const auto& e = j.config.elastic;
+    checkpoints_.emplace(e.checkpoint_every_steps, e.checkpoint_every_s);
+    checkpoint_dir_ = !e.checkpoint_dir.empty()
+                          ? std::filesystem::path(e.checkpoint_dir)
+                          : std::filesystem::path(self->state.o.results_dir) / std::to_string(j.start.job_id) / "checkpoints";
     return {};
   }
 
@@ -89,6 +94,21 @@ class SyncDriver final : public Driver {
 
   uint64_t samples_trained(const Job&) const override { return samples_; }
 
+  std::expected<void, std::string> resume(Job& j, const compute::TrainingState& state) override {
+    const auto& at = *state.job;
+    if (at.position > static_cast<uint64_t>(j.data.train.size()))
+      return std::unexpected(fmt::format("elastic.resume_from: {} stands at position {} of an epoch of {} samples",
+                                         j.config.elastic.resume_from, at.position, j.data.train.size()));
+    progress_ = {static_cast<uint64_t>(state.step), static_cast<uint64_t>(state.epoch), at.position, at.samples};
+    j.step = state.step;
+    j.epoch = state.epoch;
+    // The first generation resumes there: job control's record, and the check in enter().
+    j.start.resume = progress_;
+    node_events().info("job_resumed job={} from=\"{}\" step={} epoch={} position={}", j.start.job_id,
+                       j.config.elastic.resume_from, state.step, state.epoch, at.position);
+    return {};
+  }
+
  private:
   /// Whether the job is over at the progress every member shares (or a stop vote was summed).
   bool finished(const Job& j) const {
@@ -116,6 +136,7 @@ class SyncDriver final : public Driver {
     j.epoch = static_cast<int64_t>(progress_.epoch);
     note_first_step(j);
     const bool over = finished(j);
+    if (j.rank == 0) maybe_checkpoint(j, over);
     if (j.rank == 0) {
       if (j.step % j.config.job.log_every_steps == 0 || over) {
         JobReport r = report_of(j, JobReport::Kind::progress);
@@ -133,6 +154,28 @@ class SyncDriver final : public Driver {
     self->send(self, step_atom::value);
   }
 
+  /// Rank 0, after a step: the job's state to disk when a checkpoint is due (and at the end). Every
+  /// replica is the same, so this one part is a consistent cut. A failed write is logged, and the
+  /// job goes on.
+  void maybe_checkpoint(Job& j, bool over) {
+    const auto now = Clock::now();
+    const double now_s = std::chrono::duration<double>(now.time_since_epoch()).count();
+    if (!checkpoints_->enabled() || !(checkpoints_->due(j.step, now_s) || over)) return;
+    checkpoints_->taken(j.step, now_s);
+    compute::TrainingState state{j.step, static_cast<int64_t>(progress_.epoch), j.config.job.seed, {}};
+    state.job = compute::TrainingState::Job{j.start.job_id,  j.generation,      "sync", progress_.position,
+                                            progress_.samples, j.start.reference_batch};
+    auto saved = elastic::write_checkpoint(checkpoint_dir_, *j.model, *j.optimizer, state, j.config.elastic.checkpoint_keep);
+    if (!saved) {
+      node_events().warn("checkpoint_failed job={} step={} reason=\"{}\"", j.start.job_id, j.step, saved.error());
+      return;
+    }
+    node_events().info("checkpoint_saved job={} step={} manifest={} ms={:.0f}", j.start.job_id, j.step, saved->string(),
+                       seconds_between(now, Clock::now()) * 1000);
+  }
+
+  std::optional<elastic::CheckpointPolicy> checkpoints_;
+  std::filesystem::path checkpoint_dir_;
   gossip::JobProgress progress_;  // the job's, alike on every member
   bool stop_voted_ = false;       // a stop vote was in the last sum
   uint64_t samples_ = 0;          // the cluster's samples this worker has stepped through

@@ -1,0 +1,98 @@
+// Cluster checkpoints on disk: the part, its manifest written last, the newest kept, and a damaged
+// newest one passed over with the reason.
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <fstream>
+
+#include <fmt/format.h>
+
+#include "compute/io/files.hpp"
+#include "compute/presets.hpp"
+#include "elastic/checkpoints.hpp"
+#include "tests/support/temp_dir.hpp"
+
+using namespace tepdist;
+namespace fs = std::filesystem;
+using tepdist::test::TempDir;
+
+namespace {
+
+compute::TrainingState at_step(int64_t step) {
+  return {step, step / 10, 7, compute::TrainingState::Job{5, 2, "sync", static_cast<uint64_t>(step % 10) * 64,
+                                                          static_cast<uint64_t>(step) * 64, 64}};
+}
+
+}  // namespace
+
+TEST_CASE("checkpoints: the newest that checks out is found, older ones beyond keep are removed",
+          "[elastic][checkpoints]") {
+  TempDir dir;
+  auto model = compute::make_mlp(8, 10);
+  REQUIRE(model->build({1, 28, 28}, 1).has_value());
+  auto optimizer = std::move(*compute::make_optimizer({}, model->parameters().size()));
+  const fs::path folder = dir.path / "checkpoints";
+  for (int64_t step : {10, 20, 30, 40}) {
+    model->parameters()[0] = static_cast<float>(step);  // tells the checkpoints apart
+    const auto manifest = elastic::write_checkpoint(folder, *model, *optimizer, at_step(step), 3);
+    REQUIRE(manifest.has_value());
+    CHECK(manifest->filename() == fmt::format("step-{:08}.json", step));
+  }
+  // keep = 3: the one at step 10 is gone, part and manifest.
+  CHECK_FALSE(fs::exists(folder / "step-00000010.json"));
+  CHECK_FALSE(fs::exists(folder / "step-00000010.ckpt"));
+  CHECK(fs::exists(folder / "step-00000020.ckpt"));
+
+  auto found = elastic::latest_checkpoint(folder);
+  REQUIRE(found.has_value());
+  CHECK(found->part == folder / "step-00000040.ckpt");
+  CHECK(found->state.step == 40);
+  CHECK(found->state.job == at_step(40).job);
+  CHECK(found->passed_over.empty());
+
+  // The newest damaged (a byte flipped, the size unchanged): reported, and the one before used.
+  {
+    std::fstream f(folder / "step-00000040.ckpt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(100);
+    f.put('\x7f');
+  }
+  found = elastic::latest_checkpoint(folder);
+  REQUIRE(found.has_value());
+  CHECK(found->state.step == 30);
+  REQUIRE(found->passed_over.size() == 1);
+  CHECK_THAT(found->passed_over[0], Catch::Contains("step-00000040.ckpt") && Catch::Contains("checksum"));
+
+  // A part whose manifest says otherwise (rewritten after the manifest) is not taken either.
+  REQUIRE(compute::save_checkpoint(folder / "step-00000030.ckpt", *model, *optimizer, at_step(31)).has_value());
+  found = elastic::latest_checkpoint(folder);
+  REQUIRE(found.has_value());
+  CHECK(found->state.step == 20);
+  CHECK_THAT(found->passed_over.back(), Catch::Contains("does not match its manifest"));
+}
+
+TEST_CASE("checkpoints: a folder with none, or no folder, is an error naming it", "[elastic][checkpoints]") {
+  TempDir dir;
+  const auto missing = elastic::latest_checkpoint(dir.path / "nowhere");
+  REQUIRE_FALSE(missing.has_value());
+  CHECK_THAT(missing.error(), Catch::Contains("nowhere") && Catch::Contains("not a folder"));
+  fs::create_directories(dir.path / "empty");
+  const auto empty = elastic::latest_checkpoint(dir.path / "empty");
+  REQUIRE_FALSE(empty.has_value());
+  CHECK_THAT(empty.error(), Catch::Contains("empty") && Catch::Contains("no usable checkpoint"));
+}
+
+TEST_CASE("checkpoints: due every N steps, every T seconds, or never", "[elastic][checkpoints]") {
+  elastic::CheckpointPolicy never(0, 0);
+  CHECK_FALSE(never.enabled());
+  CHECK_FALSE(never.due(1000, 1e6));
+  elastic::CheckpointPolicy steps(8, 0);
+  CHECK_FALSE(steps.due(7, 0));
+  CHECK(steps.due(8, 0));
+  steps.taken(8, 0);
+  CHECK_FALSE(steps.due(15, 100));
+  CHECK(steps.due(16, 100));
+  elastic::CheckpointPolicy time(0, 30);
+  CHECK_FALSE(time.due(1, 100));  // the first call starts its clock
+  CHECK_FALSE(time.due(2, 129));
+  CHECK(time.due(3, 130));
+}
