@@ -347,6 +347,15 @@ int run_run_command(const RunArgs& args) {
   auto loaded = args.config ? elastic::load_config(fs::path(*args.config), overrides)
                             : elastic::parse_config(quickstart_toml, "(built-in configs/quickstart.toml)", overrides);
   if (!loaded) return usage_error(loaded.error().message);
+  // A path as a TOML basic string for an override.
+  const auto toml_path = [](const fs::path& p) {
+    std::string quoted = "\"";
+    for (const char ch : p.string()) {
+      if (ch == '"' || ch == '\\') quoted += '\\';
+      quoted += ch;
+    }
+    return quoted + "\"";
+  };
   std::vector<std::string> implied;
   if (!quorum_given && loaded->cluster.local_nodes > 0 && loaded->network.model.partitions.empty() &&
       loaded->text.find("quorum") == std::string::npos)
@@ -354,9 +363,12 @@ int run_run_command(const RunArgs& args) {
   // Checkpoints of a local cluster go beside its other output unless the file says where.
   if (const auto& e = loaded->elastic; loaded->cluster.local_nodes > 0 && e.checkpoint_dir.empty() &&
                                        (e.checkpoint_every_steps > 0 || e.checkpoint_every_s > 0))
-    implied.push_back(
-        fmt::format("elastic.checkpoint_dir=\"{}\"", fs::absolute(fs::path(args.out) / "checkpoints").string()));
+    implied.push_back("elastic.checkpoint_dir=" + toml_path(fs::absolute(fs::path(args.out) / "checkpoints")));
   if (args.resume) {
+    if (loaded->cluster.local_nodes == 0 && loaded->elastic.checkpoint_dir.empty())
+      return usage_error(fmt::format("{}: --resume on a running cluster needs [elastic] checkpoint_dir: the folder its "
+                                     "nodes wrote the checkpoints to (each node's default is its own results_dir)",
+                                     loaded->source));
     const fs::path dir = loaded->elastic.checkpoint_dir.empty() ? fs::path(args.out) / "checkpoints"
                                                                 : fs::path(loaded->elastic.checkpoint_dir);
     auto found = elastic::latest_checkpoint(dir);
@@ -366,7 +378,7 @@ int run_run_command(const RunArgs& args) {
     fmt::print("resuming from {}: step {}, epoch {}{}\n", found->part.string(), at.step, at.epoch + 1,
                at.job ? fmt::format(", position {} (job {}, {} mode)", at.job->position, at.job->job_id, at.job->mode)
                       : std::string());
-    implied.push_back(fmt::format("elastic.resume_from=\"{}\"", fs::absolute(found->part).string()));
+    implied.push_back("elastic.resume_from=" + toml_path(fs::absolute(found->part)));
   }
   if (!implied.empty()) {
     overrides.insert(overrides.end(), implied.begin(), implied.end());

@@ -7,8 +7,11 @@
 //                            written to a temporary name, fsynced and renamed
 //   DIR/step-00000123.json   its manifest, written the same way and last: the job, mode,
 //                            generation, step, epoch, position, samples, reference batch, and each
-//                            part's file, size and CRC-32. A part without a manifest is a write
-//                            cut short and is not a checkpoint.
+//                            part's file, size and CRC-32, and when it was written. A part
+//                            without a manifest is a write cut short and is not a checkpoint.
+//
+// A folder may hold several runs' checkpoints (a run into an old --out, a resume): the newest is
+// the one written last, not the highest step.
 //
 // A sync job's state is whole on every worker (the replicas are bit-identical), so the worker with
 // rank-0 duties writes the one part at a step boundary: a consistent cut by construction. The last
@@ -25,8 +28,8 @@
 
 namespace tepdist::elastic {
 
-/// When a checkpoint is due: every `every_steps` steps and/or every `every_s` seconds (0: not by
-/// that measure; both 0: never).
+/// When a checkpoint is due: at every multiple of `every_steps` steps and/or every `every_s`
+/// seconds (0: not by that measure; both 0: never).
 class CheckpointPolicy {
  public:
   CheckpointPolicy(int64_t every_steps, double every_s) : every_steps_(every_steps), every_s_(every_s) {}
@@ -46,7 +49,7 @@ class CheckpointPolicy {
 };
 
 /// Writes the checkpoint of `state` (its step names the files) into `dir`, creating it, then
-/// removes all but the newest `keep`. The manifest's path.
+/// removes all but the `keep` written last (never this one). The manifest's path.
 std::expected<std::filesystem::path, std::string> write_checkpoint(const std::filesystem::path& dir, compute::Model& model,
                                                                    compute::Optimizer& optimizer,
                                                                    const compute::TrainingState& state, int64_t keep);

@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <cstring>
+#include <set>
 #include <tuple>
 #include <vector>
 #include <nlohmann/json.hpp>
@@ -165,9 +166,11 @@ Result<TrainingState> load_checkpoint(const std::filesystem::path& path, Model& 
   const json& header = opened->header;
   TrainingState state;
   Rng::State model_rng;
+  int64_t optimizer_steps = 0;
   try {
     state = state_of(header);
     model_rng = header.at("model_rng").get<Rng::State>();
+    optimizer_steps = header.at("optimizer").at("steps").get<int64_t>();
     if (header.at("parameters") != parameters_json(model))
       return fail(Errc::mismatch, fmt::format("{}: was saved from a different model (parameter names or shapes differ)",
                                               path.string()));
@@ -187,7 +190,7 @@ Result<TrainingState> load_checkpoint(const std::filesystem::path& path, Model& 
   std::memcpy(model.parameters().data(), data, floats * sizeof(float));
   for (size_t i = 0; i < opt_state.size(); ++i)
     std::memcpy(opt_state[i].second.data(), data + (1 + i) * floats * sizeof(float), floats * sizeof(float));
-  optimizer.set_steps(header["optimizer"]["steps"].get<int64_t>());
+  optimizer.set_steps(optimizer_steps);
   model.rng().set_state(model_rng);
   return state;
 }
@@ -227,13 +230,24 @@ Result<void> export_checkpoint_safetensors(const std::filesystem::path& checkpoi
     parameters.resize(count);
     std::memcpy(parameters.data(), in.data() + opened->data_at, count * sizeof(float));
     const float* values = parameters.data();
+    std::set<std::string> names;
     for (const auto& p : opened->header.at("parameters")) {
+      const auto name = p.at("name").get<std::string>();
+      if (name == "__metadata__" || !names.insert(name).second)
+        return corrupt(checkpoint, fmt::format("parameter name '{}' is reserved or repeated", name));
+      // Every dimension a non-negative integer, and the product bounded before it can wrap.
       uint64_t elements = 1;
-      for (const auto& d : p.at("shape")) elements *= d.get<uint64_t>();
+      for (const auto& d : p.at("shape")) {
+        if (!d.is_number_unsigned()) return corrupt(checkpoint, fmt::format("parameter '{}' has a bad shape", name));
+        const auto extent = d.get<uint64_t>();
+        if (extent != 0 && elements > count / extent)
+          return corrupt(checkpoint, fmt::format("parameter '{}' is larger than the parameters", name));
+        elements *= extent;
+      }
       const auto offset = p.at("offset").get<uint64_t>();
       if (offset > count || elements > count - offset)
-        return corrupt(checkpoint, fmt::format("parameter '{}' lies outside the parameters", p.at("name").get<std::string>()));
-      tensors.emplace_back(p.at("name").get<std::string>(), p.at("shape"), std::span<const float>(values + offset, elements));
+        return corrupt(checkpoint, fmt::format("parameter '{}' lies outside the parameters", name));
+      tensors.emplace_back(name, p.at("shape"), std::span<const float>(values + offset, elements));
     }
   } catch (const json::exception& e) {
     return corrupt(checkpoint, fmt::format("malformed header: {}", e.what()));

@@ -70,6 +70,25 @@ TEST_CASE("checkpoints: the newest that checks out is found, older ones beyond k
   CHECK_THAT(found->passed_over.back(), Catch::Contains("does not match its manifest"));
 }
 
+TEST_CASE("checkpoints: a new run into a folder of an older run's later steps keeps what it writes, and is the newest",
+          "[elastic][checkpoints]") {
+  TempDir dir;
+  auto model = compute::make_mlp(8, 10);
+  REQUIRE(model->build({1, 28, 28}, 1).has_value());
+  auto optimizer = std::move(*compute::make_optimizer({}, model->parameters().size()));
+  const fs::path folder = dir.path / "checkpoints";
+  for (int64_t step : {90, 95, 100}) REQUIRE(elastic::write_checkpoint(folder, *model, *optimizer, at_step(step), 3));
+  auto fresh = at_step(5);
+  fresh.job->job_id = 6;
+  REQUIRE(elastic::write_checkpoint(folder, *model, *optimizer, fresh, 3));
+  CHECK(fs::exists(folder / "step-00000005.json"));
+  CHECK_FALSE(fs::exists(folder / "step-00000090.json"));  // the oldest written goes, not the lowest step
+  const auto found = elastic::latest_checkpoint(folder);
+  REQUIRE(found.has_value());
+  CHECK(found->state.step == 5);
+  CHECK(found->state.job->job_id == 6);
+}
+
 TEST_CASE("checkpoints: a folder with none, or no folder, is an error naming it", "[elastic][checkpoints]") {
   TempDir dir;
   const auto missing = elastic::latest_checkpoint(dir.path / "nowhere");

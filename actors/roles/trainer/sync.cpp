@@ -96,6 +96,10 @@ class SyncDriver final : public Driver {
 
   std::expected<void, std::string> resume(Job& j, const compute::TrainingState& state) override {
     const auto& at = *state.job;
+    if (state.seed != j.config.job.seed)
+      return std::unexpected(fmt::format("elastic.resume_from: {} was saved by a job with seed {}; this job's seed is {} "
+                                         "(its epochs would walk another permutation)",
+                                         j.config.elastic.resume_from, state.seed, j.config.job.seed));
     if (at.position > static_cast<uint64_t>(j.data.train.size()))
       return std::unexpected(fmt::format("elastic.resume_from: {} stands at position {} of an epoch of {} samples",
                                          j.config.elastic.resume_from, at.position, j.data.train.size()));
@@ -104,6 +108,8 @@ class SyncDriver final : public Driver {
     j.epoch = state.epoch;
     // The first generation resumes there: job control's record, and the check in enter().
     j.start.resume = progress_;
+    // The next checkpoint falls where it would have without the stop.
+    checkpoints_->taken(state.step, std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
     node_events().info("job_resumed job={} from=\"{}\" step={} epoch={} position={}", j.start.job_id,
                        j.config.elastic.resume_from, state.step, state.epoch, at.position);
     return {};
