@@ -1,6 +1,9 @@
 #include <unistd.h>
 
+#include <zlib.h>
+
 #include <catch2/catch.hpp>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -102,6 +105,52 @@ TEST_CASE("a cluster checkpoint says where its job stood, and exports without a 
   REQUIRE_FALSE(cut.has_value());
   CHECK_THAT(cut.error().message, Catch::Contains((dir.path / "ckpt").string()) && Catch::Contains("checksum"));
   CHECK_FALSE(fs::exists(dir.path / "cut.safetensors"));
+}
+
+TEST_CASE("a crafted checkpoint header (its CRC made to match) is refused by export and load, never trusted",
+          "[compute][checkpoint]") {
+  TempDir dir;
+  auto m = built_mlp(1);
+  auto opt = sgd(m->parameters().size());
+  REQUIRE(save_checkpoint(dir.path / "ckpt", *m, *opt, {3, 1, 42, {}}).has_value());
+  const std::string file = slurp(dir.path / "ckpt");
+  const size_t prefix = 8 + 4 + 8;
+  uint64_t header_bytes = 0;
+  std::memcpy(&header_bytes, file.data() + 12, 8);
+  const auto header = nlohmann::json::parse(file.substr(prefix, header_bytes));
+  const std::string data = file.substr(prefix + header_bytes, file.size() - prefix - header_bytes - 4);
+  // Writes the file with `h` as its header and a CRC that matches, as an attacker would.
+  const auto crafted = [&](const nlohmann::json& h, const std::string& name) {
+    const std::string text = h.dump();
+    std::string out = file.substr(0, 12);
+    const uint64_t n = text.size();
+    out.append(reinterpret_cast<const char*>(&n), 8);
+    out += text + data;
+    const auto crc = static_cast<uint32_t>(crc32(0L, reinterpret_cast<const Bytef*>(out.data()), static_cast<uInt>(out.size())));
+    out.append(reinterpret_cast<const char*>(&crc), 4);
+    std::ofstream(dir.path / name, std::ios::binary) << out;
+    return dir.path / name;
+  };
+  auto huge = header;
+  huge["parameters"][0]["shape"] = {4294967296ull, 4294967296ull};  // wraps to 0 elements if unchecked
+  auto negative = header;
+  negative["parameters"][0]["shape"] = {-1, -1};
+  auto repeated = header;
+  repeated["parameters"][1]["name"] = repeated["parameters"][0]["name"];
+  auto no_steps = header;
+  no_steps["optimizer"].erase("steps");
+  for (const auto& [h, name] : {std::pair{huge, "huge"}, {negative, "negative"}, {repeated, "repeated"}}) {
+    INFO(name);
+    const auto path = crafted(h, name);
+    const auto out = dir.path / (std::string(name) + ".safetensors");
+    const auto exported = export_checkpoint_safetensors(path, out);
+    REQUIRE_FALSE(exported.has_value());
+    CHECK_THAT(exported.error().message, Catch::Contains(path.string()));
+    CHECK_FALSE(fs::exists(out));
+  }
+  const auto loaded = load_checkpoint(crafted(no_steps, "no_steps"), *m, *opt);
+  REQUIRE_FALSE(loaded.has_value());
+  CHECK_THAT(loaded.error().message, Catch::Contains("malformed header"));
 }
 
 TEST_CASE("a damaged checkpoint is detected by its checksum and loads nothing", "[compute][checkpoint]") {
