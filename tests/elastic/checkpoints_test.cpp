@@ -23,14 +23,23 @@ compute::TrainingState at_step(int64_t step) {
                                                           static_cast<uint64_t>(step) * 64, 64}};
 }
 
+/// A small model and its optimiser: what a checkpoint saves.
+struct Trained {
+  std::unique_ptr<compute::Model> model = compute::make_mlp(8, 10);
+  std::unique_ptr<compute::Optimizer> optimizer;
+  Trained() {
+    REQUIRE(model->build({1, 28, 28}, 1).has_value());
+    optimizer = std::move(*compute::make_optimizer({}, model->parameters().size()));
+  }
+};
+
 }  // namespace
 
 TEST_CASE("checkpoints: the newest that checks out is found, older ones beyond keep are removed",
           "[elastic][checkpoints]") {
   TempDir dir;
-  auto model = compute::make_mlp(8, 10);
-  REQUIRE(model->build({1, 28, 28}, 1).has_value());
-  auto optimizer = std::move(*compute::make_optimizer({}, model->parameters().size()));
+  Trained t;
+  auto& [model, optimizer] = t;
   const fs::path folder = dir.path / "checkpoints";
   for (int64_t step : {10, 20, 30, 40}) {
     model->parameters()[0] = static_cast<float>(step);  // tells the checkpoints apart
@@ -73,9 +82,8 @@ TEST_CASE("checkpoints: the newest that checks out is found, older ones beyond k
 TEST_CASE("checkpoints: a new run into a folder of an older run's later steps keeps what it writes, and is the newest",
           "[elastic][checkpoints]") {
   TempDir dir;
-  auto model = compute::make_mlp(8, 10);
-  REQUIRE(model->build({1, 28, 28}, 1).has_value());
-  auto optimizer = std::move(*compute::make_optimizer({}, model->parameters().size()));
+  Trained t;
+  auto& [model, optimizer] = t;
   const fs::path folder = dir.path / "checkpoints";
   for (int64_t step : {90, 95, 100}) REQUIRE(elastic::write_checkpoint(folder, *model, *optimizer, at_step(step), 3));
   auto fresh = at_step(5);

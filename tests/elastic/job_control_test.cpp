@@ -162,6 +162,15 @@ struct Net {
     deliver_all();
   }
 
+  /// Three retry periods in which `ids` see every node alive and all messages are delivered.
+  void settle(const std::vector<std::string>& ids) {
+    for (int i = 0; i < 3; ++i) {
+      tick(3000);
+      for (const auto& id : ids) set_view(id, {});
+      deliver_all();
+    }
+  }
+
   void tick(double ms) {
     now += ms;
     for (auto& [id, n] : nodes) {
@@ -453,11 +462,7 @@ TEST_CASE("a worker that blocks the ring while alive is left out until it says i
   net.evict("w2", "w1");
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
   // Still alive and the same run, and silent: later views do not bring it back.
-  for (int i = 0; i < 3; ++i) {
-    net.tick(3000);
-    for (auto id : {"w0", "w2"}) net.set_view(id, {});
-    net.deliver_all();
-  }
+  net.settle({"w0", "w2"});
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w2"});
   // Its trainer runs again and reads the install waiting for it: it is left out, says it is
   // back, and the duty holder proposes it as a joiner.
@@ -536,11 +541,7 @@ TEST_CASE("a joiner that cannot run the job asks to be left out, and is", "[elas
   net.down.insert("w2");  // it takes no part in the job any more
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1"});
   // Later views do not bring it back (it is the same run).
-  for (int i = 0; i < 3; ++i) {
-    net.tick(3000);
-    for (auto id : {"w0", "w1"}) net.set_view(id, {});
-    net.deliver_all();
-  }
+  net.settle({"w0", "w1"});
   CHECK(net.nodes.at("w0").control->record().workers == std::vector<std::string>{"w0", "w1"});
 }
 
