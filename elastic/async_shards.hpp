@@ -8,9 +8,29 @@
 // updates; the r - 1 replicas apply the same updates in the same order, so they hold bit-identical
 // copies.
 //
-//   worker --ShardUpdate push (gradient, version it was computed on, lr)--> primary
+//   worker --ShardUpdate push (gradient, version it was computed on, lr, worker/boot/seq)--> primary
 //   primary --ShardState (values at the new version, or rejected)--> worker
-//   primary --ShardUpdate replicate (gradient, version it makes, lr applied)--> each replica
+//   primary --ShardUpdate replicate (gradient, version it makes, lr applied, worker/boot/seq)--> each replica
+//   replica --ShardUpdate ack (applied through version)--> primary
+//   primary --ShardState durable (every holder has the updates through version)--> worker
+//
+// Durability. The primary answers a push with values at once, so a worker never waits for the
+// replicas; the update is durable once every holder has applied it, and the primary then sends
+// a separate durable notice to each worker whose update it was. Replication is a star, not a
+// chain: the primary sends each replica every update in version order and each replica acks the
+// version it has applied through (holding updates that come ahead of a gap), so the durable
+// version is the lowest acked. A star gives the guarantee a chain gives (an update is
+// acknowledged only once it is on all r holders; each holder holds a prefix of the primary's
+// updates) in one round trip instead of r - 1 hops, which matters across regions. A worker keeps
+// each update until it is durable, and after a change of primary (a re-placement, the primary's
+// death) sends every update it still keeps to the new primary (retarget). Each update carries
+// (worker id, boot id, sequence number); every holder keeps, per worker, the highest sequence
+// applied (the marks, part of the shard's state and of its snapshot), so an update sent again
+// that the new primary already holds is answered as a duplicate and not applied twice. So no
+// acknowledged update is lost while at least one holder of the shard survives. One case is
+// weaker: a push the old primary refused as too stale, whose refusal never arrived, is taken on
+// resend for applied when a later update of the same worker is (the marks are high-water marks);
+// it was never acknowledged, and its batches are lost to the shard.
 //
 // Staleness = the shard's version when the push arrives - the version the gradient was computed
 // on. A push staler than max_staleness is not applied: it is counted and answered with the current
@@ -74,6 +94,25 @@ ShardRange shard_range(size_t elements, uint32_t shards, uint32_t s);
 template <class M>
 using Outgoing = std::vector<std::pair<std::string, M>>;
 
+/// How far one worker's updates to a shard have been applied: the worker's boot id and the highest
+/// sequence number applied.
+struct UpdateMark {
+  uint64_t boot = 0;
+  uint64_t seq = 0;
+  friend bool operator==(const UpdateMark&, const UpdateMark&) = default;
+};
+using UpdateMarks = std::map<std::string, UpdateMark>;
+
+/// A shard's whole state, for a new holder: values, version, optimiser state (each buffer, and
+/// its step count) and marks.
+struct ShardSnapshot {
+  uint64_t version = 0;
+  std::vector<float> values;
+  std::vector<std::vector<float>> optimizer;
+  int64_t optimizer_steps = 0;
+  UpdateMarks marks;
+};
+
 /// One shard as its primary or a replica holds it.
 class ShardServer {
  public:
@@ -88,34 +127,60 @@ class ShardServer {
 
   /// `values`: the shard's initial values; `optimizer`: sized for them.
   ShardServer(Options options, std::vector<float> values, std::unique_ptr<compute::Optimizer> optimizer);
+  /// A holder of a shard others held: from their snapshot (`optimizer` sized for its values, its
+  /// state taken from the snapshot). Every replica is taken to hold the snapshot's version.
+  static std::expected<ShardServer, std::string> restore(Options options, ShardSnapshot snapshot,
+                                                         std::unique_ptr<compute::Optimizer> optimizer);
 
-  /// Primary: a worker's push. Returns the answer for the worker; appends the replicas' updates.
-  std::expected<gossip::ShardState, std::string> on_push(const gossip::ShardUpdate& push,
+  /// Primary: a worker's push, to be answered at `reply_to`. Returns the answer for the worker;
+  /// appends the replicas' updates, and the durable notices that became due (none here unless the
+  /// shard has no replica, when the answer itself says the update is durable).
+  std::expected<gossip::ShardState, std::string> on_push(const gossip::ShardUpdate& push, const std::string& reply_to,
                                                           Outgoing<gossip::ShardUpdate>& to_replicas);
 
   /// Replica: the primary's update. Applied in version order: one from ahead waits (up to
-  /// max_held_updates) until those before it have come.
-  std::expected<void, std::string> on_replicate(const gossip::ShardUpdate& update);
+  /// max_held_updates) until those before it have come. Returns the version applied through,
+  /// for the ack to the primary.
+  std::expected<uint64_t, std::string> on_replicate(const gossip::ShardUpdate& update);
+
+  /// Primary: a replica at `replica` has applied every update through `version`. Appends a
+  /// durable notice for each worker whose updates became durable.
+  std::expected<void, std::string> on_ack(const std::string& replica, uint64_t version,
+                                          Outgoing<gossip::ShardState>& notices);
 
   /// The values now (a pull's answer, also the shard's part of the final model).
   gossip::ShardState state() const;
+  /// Everything a new holder needs.
+  ShardSnapshot snapshot() const;
 
   uint64_t version() const { return version_; }
+  /// Every update through this version is on every holder.
+  uint64_t durable() const { return durable_; }
   uint64_t applied() const { return applied_; }
   uint64_t rejected() const { return rejected_; }
+  uint64_t duplicates() const { return duplicates_; }
   std::span<const float> values() const { return values_; }
+  const UpdateMarks& marks() const { return marks_; }
 
   static constexpr size_t max_held_updates = 256;
+  /// Accepted updates not yet durable, kept for their notices: past this, pushes are refused
+  /// until the replicas catch up (a replica that never acks is a change of placement's to mend).
+  static constexpr size_t max_undurable = 4096;
 
  private:
   std::expected<void, std::string> check(const gossip::ShardUpdate& u) const;
-  void apply(std::span<const float> gradient, float lr);
+  void apply(const gossip::ShardUpdate& u, float lr);
+  void advance_durable(Outgoing<gossip::ShardState>& notices);
 
   Options o_;
   std::vector<float> values_;
   std::unique_ptr<compute::Optimizer> optimizer_;
-  uint64_t version_ = 0, applied_ = 0, rejected_ = 0;
+  uint64_t version_ = 0, applied_ = 0, rejected_ = 0, duplicates_ = 0;
+  uint64_t durable_ = 0;
+  UpdateMarks marks_;
   std::map<uint64_t, gossip::ShardUpdate> held_;  // replica: updates from ahead, by version
+  std::map<std::string, uint64_t> acked_;         // primary: each replica's applied-through version
+  std::deque<std::pair<uint64_t, std::string>> undurable_;  // primary: (version, worker's address), oldest first
 };
 
 /// A worker's side: which batches to compute, what to push where, and the answers installed.
@@ -130,6 +195,10 @@ class AsyncWorker {
     uint64_t max_lag_steps = 16;         ///< steps a shard may leave unanswered before the worker waits
     uint32_t local_steps = 0;            ///< 0: push gradients; H: push the worker's own change every H steps
     uint32_t workers = 1;                ///< updates mode with outer_lr 0: W in (1 + s) / W
+    std::string origin = {};             ///< this worker's id, and its boot id, on every push
+    uint64_t boot = 0;
+    /// Answered updates a shard may keep waiting for durability before the worker waits.
+    uint64_t max_undurable = 64;
   };
 
   /// What to compute: a batch, for every shard, or (a rejected push recomputed) for one.
@@ -158,9 +227,19 @@ class AsyncWorker {
   /// waiting for the window goes out.
   std::expected<void, std::string> on_state(const gossip::ShardState& state, std::span<float> params,
                                             Outgoing<gossip::ShardUpdate>& out);
+  /// A shard's primary changed (a re-placement, a promotion): every update of this worker it
+  /// still keeps (in flight, or answered but not durable) goes to the new primary, with its
+  /// sequence number, so the new primary applies those it does not hold and no other.
+  void retarget(uint32_t shard, const std::string& primary, Outgoing<gossip::ShardUpdate>& out);
 
   /// Every gradient applied or refused and recomputed: nothing pending, in flight or to redo.
   bool idle() const;
+  /// Every update this worker sent is durable.
+  bool durable() const;
+  /// Updates kept for shard s: in flight, or answered and not durable.
+  size_t kept(uint32_t shard) const { return shards_[shard].sent.size(); }
+  const std::string& primary(uint32_t shard) const { return o_.primaries[shard]; }
+
   uint64_t pushes() const { return pushes_; }
   uint64_t rejected() const { return rejected_; }
   uint64_t version(uint32_t shard) const { return shards_[shard].version; }
@@ -168,11 +247,21 @@ class AsyncWorker {
   double recent_staleness() const { return recent_staleness_; }
 
  private:
+  /// An update this worker sent and keeps until it is durable.
+  struct Sent {
+    uint64_t seq = 0, base = 0;
+    float lr = 0;
+    std::shared_ptr<const std::vector<float>> sum;  // what it carries
+    std::vector<uint64_t> batches;                  // the batches (or local steps) it covers
+    bool answered = false;
+    uint64_t version = 0;  // answered: a version of the shard that holds it
+  };
   struct Shard {
     ShardRange range;
     uint64_t version = 0;                         // of the values this worker holds
-    std::deque<std::vector<uint64_t>> in_flight;  // the batches (or local steps) each push covers, oldest first
-    std::deque<std::shared_ptr<const std::vector<float>>> in_flight_sums;  // updates mode: what each push carries
+    uint64_t seq = 0;                             // of the last update sent
+    std::deque<Sent> sent;                        // by seq: answered ones first, then those in flight
+    bool retargeted = false;                      // a new primary has not answered yet: its version is unknown
     std::vector<float> pending;                   // summed gradients (or minus changes) not yet pushed
     std::vector<uint64_t> pending_batches;
     uint64_t pending_base = 0;                    // version the oldest of them was computed on
@@ -180,6 +269,9 @@ class AsyncWorker {
     uint64_t unanswered_steps = 0;                // steps since the last answer, while pushes are in flight
   };
   void try_push(uint32_t s, Outgoing<gossip::ShardUpdate>& out);
+  gossip::ShardUpdate push_of(uint32_t s, const Sent& u) const;
+  size_t in_flight(const Shard& sh) const;
+  static void drop_durable(Shard& sh, uint64_t durable);
 
   bool updates() const { return o_.local_steps > 0; }
 

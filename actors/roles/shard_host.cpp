@@ -50,11 +50,12 @@ struct Host {
         if (to.empty()) return refuse(peer, u, "not a worker of the job");
         if (!primary) return refuse(peer, u, "this node is a replica of the shard, not its primary");
         if (u.kind == ShardUpdate::Kind::pull) return send(to, server.state());
+        if (u.origin != peer) return refuse(peer, u, fmt::format("an update that names {} as its worker", u.origin));
         elastic::Outgoing<ShardUpdate> replicas;
-        auto answer = server.on_push(u, replicas);
+        auto answer = server.on_push(u, to, replicas);
         if (!answer) return refuse(peer, u, answer.error());
         // Refusals are counted where they are recomputed, by the worker (stale_rejected).
-        if (!answer->rejected) {
+        if (!answer->rejected && !answer->duplicate) {
           ++init->counters->applied;
           init->counters->staleness_sum += answer->staleness;
         }
@@ -62,10 +63,20 @@ struct Host {
         for (auto& [address, update] : replicas) send(address, std::move(update));
         return;
       }
-      case ShardUpdate::Kind::replicate:
+      case ShardUpdate::Kind::replicate: {
         if (peer != init->placement[u.shard].front()) return refuse(peer, u, "not the shard's primary");
-        if (auto ok = server.on_replicate(u); !ok) return refuse(peer, u, ok.error());
+        auto through = server.on_replicate(u);
+        if (!through) return refuse(peer, u, through.error());
+        // The primary counts the update durable once every replica has acked it.
+        return send(worker_address(peer), ShardUpdate{u.job_id, u.shard, ShardUpdate::Kind::ack, *through, 0, {}});
+      }
+      case ShardUpdate::Kind::ack: {
+        if (!primary) return refuse(peer, u, "an ack to a replica of the shard");
+        elastic::Outgoing<gossip::ShardState> notices;
+        if (auto ok = server.on_ack(worker_address(peer), u.version, notices); !ok) return refuse(peer, u, ok.error());
+        for (auto& [address, notice] : notices) send(address, std::move(notice));
         return;
+      }
     }
   }
 };

@@ -215,6 +215,10 @@ struct Encoder {
             b.setVersion(m.version);
             b.setLr(m.lr);
             put_chunk(b.initChunk(), m.chunk);
+            b.setOrigin(m.origin);
+            b.setBoot(m.boot);
+            b.setSeq(m.seq);
+            b.setResend(m.resend);
           } else if constexpr (std::is_same_v<T, ShardState>) {
             auto b = e.initShardState();
             b.setJobId(m.job_id);
@@ -223,6 +227,10 @@ struct Encoder {
             b.setRejected(m.rejected);
             b.setStaleness(m.staleness);
             put_chunk(b.initChunk(), m.chunk);
+            b.setSeq(m.seq);
+            b.setDurable(m.durable);
+            b.setDuplicate(m.duplicate);
+            b.setKind(static_cast<wire::ShardState::Kind>(m.kind));
           } else if constexpr (std::is_same_v<T, GossipAverage>) {
             auto b = e.initGossipAverage();
             b.setJobId(m.job_id);
@@ -433,15 +441,20 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::SHARD_UPDATE: {
       auto r = e.getShardUpdate();
       const auto kind = r.getKind();
-      if (kind > wire::ShardUpdate::Kind::PULL)
+      if (kind > wire::ShardUpdate::Kind::ACK)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown shard update kind {}", static_cast<int>(kind))};
-      return ShardUpdate{r.getJobId(), r.getShard(), static_cast<ShardUpdate::Kind>(kind), r.getVersion(), r.getLr(),
-                         get_chunk(r.getChunk(), owner)};
+      return ShardUpdate{r.getJobId(),  r.getShard(), static_cast<ShardUpdate::Kind>(kind), r.getVersion(),
+                         r.getLr(),     get_chunk(r.getChunk(), owner), std::string(r.getOrigin()),
+                         r.getBoot(),   r.getSeq(),   r.getResend()};
     }
     case wire::Envelope::SHARD_STATE: {
       auto r = e.getShardState();
-      return ShardState{r.getJobId(),     r.getShard(),     r.getVersion(),
-                        r.getRejected(),  r.getStaleness(), get_chunk(r.getChunk(), owner)};
+      const auto kind = r.getKind();
+      if (kind > wire::ShardState::Kind::DURABLE)
+        throw WireError{WireErrc::unknown_kind, fmt::format("unknown shard state kind {}", static_cast<int>(kind))};
+      return ShardState{r.getJobId(),     r.getShard(),     r.getVersion(),  r.getRejected(),
+                        r.getStaleness(), get_chunk(r.getChunk(), owner),    r.getSeq(),
+                        r.getDurable(),   r.getDuplicate(), static_cast<ShardState::Kind>(kind)};
     }
     case wire::Envelope::GOSSIP_AVERAGE: {
       auto r = e.getGossipAverage();

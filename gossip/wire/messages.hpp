@@ -257,24 +257,36 @@ struct JobReport {
 /// Async mode: a gradient for one parameter shard, its replication, or a request for its values
 /// (elastic/async_shards.hpp).
 struct ShardUpdate {
-  enum class Kind : uint8_t { push, replicate, pull };
+  enum class Kind : uint8_t { push, replicate, pull, ack };
   uint64_t job_id = 0;
   uint32_t shard = 0;
   Kind kind = Kind::push;
-  uint64_t version = 0;  ///< push: computed on; replicate: the version it makes
+  uint64_t version = 0;  ///< push: computed on; replicate: the version it makes; ack: applied through
   float lr = 0;
   TensorChunk chunk;
+  /// Push and replicate: the pushing worker, its boot id, and the update's number among its
+  /// updates to this shard (deduplication marks).
+  std::string origin = {};
+  uint64_t boot = 0;
+  uint64_t seq = 0;
+  bool resend = false;  ///< push: sent again to the shard's new primary after a change
   friend bool operator==(const ShardUpdate&, const ShardUpdate&) = default;
 };
 
-/// Async mode: a shard's values at a version, answering a push or a pull.
+/// Async mode: a shard's values at a version, answering a push or a pull; or (kind durable) the
+/// notice that updates through a version are on every holder.
 struct ShardState {
+  enum class Kind : uint8_t { values, durable };
   uint64_t job_id = 0;
   uint32_t shard = 0;
   uint64_t version = 0;
   bool rejected = false;
   uint64_t staleness = 0;
   TensorChunk chunk;
+  uint64_t seq = 0;        ///< of the push answered
+  uint64_t durable = 0;    ///< updates through this version are on every holder
+  bool duplicate = false;  ///< the push was applied before (a resend): not applied again
+  Kind kind = Kind::values;
   friend bool operator==(const ShardState&, const ShardState&) = default;
 };
 

@@ -320,11 +320,19 @@ struct ShardUpdate {
   kind @2 :Kind;
   version @3 :UInt64;        # push: the shard version the gradient was computed on; replicate: the version it makes
   lr @4 :Float32;            # push: the worker's learning rate; replicate: the rate the primary applied
-  chunk @5 :TensorChunk;     # push and replicate: the gradient of the whole shard; pull: empty
+  chunk @5 :TensorChunk;     # push and replicate: the gradient of the whole shard; pull, ack: empty
+  # Push and replicate: whose update it is (the pushing worker's id and boot id) and its number
+  # among that worker's updates to this shard; the shard keeps the highest per worker, so an
+  # update sent again after a change is never applied twice.
+  origin @6 :Text;
+  boot @7 :UInt64;
+  seq @8 :UInt64;
+  resend @9 :Bool;           # push: sent again to the shard's new primary after a change
   enum Kind {
     push @0;                 # worker -> primary
     replicate @1;            # primary -> each replica, in version order
     pull @2;                 # anyone in the job -> primary: answered with a ShardState
+    ack @3;                  # replica -> primary: every update through version is applied here
   }
 }
 
@@ -335,7 +343,15 @@ struct ShardState {
   version @2 :UInt64;
   rejected @3 :Bool;         # the push was too stale and not applied
   staleness @4 :UInt64;      # of the push answered
-  chunk @5 :TensorChunk;
+  chunk @5 :TensorChunk;     # kind durable: empty
+  seq @6 :UInt64;            # of the push answered
+  durable @7 :UInt64;        # every update through this version is on every holder of the shard
+  duplicate @8 :Bool;        # the push was applied before (a resend): not applied again
+  kind @9 :Kind;
+  enum Kind {
+    values @0;               # an answer to a push or a pull
+    durable @1;              # no values: updates through durable are on every holder
+  }
 }
 
 # -- gossip: pairwise parameter averaging (gossip/collective/gossip_average.hpp) --

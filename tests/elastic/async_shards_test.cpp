@@ -7,6 +7,8 @@
 
 #include <cmath>
 #include <deque>
+#include <set>
+#include <tuple>
 #include <map>
 #include <random>
 
@@ -30,8 +32,10 @@ TensorChunk chunk_of(const std::vector<float>& v) {
   return TensorChunk{0, 0, 0, copy->size(), std::span<const float>(*copy), copy};
 }
 
+/// A push of worker "w", numbered on from the last.
 ShardUpdate push(uint32_t shard, uint64_t version, float lr, const std::vector<float>& g) {
-  ShardUpdate u{1, shard, ShardUpdate::Kind::push, version, lr, chunk_of(g)};
+  static uint64_t seq = 0;
+  ShardUpdate u{1, shard, ShardUpdate::Kind::push, version, lr, chunk_of(g), "w", 7, ++seq};
   u.chunk.shard = shard;
   return u;
 }
@@ -58,13 +62,13 @@ TEST_CASE("a primary damps a stale push by 1 + staleness and refuses one beyond 
   ShardServer server({1, 0, 2, {"replica-a"}}, std::vector<float>{1.0f, 2.0f}, sgd(2));
   Outgoing<ShardUpdate> replicas;
   // Fresh: staleness 0, full rate.
-  auto a = server.on_push(push(0, 0, 0.5f, {1.0f, 1.0f}), replicas);
+  auto a = server.on_push(push(0, 0, 0.5f, {1.0f, 1.0f}), "w", replicas);
   REQUIRE(a);
   CHECK_FALSE(a->rejected);
   CHECK(a->version == 1);
   CHECK(a->chunk.data[0] == 0.5f);
   // Computed on version 0, arriving at version 1: staleness 1, rate 0.5 / 2.
-  auto b = server.on_push(push(0, 0, 0.5f, {1.0f, 2.0f}), replicas);
+  auto b = server.on_push(push(0, 0, 0.5f, {1.0f, 2.0f}), "w", replicas);
   REQUIRE(b);
   CHECK(b->staleness == 1);
   CHECK(server.values()[0] == 0.25f);
@@ -73,10 +77,10 @@ TEST_CASE("a primary damps a stale push by 1 + staleness and refuses one beyond 
   CHECK(replicas[1].first == "replica-a");
   CHECK(replicas[1].second.version == 2);
   CHECK(replicas[1].second.lr == 0.25f);
-  REQUIRE(server.on_push(push(0, 2, 0.0f, {0.0f, 0.0f}), replicas));  // version 3
+  REQUIRE(server.on_push(push(0, 2, 0.0f, {0.0f, 0.0f}), "w", replicas));  // version 3
   // Computed on version 0 at version 3: staleness 3 > 2, refused, counted, answered with the values.
   const std::vector<float> before(server.values().begin(), server.values().end());
-  auto c = server.on_push(push(0, 0, 0.5f, {9.0f, 9.0f}), replicas);
+  auto c = server.on_push(push(0, 0, 0.5f, {9.0f, 9.0f}), "w", replicas);
   REQUIRE(c);
   CHECK(c->rejected);
   CHECK(c->staleness == 3);
@@ -93,14 +97,14 @@ TEST_CASE("in updates mode a change counts at most fully, and outer_lr 0 follows
   // The primary: lr 3 from a fresh push would triple the change; max_lr 1 holds it to the change.
   ShardServer server({1, 0, 16, {"replica-a"}, 1.0f}, std::vector<float>{0.0f}, sgd(1));
   Outgoing<ShardUpdate> replicas;
-  REQUIRE(server.on_push(push(0, 0, 3.0f, {-1.0f}), replicas));
+  REQUIRE(server.on_push(push(0, 0, 3.0f, {-1.0f}), "w", replicas));
   CHECK(server.values()[0] == 1.0f);
   CHECK(replicas.back().second.lr == 1.0f);
-  REQUIRE(server.on_push(push(0, 0, 3.0f, {-1.0f}), replicas));  // staleness 1: 3 / 2, held to 1
+  REQUIRE(server.on_push(push(0, 0, 3.0f, {-1.0f}), "w", replicas));  // staleness 1: 3 / 2, held to 1
   CHECK(server.values()[0] == 2.0f);
-  REQUIRE(server.on_push(push(0, 0, 3.0f, {-1.0f}), replicas));  // staleness 2: 3 / 3
+  REQUIRE(server.on_push(push(0, 0, 3.0f, {-1.0f}), "w", replicas));  // staleness 2: 3 / 3
   CHECK(server.values()[0] == 3.0f);
-  REQUIRE(server.on_push(push(0, 0, 3.0f, {-1.0f}), replicas));  // staleness 3: 3 / 4
+  REQUIRE(server.on_push(push(0, 0, 3.0f, {-1.0f}), "w", replicas));  // staleness 3: 3 / 4
   CHECK(server.values()[0] == 3.75f);
   CHECK(replicas.back().second.lr == 0.75f);
 
@@ -113,7 +117,7 @@ TEST_CASE("in updates mode a change counts at most fully, and outer_lr 0 follows
   CHECK(out[0].second.lr == 1.0f);
   // Answered at staleness 9: the moving average goes 3 -> 3.6, and the next push asks 4.6 / 4.
   auto values = std::make_shared<const std::vector<float>>(std::vector<float>{5});
-  ShardState answer{1, 0, 10, false, 9, TensorChunk{10, 0, 0, 1, std::span<const float>(*values), values}};
+  ShardState answer{1, 0, 10, false, 9, TensorChunk{10, 0, 0, 1, std::span<const float>(*values), values}, 1};
   REQUIRE(worker.on_state(answer, params, out));
   CHECK(worker.recent_staleness() == Approx(3.6));
   out.clear();
@@ -123,6 +127,7 @@ TEST_CASE("in updates mode a change counts at most fully, and outer_lr 0 follows
   // A refusal's staleness says nothing about applied pushes: the average stays.
   answer.rejected = true;
   answer.staleness = 40;
+  answer.seq = 2;
   REQUIRE(worker.on_state(answer, params, out));
   CHECK(worker.recent_staleness() == Approx(3.6));
 }
@@ -131,7 +136,7 @@ TEST_CASE("a primary refuses what does not fit its shard and stays as it was", "
   ShardServer server({1, 4, 8, {}}, std::vector<float>(3, 1.0f), sgd(3));
   Outgoing<ShardUpdate> replicas;
   const auto fails = [&](ShardUpdate u, const std::string& says) {
-    auto r = server.on_push(u, replicas);
+    auto r = server.on_push(u, "w", replicas);
     REQUIRE_FALSE(r);
     CHECK_THAT(r.error(), Catch::Contains(says));
   };
@@ -158,7 +163,7 @@ TEST_CASE("a replica applies the primary's updates in version order, whatever or
   std::uniform_real_distribution<float> value(-1, 1);
   for (int i = 0; i < 20; ++i)
     REQUIRE(primary.on_push(push(0, primary.version() - static_cast<uint64_t>(i % 3 == 0 && i > 0), 0.1f,
-                                 {value(random), value(random), value(random)}),
+                                 {value(random), value(random), value(random)}), "w",
                             updates));
   std::shuffle(updates.begin(), updates.end(), random);
   for (const auto& [to, u] : updates) REQUIRE(replica.on_replicate(u));
@@ -186,7 +191,7 @@ TEST_CASE("a worker sums gradients for a shard whose window is full and pushes t
   CHECK_FALSE(worker.may_step());  // both shards have left 2 steps unanswered: max_lag_steps
   // Shard 0 answers at version 5: its values land in params, and the sum of batches 1 and 2 goes.
   auto values = std::make_shared<const std::vector<float>>(std::vector<float>{7, 8});
-  ShardState answer{1, 0, 5, false, 0, TensorChunk{5, 0, 0, 2, std::span<const float>(*values), values}};
+  ShardState answer{1, 0, 5, false, 0, TensorChunk{5, 0, 0, 2, std::span<const float>(*values), values}, 1};
   REQUIRE(worker.on_state(answer, params, out));
   CHECK(params == std::vector<float>{7, 8, 0, 0});
   REQUIRE(out.size() == 1);
@@ -196,9 +201,10 @@ TEST_CASE("a worker sums gradients for a shard whose window is full and pushes t
   CHECK_FALSE(worker.idle());
   // Shard 1 answers its first push, then the summed one that this answer let go; a third
   // answer has nothing in flight and changes nothing.
-  const ShardState from_shard1{1, 1, 2, false, 0, TensorChunk{2, 1, 0, 2, std::span<const float>(*values), values}};
+  ShardState from_shard1{1, 1, 2, false, 0, TensorChunk{2, 1, 0, 2, std::span<const float>(*values), values}, 1};
   REQUIRE(worker.on_state(from_shard1, params, out));
   CHECK(out.size() == 2);
+  from_shard1.seq = 2;
   REQUIRE(worker.on_state(from_shard1, params, out));
   CHECK(params == std::vector<float>{7, 8, 7, 8});
   auto extra = worker.on_state(from_shard1, params, out);
@@ -231,7 +237,7 @@ TEST_CASE("in updates mode a worker pushes minus its change every H steps and ke
   // plus the change of 2 it has not pushed, and that change goes out now, as taken on version 0
   // (the oldest of its steps was).
   auto values = std::make_shared<const std::vector<float>>(std::vector<float>{10, 20});
-  ShardState answer{1, 0, 3, false, 1, TensorChunk{3, 0, 0, 2, std::span<const float>(*values), values}};
+  ShardState answer{1, 0, 3, false, 1, TensorChunk{3, 0, 0, 2, std::span<const float>(*values), values}, 1};
   REQUIRE(worker.on_state(answer, params, out));
   CHECK(params == std::vector<float>{12, 22, 0, 0});
   REQUIRE(out.size() == 1);
@@ -244,6 +250,7 @@ TEST_CASE("in updates mode a worker pushes minus its change every H steps and ke
   worker.on_update(std::vector<float>{0.5f, 0.5f, 0, 0}, 2.0f, out);
   CHECK(out.empty());
   answer.version = 6;
+  answer.seq = 2;
   REQUIRE(worker.on_state(answer, params, out));
   CHECK(params == std::vector<float>{10.5f, 20.5f, 0, 0});
   CHECK(out.empty());
@@ -268,7 +275,7 @@ TEST_CASE("in updates mode a refused update goes out again, based on the answer'
   // The first is refused at version 40: none of this worker's changes is in those values, so the
   // worker holds them plus all three, and the refused change joins the waiting one.
   auto values = std::make_shared<const std::vector<float>>(std::vector<float>{100, 100});
-  ShardState refused{1, 0, 40, true, 40, TensorChunk{40, 0, 0, 2, std::span<const float>(*values), values}};
+  ShardState refused{1, 0, 40, true, 40, TensorChunk{40, 0, 0, 2, std::span<const float>(*values), values}, 1};
   REQUIRE(worker.on_state(refused, params, out));
   CHECK(worker.rejected() == 1);
   CHECK(params == std::vector<float>{107, 107});
@@ -280,7 +287,7 @@ TEST_CASE("in updates mode a refused update goes out again, based on the answer'
   out.clear();
   // The second push is applied at 41: the values hold it, not the one just sent.
   auto applied = std::make_shared<const std::vector<float>>(std::vector<float>{102, 102});
-  ShardState answer{1, 0, 41, false, 38, TensorChunk{41, 0, 0, 2, std::span<const float>(*applied), applied}};
+  ShardState answer{1, 0, 41, false, 38, TensorChunk{41, 0, 0, 2, std::span<const float>(*applied), applied}, 2};
   REQUIRE(worker.on_state(answer, params, out));
   CHECK(params == std::vector<float>{107, 107});
   CHECK(out.empty());
@@ -292,7 +299,7 @@ TEST_CASE("a refused push is recomputed for its shard only", "[elastic][async]")
   Outgoing<ShardUpdate> out;
   worker.on_gradient({7}, std::vector<float>{1, 1, 1, 1}, 0.1f, out);
   auto values = std::make_shared<const std::vector<float>>(std::vector<float>{3, 3});
-  ShardState refused{1, 1, 40, true, 40, TensorChunk{40, 1, 0, 2, std::span<const float>(*values), values}};
+  ShardState refused{1, 1, 40, true, 40, TensorChunk{40, 1, 0, 2, std::span<const float>(*values), values}, 1};
   REQUIRE(worker.on_state(refused, params, out));
   CHECK(worker.rejected() == 1);
   CHECK(params == std::vector<float>{0, 0, 3, 3});
@@ -312,61 +319,144 @@ namespace {
 /// W workers, each also hosting the shards placement gives it, minimising 0.5 |x - target|^2 from
 /// noisy gradients over a network that keeps each link in order and interleaves the rest. With
 /// local_steps > 0 (updates mode) each worker takes plain SGD steps itself and pushes its changes.
+/// Nodes can be killed: their messages are lost, each shard they held is taken over from its
+/// most advanced surviving holder (what part 1's state transfer does between nodes), and workers
+/// send what they keep to the new primaries. It does what the shard host and the trainer do with
+/// messages from the wrong node: a push or ack to a node that is not the shard's primary, a
+/// replication from one that is not, and an answer from one that is not, are dropped.
 struct AsyncCluster {
   uint32_t workers, shards, local_steps;
   size_t elements;
+  uint64_t max_staleness;
+  int replication;
   std::vector<float> target;
   Placement placement;
   std::vector<std::string> ids;
+  std::set<std::string> dead;
   std::map<std::pair<std::string, uint32_t>, ShardServer> servers;  // (holder, shard)
   std::vector<AsyncWorker> clients;
   std::vector<std::vector<float>> params;
   std::map<std::pair<std::string, std::string>, std::deque<tepdist::gossip::Body>> links;  // (from, to)
   std::mt19937_64 random{11};
+  // Per shard, the updates its primaries applied in version order as (worker, seq): every holder
+  // holds a prefix of it. And every update a holder said was durable: (shard, worker, seq).
+  std::vector<std::vector<std::pair<std::string, uint64_t>>> history;
+  std::set<std::tuple<uint32_t, std::string, uint64_t>> acknowledged;
 
-  AsyncCluster(uint32_t w, uint32_t s, size_t e, uint64_t max_staleness, uint32_t window, uint32_t local = 0)
-      : workers(w), shards(s), local_steps(local), elements(e), target(e) {
+  AsyncCluster(uint32_t w, uint32_t s, size_t e, uint64_t staleness, uint32_t window, uint32_t local = 0, int r = 2)
+      : workers(w), shards(s), local_steps(local), elements(e), max_staleness(staleness), replication(r), target(e),
+        history(s) {
     for (uint32_t i = 0; i < w; ++i) {
       std::string id = "w";  // not "w" + to_string: GCC 12 warns falsely (-Wrestrict) on that
       id += std::to_string(i);
       ids.push_back(id);
     }
-    placement = place_shards(s, ids, 2);
+    placement = place_shards(s, ids, r);
     std::uniform_real_distribution<float> value(-2, 2);
     for (auto& t : target) t = value(random);
     params.assign(w, std::vector<float>(e, 0.0f));
     for (uint32_t sh = 0; sh < s; ++sh) {
-      const auto r = shard_range(e, s, sh);
-      for (size_t k = 0; k < placement[sh].size(); ++k) {
-        std::vector<std::string> replicas;
-        if (k == 0) replicas.assign(placement[sh].begin() + 1, placement[sh].end());
-        servers.emplace(std::pair(placement[sh][k], sh),
-                        ShardServer({1, sh, max_staleness, replicas}, std::vector<float>(r.size(), 0.0f), sgd(r.size())));
-      }
+      const auto range = shard_range(e, s, sh);
+      ShardSnapshot start{0, std::vector<float>(range.size(), 0.0f), {}, 0, {}};
+      place(sh, start);
     }
     std::vector<std::string> primaries;
     for (uint32_t sh = 0; sh < s; ++sh) primaries.push_back(placement[sh][0]);
-    for (uint32_t i = 0; i < w; ++i) clients.emplace_back(AsyncWorker::Options{1, e, s, primaries, window, 8, local});
+    for (uint32_t i = 0; i < w; ++i)
+      clients.emplace_back(AsyncWorker::Options{1, e, s, primaries, window, 8, local, w, ids[i], 100 + i});
+  }
+
+  /// Shard sh's holders in the placement, all from `from`.
+  void place(uint32_t sh, const ShardSnapshot& from) {
+    const auto& holders = placement[sh];
+    for (size_t k = 0; k < holders.size(); ++k) {
+      std::vector<std::string> replicas;
+      if (k == 0) replicas.assign(holders.begin() + 1, holders.end());
+      auto server = ShardServer::restore({1, sh, max_staleness, replicas}, from, sgd(from.values.size()));
+      REQUIRE(server);
+      servers.insert_or_assign(std::pair(holders[k], sh), std::move(*server));
+    }
   }
 
   uint32_t index(const std::string& id) const { return static_cast<uint32_t>(std::stoul(id.substr(1))); }
 
+  void acknowledge(uint32_t sh, uint64_t durable) {
+    REQUIRE(durable <= history[sh].size());
+    for (uint64_t v = 0; v < durable; ++v) acknowledged.emplace(sh, history[sh][v].first, history[sh][v].second);
+  }
+
   void deliver(const std::string& from, const std::string& to, const tepdist::gossip::Body& body) {
     Outgoing<ShardUpdate> out;
     if (const auto* u = std::get_if<ShardUpdate>(&body)) {
-      auto& server = servers.at({to, u->shard});
+      const bool to_primary = placement[u->shard].front() == to;
+      const auto it = servers.find({to, u->shard});
+      if (it == servers.end()) return;  // not a holder any more
+      auto& server = it->second;
       if (u->kind == ShardUpdate::Kind::replicate) {
-        REQUIRE(server.on_replicate(*u));
+        if (placement[u->shard].front() != from) return;
+        auto through = server.on_replicate(*u);
+        REQUIRE(through);
+        links[{to, from}].push_back(ShardUpdate{1, u->shard, ShardUpdate::Kind::ack, *through, 0, {}});
+      } else if (u->kind == ShardUpdate::Kind::ack) {
+        if (!to_primary) return;
+        Outgoing<ShardState> notices;
+        REQUIRE(server.on_ack(from, u->version, notices));
+        acknowledge(u->shard, server.durable());
+        for (auto& [dest, m] : notices) links[{to, dest}].push_back(std::move(m));
       } else {
-        auto answer = server.on_push(*u, out);
+        if (!to_primary) return;
+        auto answer = server.on_push(*u, from, out);
         REQUIRE(answer);
+        if (!answer->rejected && !answer->duplicate) history[u->shard].emplace_back(u->origin, u->seq);
+        REQUIRE(history[u->shard].size() == server.version());
+        acknowledge(u->shard, answer->durable);
         links[{to, from}].push_back(*answer);
       }
     } else {
       const auto& st = std::get<ShardState>(body);
+      if (placement[st.shard].front() != from) return;
       REQUIRE(clients[index(to)].on_state(st, params[index(to)], out));
     }
     for (auto& [dest, m] : out) links[{to, dest}].push_back(std::move(m));
+  }
+
+  /// The nodes die at once: what they would have sent or received is lost; every shard is placed
+  /// anew over the survivors, from its most advanced surviving holder, and the workers send what
+  /// they keep to each shard's new primary.
+  void kill(const std::vector<std::string>& nodes) {
+    for (const auto& n : nodes) dead.insert(n);
+    for (auto it = links.begin(); it != links.end();)
+      it = dead.contains(it->first.first) || dead.contains(it->first.second) ? links.erase(it) : std::next(it);
+    std::vector<std::string> live;
+    for (const auto& id : ids)
+      if (!dead.contains(id)) live.push_back(id);
+    const auto before = placement;
+    placement = place_shards(shards, live, replication);
+    for (uint32_t sh = 0; sh < shards; ++sh) {
+      if (placement[sh] == before[sh]) continue;
+      // Replication under way between the old holders is over: the new ones start from one state
+      // (the shard host tells them apart by the generation).
+      for (auto& [key, q] : links)
+        std::erase_if(q, [&](const tepdist::gossip::Body& b) {
+          const auto* u = std::get_if<ShardUpdate>(&b);
+          return u && u->shard == sh && u->kind != ShardUpdate::Kind::push && u->kind != ShardUpdate::Kind::pull;
+        });
+      const ShardServer* source = nullptr;
+      for (const auto& h : before[sh])
+        if (!dead.contains(h) && (!source || servers.at({h, sh}).version() > source->version()))
+          source = &servers.at({h, sh});
+      REQUIRE(source);  // fewer than r of its holders died
+      const auto snapshot = source->snapshot();
+      history[sh].resize(snapshot.version);  // what no survivor holds is gone (it was never durable)
+      for (const auto& h : before[sh]) servers.erase({h, sh});
+      place(sh, snapshot);
+      if (placement[sh].front() == before[sh].front()) continue;
+      for (const auto& id : live) {
+        Outgoing<ShardUpdate> out;
+        clients[index(id)].retarget(sh, placement[sh].front(), out);
+        for (auto& [dest, m] : out) links[{id, dest}].push_back(std::move(m));
+      }
+    }
   }
 
   void step(uint32_t w, uint64_t batch) {
@@ -386,13 +476,18 @@ struct AsyncCluster {
     for (auto& [dest, m] : out) links[{ids[w], dest}].push_back(std::move(m));
   }
 
-  /// Every worker takes `steps` fresh steps; the network delivers until quiet.
-  void run(uint64_t steps) {
+  bool live(uint32_t w) const { return !dead.contains(ids[w]); }
+
+  /// Every live worker takes `steps` fresh steps; the network delivers until quiet. After
+  /// `kill_after` steps in all, `victims` die at once.
+  void run(uint64_t steps, uint64_t kill_after = 0, const std::vector<std::string>& victims = {}) {
     std::vector<uint64_t> done(workers, 0);
+    uint64_t taken = 0;
     for (;;) {
+      if (!victims.empty() && taken == kill_after && dead.empty()) kill(victims);
       std::vector<uint32_t> ready;
       for (uint32_t w = 0; w < workers; ++w)
-        if (clients[w].may_step() && done[w] < steps) ready.push_back(w);
+        if (live(w) && clients[w].may_step() && done[w] < steps) ready.push_back(w);
       std::vector<std::pair<std::string, std::string>> busy;
       for (const auto& [key, q] : links)
         if (!q.empty()) busy.push_back(key);
@@ -400,6 +495,7 @@ struct AsyncCluster {
       if (!ready.empty() && (busy.empty() || random() % 2 == 0)) {
         const uint32_t w = ready[random() % ready.size()];
         step(w, done[w]++);
+        ++taken;
         continue;
       }
       const auto key = busy[random() % busy.size()];
@@ -409,6 +505,7 @@ struct AsyncCluster {
     }
     // Updates mode: what is left goes out, and refused updates go again as they are answered.
     for (uint32_t w = 0; local_steps > 0 && w < workers; ++w) {
+      if (!live(w)) continue;
       Outgoing<ShardUpdate> out;
       clients[w].flush(out);
       for (auto& [dest, m] : out) links[{ids[w], dest}].push_back(std::move(m));
@@ -417,7 +514,7 @@ struct AsyncCluster {
     for (bool again = true; again;) {
       again = false;
       for (uint32_t w = 0; w < workers; ++w)
-        while (!clients[w].idle()) {
+        while (live(w) && !clients[w].idle()) {
           again = true;
           if (auto r = clients[w].take_redo()) {
             Outgoing<ShardUpdate> out;
@@ -429,7 +526,7 @@ struct AsyncCluster {
           drain();
         }
     }
-    drain();  // the last replications
+    drain();  // the last replications and acks
   }
 
   void drain() {
@@ -443,6 +540,32 @@ struct AsyncCluster {
           deliver(key.first, key.second, body);
         }
     }
+  }
+
+  /// Every shard's holders agree bit for bit, no update was applied twice, every update ever
+  /// acknowledged as durable is held, and every live worker has nothing left to send or keep.
+  void check_holders_and_ledger() {
+    for (uint32_t s = 0; s < shards; ++s) {
+      const auto& holders = placement[s];
+      const auto& primary = servers.at({holders[0], s});
+      CHECK(primary.durable() == primary.version());
+      for (size_t k = 1; k < holders.size(); ++k) {
+        const auto& replica = servers.at({holders[k], s});
+        CHECK(replica.version() == primary.version());
+        CHECK(std::equal(replica.values().begin(), replica.values().end(), primary.values().begin()));
+      }
+      std::set<std::pair<std::string, uint64_t>> once(history[s].begin(), history[s].end());
+      CHECK(once.size() == history[s].size());
+    }
+    for (const auto& [s, worker, seq] : acknowledged) {
+      CAPTURE(s, worker, seq);
+      CHECK(std::count(history[s].begin(), history[s].end(), std::pair(worker, seq)) == 1);
+    }
+    for (uint32_t w = 0; w < workers; ++w)
+      if (live(w)) {
+        CHECK(clients[w].idle());
+        CHECK(clients[w].durable());
+      }
   }
 };
 
@@ -470,14 +593,9 @@ TEST_CASE("async workers over interleaved links converge, and replicas match the
       CHECK(error < 0.2f);
       error_sum += error;
     }
-    for (size_t k = 1; k < holders.size(); ++k) {
-      const auto& replica = cluster.servers.at({holders[k], s});
-      CHECK(replica.version() == primary.version());
-      CHECK(std::equal(replica.values().begin(), replica.values().end(), primary.values().begin()));
-    }
   }
+  cluster.check_holders_and_ledger();
   for (const auto& c : cluster.clients) {
-    CHECK(c.idle());
     pushes += c.pushes();
     refused += c.rejected();
   }
@@ -487,4 +605,157 @@ TEST_CASE("async workers over interleaved links converge, and replicas match the
   // Windows of 3 from 4 workers make pushes staler than 6: some are refused and recomputed (or,
   // in updates mode, sent again).
   if (window == 3 && local_steps <= 1) CHECK(rejected > 0);
+}
+
+TEST_CASE("async workers lose no acknowledged update and apply none twice when up to r - 1 holders die at once",
+          "[elastic][async]") {
+  const uint32_t local_steps = GENERATE(0u, 3u);
+  const int replication = GENERATE(2, 3);
+  CAPTURE(local_steps, replication);
+  AsyncCluster cluster(4, 6, 60, 6, 2, local_steps, replication);
+  std::vector<std::string> victims{"w1"};
+  if (replication == 3) victims.push_back("w2");
+  cluster.run(200, 300, victims);
+  REQUIRE(cluster.dead.size() == victims.size());
+  double error_sum = 0;
+  for (uint32_t s = 0; s < cluster.shards; ++s) {
+    CHECK(cluster.placement[s].size() == std::min<size_t>(replication, 4 - victims.size()));
+    const auto& primary = cluster.servers.at({cluster.placement[s][0], s});
+    const auto r = shard_range(cluster.elements, cluster.shards, s);
+    for (size_t i = 0; i < r.size(); ++i) error_sum += std::abs(primary.values()[i] - cluster.target[r.begin + i]);
+  }
+  CHECK(error_sum / static_cast<double>(cluster.elements) < 0.04);
+  CHECK(cluster.acknowledged.size() > 100);
+  uint64_t duplicates = 0;
+  for (const auto& [key, server] : cluster.servers) duplicates += server.duplicates();
+  CAPTURE(duplicates);
+  CHECK(duplicates > 0);  // updates were sent again to a holder that had them
+  cluster.check_holders_and_ledger();
+}
+
+TEST_CASE("a push is durable once every replica has applied it, and the worker keeps it until then",
+          "[elastic][async]") {
+  ShardServer primary({1, 0, 16, {"r1", "r2"}}, std::vector<float>{0, 0}, sgd(2));
+  ShardServer r1({1, 0, 16, {}}, std::vector<float>{0, 0}, sgd(2)), r2 = std::move(*ShardServer::restore(
+                                                                         {1, 0, 16, {}}, r1.snapshot(), sgd(2)));
+  AsyncWorker worker({1, 2, 1, {"p"}, 4, 16, 0, 1, "w", 7, 2});
+  std::vector<float> params(2, 0.0f);
+  Outgoing<ShardUpdate> out, replicas;
+  Outgoing<ShardState> notices;
+  worker.on_gradient({0}, std::vector<float>{1, 1}, 0.1f, out);
+  worker.on_gradient({1}, std::vector<float>{1, 1}, 0.1f, out);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].second.origin == "w");
+  CHECK(out[0].second.boot == 7);
+  CHECK(out[1].second.seq == out[0].second.seq + 1);
+  for (const auto& [to, push] : out) {
+    auto answer = primary.on_push(push, "w-address", replicas);
+    REQUIRE(answer);
+    CHECK(answer->durable == 0);  // answered at once, before any replica has it
+    Outgoing<ShardUpdate> more;
+    REQUIRE(worker.on_state(*answer, params, more));
+  }
+  CHECK(worker.idle());
+  CHECK_FALSE(worker.durable());
+  CHECK(worker.kept(0) == 2);
+  CHECK_FALSE(worker.may_step());  // two answered updates wait for durability: max_undurable
+  REQUIRE(replicas.size() == 4);
+  for (const auto& [to, u] : replicas) {
+    CHECK(u.origin == "w");
+    auto& replica = to == "r1" ? r1 : r2;
+    REQUIRE(replica.on_replicate(u));
+  }
+  // r1 acks both; r2 only the first so far: the first is durable, and its worker hears it once.
+  REQUIRE(primary.on_ack("r1", 2, notices));
+  CHECK(notices.empty());
+  REQUIRE(primary.on_ack("r2", 1, notices));
+  REQUIRE(notices.size() == 1);
+  CHECK(notices[0].first == "w-address");
+  CHECK(notices[0].second.kind == ShardState::Kind::durable);
+  CHECK(notices[0].second.durable == 1);
+  REQUIRE(worker.on_state(notices[0].second, params, out));
+  CHECK(worker.kept(0) == 1);
+  CHECK(worker.may_step());
+  notices.clear();
+  REQUIRE(primary.on_ack("r2", 2, notices));
+  REQUIRE(notices.size() == 1);
+  REQUIRE(worker.on_state(notices[0].second, params, out));
+  CHECK(worker.durable());
+  CHECK(r1.marks().at("w") == UpdateMark{7, 2});
+  CHECK(r2.marks() == primary.marks());
+  // Acks that do not fit are refused.
+  CHECK_THAT(primary.on_ack("r3", 1, notices).error(), Catch::Contains("not a replica"));
+  CHECK_THAT(primary.on_ack("r1", 9, notices).error(), Catch::Contains("an ack of version 9"));
+}
+
+TEST_CASE("after its primary dies a shard continues from a replica: sent again, every update counts once",
+          "[elastic][async]") {
+  // Three holders. The worker pushes u1, u2, u3; the primary applies all three; r1 gets u1 and
+  // u2, r2 only u1, and only u1 is acknowledged as durable. Then the primary dies (u3 was only
+  // there), or the primary and r1 together (u2 and u3 were only there).
+  const bool r1_dies_too = GENERATE(false, true);
+  CAPTURE(r1_dies_too);
+  const std::vector<float> initial{0.5f, -1.0f};
+  ShardServer primary({1, 0, 16, {"r1", "r2"}}, initial, sgd(2, 0.9f));
+  ShardServer r1({1, 0, 16, {}}, initial, sgd(2, 0.9f)), r2({1, 0, 16, {}}, initial, sgd(2, 0.9f));
+  ShardServer reference({1, 0, 16, {}}, initial, sgd(2, 0.9f));  // one primary that never dies
+  AsyncWorker worker({1, 2, 1, {"p"}, 3, 16, 0, 1, "w", 7});
+  std::vector<float> params(2, 0.0f);
+  Outgoing<ShardUpdate> pushes, replicas, ignored;
+  Outgoing<ShardState> notices;
+  for (uint64_t b = 0; b < 3; ++b) worker.on_gradient({b}, std::vector<float>{1.0f + b, -2.0f}, 0.1f, pushes);
+  REQUIRE(pushes.size() == 3);
+  for (const auto& [to, push] : pushes) {
+    REQUIRE(reference.on_push(push, "w", ignored));
+    auto answer = primary.on_push(push, "w", replicas);
+    REQUIRE(answer);
+    REQUIRE(worker.on_state(*answer, params, ignored));
+  }
+  REQUIRE(replicas.size() == 6);  // (r1, r2) for each of u1, u2, u3
+  REQUIRE(r1.on_replicate(replicas[0].second));
+  REQUIRE(r2.on_replicate(replicas[1].second));
+  REQUIRE(r1.on_replicate(replicas[2].second));
+  REQUIRE(primary.on_ack("r1", 2, notices));
+  REQUIRE(primary.on_ack("r2", 1, notices));
+  REQUIRE(notices.size() == 1);
+  REQUIRE(worker.on_state(notices[0].second, params, ignored));
+  CHECK(worker.kept(0) == 2);  // u2 and u3 are not durable
+
+  // The survivors' most advanced holder is the source of the new placement (r2 alone, or r1 as
+  // primary with r2 as its replica, both from r1's state).
+  const auto& source = r1_dies_too ? r2 : r1;
+  CHECK(source.version() == (r1_dies_too ? 1u : 2u));
+  auto next = ShardServer::restore({1, 0, 16, {}}, source.snapshot(), sgd(2, 0.9f));
+  REQUIRE(next);
+  Outgoing<ShardUpdate> resent;
+  worker.retarget(0, "new-primary", resent);
+  REQUIRE(resent.size() == 2);
+  CHECK(resent[0].first == "new-primary");
+  CHECK(resent[0].second.resend);
+  uint64_t duplicates = 0;
+  for (const auto& [to, push] : resent) {
+    auto answer = next->on_push(push, "w", ignored);
+    REQUIRE(answer);
+    duplicates += answer->duplicate;
+    REQUIRE(worker.on_state(*answer, params, ignored));
+  }
+  CHECK(duplicates == (r1_dies_too ? 0u : 1u));  // u2 was on r1
+  CHECK(next->version() == 3);
+  CHECK(next->duplicates() == duplicates);
+  // Applied once each, in the same order at the same staleness: bit for bit the reference.
+  CHECK(std::equal(next->values().begin(), next->values().end(), reference.values().begin()));
+  CHECK(worker.durable());  // no replica: durable as applied
+  CHECK(params == std::vector<float>(next->values().begin(), next->values().end()));
+}
+
+TEST_CASE("a shard's snapshot restores only into an optimiser of its shape", "[elastic][async]") {
+  ShardServer adam_like({1, 3, 16, {}}, std::vector<float>{1, 2, 3}, sgd(3, 0.9f));
+  auto plain = ShardServer::restore({1, 3, 16, {}}, adam_like.snapshot(), sgd(3));
+  REQUIRE_FALSE(plain);
+  CHECK_THAT(plain.error(), Catch::Contains("optimiser buffers"));
+  auto snapshot = adam_like.snapshot();
+  snapshot.optimizer[0].pop_back();
+  auto short_buffer = ShardServer::restore({1, 3, 16, {}}, snapshot, sgd(3, 0.9f));
+  REQUIRE_FALSE(short_buffer);
+  CHECK_THAT(short_buffer.error(), Catch::Contains("has 2 values, not 3"));
 }

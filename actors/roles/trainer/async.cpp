@@ -195,10 +195,10 @@ class AsyncDriver final : public Driver {
     pull_missing(self, j);
   }
 
-  /// Every fresh batch done; once every push is answered (and refused ones redone), this worker is
-  /// finished. Rank 0 then waits for the others; the others keep serving their shards.
+  /// Every fresh batch done; once every push is answered (and refused ones redone) and every
+  /// update is durable (on every holder of its shard), this worker is finished. Rank 0 then waits for the others; the others keep serving their shards.
   void finish(Trainer* self, Job& j) {
-    if (!worker_->idle() || serving_ || finished_.contains(self_id_)) return;
+    if (!worker_->idle() || !worker_->durable() || serving_ || finished_.contains(self_id_)) return;
     node_events().info("async_finished job={} rank={} steps={} pushes={} stale_rejected={}", j.start.job_id, j.rank,
                        j.step, worker_->pushes(), worker_->rejected());
     if (j.rank == 0) {
@@ -216,7 +216,7 @@ class AsyncDriver final : public Driver {
       node_events().warn("shard_state_refused from={} shard={} reason=\"not the shard's primary\"", peer, st.shard);
       return;
     }
-    if (assembling_) {
+    if (assembling_ && st.kind == gossip::ShardState::Kind::values) {
       const auto range = elastic::shard_range(j.elements(), static_cast<uint32_t>(placement_.size()), st.shard);
       if (assembled_[st.shard]) return;  // a pull repeated while the first answer travelled
       if (st.chunk.offset != 0 || st.chunk.data.size() != range.size()) {
@@ -246,7 +246,7 @@ class AsyncDriver final : public Driver {
       self->send(self, step_atom::value);
     }
     if (j.step >= j.total_steps) {
-      if (worker_->idle()) finish(self, j);
+      if (worker_->idle()) finish(self, j);  // or, once every update is durable, on the last notice
       else if (!blocked_) self->send(self, step_atom::value);  // refused batches to redo
     }
   }
@@ -282,7 +282,8 @@ std::expected<void, std::string> AsyncDriver::setup(Trainer* self, Job& j) {
   worker_.emplace(elastic::AsyncWorker::Options{j.start.job_id, j.elements(), shards, primaries,
                                                 static_cast<uint32_t>(e.push_window),
                                                 static_cast<uint64_t>(std::max<int64_t>(1, j.config.job.max_staleness)),
-                                                static_cast<uint32_t>(e.local_steps), j.world});
+                                                static_cast<uint32_t>(e.local_steps), j.world, o.self_id,
+                                                o.boot_id});
   auto init = std::make_shared<ShardHostInit>();
   init->transport = o.transport;
   init->cluster_id = o.cluster_id;
