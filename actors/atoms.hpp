@@ -22,5 +22,8 @@ using drain_atom = caf::atom_constant<caf::atom("drain")>;  ///< (drain_atom) ->
 using boot_atom = caf::atom_constant<caf::atom("boot")>;  ///< (boot_atom, boot id): a role lost its state; the node announces a new run
 using hang_atom = caf::atom_constant<caf::atom("hang")>;  ///< (hang_atom): fault injection, the trainer blocks its thread a while
 using status_atom = caf::atom_constant<caf::atom("status")>;  ///< (status_atom, optional JobStatus): for status answers
+using place_atom = caf::atom_constant<caf::atom("place")>;  ///< (place_atom, plan): an async generation's shards, to the shard host
+using refetch_atom = caf::atom_constant<caf::atom("refetch")>;  ///< (refetch_atom, generation): the shard host asks again for shards it still fetches
+using shardlost_atom = caf::atom_constant<caf::atom("shardlost")>;  ///< (shardlost_atom, why): the shard host cannot get a shard
 
 }  // namespace tepdist::actors

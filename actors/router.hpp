@@ -39,7 +39,7 @@ struct RouterState {
   std::function<void(const std::string& asker)> on_leave_request;
   bool leave_requested = false;
   caf::actor job;     ///< the trainer or submitter: job frames and views go there
-  caf::actor shards;  ///< the async job's shard host: ShardUpdate frames go there
+  caf::actor shards;  ///< the async job's shard host: ShardUpdate and ShardTransfer frames go there
   std::vector<gossip::ShardHolders> placement;  ///< that job's shards, for status answers
   std::optional<gossip::JobStatus> job_status;  ///< the trainer's job as it last told, for status answers
   /// ShardUpdate frames that came while no host was registered, for the next one.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Elastic training under chaos, against fault-free runs, on this machine: `tepdist run` of four
-# local nodes training LeNet on Fashion-MNIST, in sync and in gossip mode. During the chaos run a
+# local nodes training LeNet on Fashion-MNIST, in each mode of MODES (default "sync gossip async";
+# async with its default replication 2). During the chaos run a
 # fault comes every FAULT_GAP seconds, drawn from the seed: kill -9 of a launcher's node (the
 # launcher restarts it), SIGSTOP for 3 s then SIGCONT, a join of a new node, a graceful leave
 # (SIGTERM: a drain) of a node this script added, a crash of a node's trainer role (SIGUSR2: its
@@ -21,7 +22,8 @@
 #                     1.5 x step_timeout_s)
 #   unexplained       deaths of members no fault touched (must be 0)
 #
-#   bench/chaos.sh [BUILD_DIR] [SEEDS] [EPOCHS]        (defaults: build 3 3; FAULT_GAP=4, CHAOS_HANG=0)
+#   bench/chaos.sh [BUILD_DIR] [SEEDS] [EPOCHS]        (defaults: build 3 3; FAULT_GAP=4, CHAOS_HANG=0,
+#                                                      MODES="sync gossip async")
 #
 # Figures depend on the machine; the script prints what it ran on. It is a benchmark, not a test.
 set -uo pipefail
@@ -124,7 +126,8 @@ run() {
 }
 
 echo "chaos: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $epochs epochs, faults every ${gap} s, $seeds seeds"
-for mode in sync gossip; do
+read -r -a modes <<< "${MODES:-sync gossip async}"
+for mode in "${modes[@]}"; do
   for ((s = 1; s <= seeds; s++)); do
     run "$mode" 4 "$dir/$mode-$s-free4"
     run "$mode" 3 "$dir/$mode-$s-free3"
@@ -133,10 +136,10 @@ for mode in sync gossip; do
   done
 done
 
-python3 - "$dir" "$seeds" <<'EOF'
+python3 - "$dir" "$seeds" "${modes[@]}" <<'EOF'
 import glob, json, os, re, statistics, sys
 from datetime import datetime
-root, seeds = sys.argv[1], int(sys.argv[2])
+root, seeds, modes = sys.argv[1], int(sys.argv[2]), sys.argv[3:]
 
 def stamp(line):  # node logs: "2026-11-30T17:37:02.562 ..." in local time
     return datetime.strptime(line[:23], "%Y-%m-%dT%H:%M:%S.%f").timestamp()
@@ -149,7 +152,7 @@ def med(v):
     return statistics.median(v) if v else float("nan")
 
 rows = []
-for mode in ("sync", "gossip"):
+for mode in modes:
     done = 0
     accs_c, accs_f, goods4, goods3, kills, joins, hangs, unexplained, faults = [], [], [], [], [], [], [], 0, 0
     for s in range(1, seeds + 1):

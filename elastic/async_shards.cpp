@@ -48,9 +48,11 @@ std::expected<ShardServer, std::string> ShardServer::restore(Options options, Sh
   }
   optimizer->set_steps(snapshot.optimizer_steps);
   ShardServer server(std::move(options), std::move(snapshot.values), std::move(optimizer));
-  server.version_ = server.durable_ = snapshot.version;
+  server.version_ = snapshot.version;
+  // A primary's new replicas hold nothing until they have fetched the snapshot and acked it:
+  // until then nothing is durable that was not before.
+  server.durable_ = server.o_.replicas.empty() ? snapshot.version : 0;
   server.marks_ = std::move(snapshot.marks);
-  for (auto& [replica, acked] : server.acked_) acked = snapshot.version;
   return server;
 }
 
@@ -248,8 +250,9 @@ void AsyncWorker::flush(Outgoing<gossip::ShardUpdate>& out) {
 
 gossip::ShardUpdate AsyncWorker::push_of(uint32_t s, const Sent& u) const {
   gossip::TensorChunk chunk{u.base, s, 0, u.sum->size(), std::span<const float>(*u.sum), u.sum};
-  return gossip::ShardUpdate{o_.job_id, s,        gossip::ShardUpdate::Kind::push, u.base, u.lr, std::move(chunk),
-                             o_.origin, o_.boot, u.seq, shards_[s].retargeted};
+  return gossip::ShardUpdate{o_.job_id, s,        gossip::ShardUpdate::Kind::push, u.base,      u.lr, std::move(chunk),
+                             o_.origin, o_.boot, u.seq,                           shards_[s].retargeted, generation_,
+                             u.consumed};
 }
 
 void AsyncWorker::try_push(uint32_t s, Outgoing<gossip::ShardUpdate>& out) {
@@ -262,6 +265,7 @@ void AsyncWorker::try_push(uint32_t s, Outgoing<gossip::ShardUpdate>& out) {
   // Kept until durable: the buffer the message sends, and what a resend sends again.
   Sent u{++sh.seq, sh.pending_base, lr, std::make_shared<const std::vector<float>>(sh.pending),
          std::move(sh.pending_batches)};
+  u.consumed = cursor_;
   sh.pending_batches.clear();
   out.emplace_back(o_.primaries[s], push_of(s, u));
   sh.sent.push_back(std::move(u));
@@ -295,6 +299,9 @@ std::expected<void, std::string> AsyncWorker::on_state(const gossip::ShardState&
   if (!all_finite(st.chunk.data)) return std::unexpected(std::string("values that are not finite"));
   std::copy(st.chunk.data.begin(), st.chunk.data.end(), params.begin() + static_cast<ptrdiff_t>(sh.range.begin));
   sh.version = st.version;
+  // The first answer of a new primary: its versions go on from the holder it took over, which
+  // may be behind the old primary; what waits to be pushed counts as computed on them at most.
+  if (sh.retargeted) sh.pending_base = std::min(sh.pending_base, st.version);
   sh.retargeted = false;
   sh.unanswered_steps = 0;
   if (!st.rejected && !st.duplicate) recent_staleness_ = 0.9 * recent_staleness_ + 0.1 * static_cast<double>(st.staleness);
@@ -341,6 +348,7 @@ void AsyncWorker::retarget(uint32_t shard, const std::string& primary, Outgoing<
   sh.unanswered_steps = 0;
   for (auto& u : sh.sent) {
     u.answered = false;
+    u.consumed = 0;  // a cursor in the old generation's list means nothing in the new one's
     out.emplace_back(primary, push_of(shard, u));
   }
 }

@@ -128,7 +128,9 @@ class ShardServer {
   /// `values`: the shard's initial values; `optimizer`: sized for them.
   ShardServer(Options options, std::vector<float> values, std::unique_ptr<compute::Optimizer> optimizer);
   /// A holder of a shard others held: from their snapshot (`optimizer` sized for its values, its
-  /// state taken from the snapshot). Every replica is taken to hold the snapshot's version.
+  /// state taken from the snapshot). A primary's replicas count as holding nothing until they
+  /// ack (after fetching the snapshot): its durable version starts at 0 (without replicas: at
+  /// the snapshot's).
   static std::expected<ShardServer, std::string> restore(Options options, ShardSnapshot snapshot,
                                                          std::unique_ptr<compute::Optimizer> optimizer);
 
@@ -231,6 +233,11 @@ class AsyncWorker {
   /// still keeps (in flight, or answered but not durable) goes to the new primary, with its
   /// sequence number, so the new primary applies those it does not hold and no other.
   void retarget(uint32_t shard, const std::string& primary, Outgoing<gossip::ShardUpdate>& out);
+  /// The job's generation this worker is in: every push (a resend too) is tagged with it.
+  void set_generation(uint64_t generation) { generation_ = generation; }
+  /// This worker's cursor in its positions, carried by the next pushes (the positions their
+  /// steps consumed, counted as consumed should this worker die).
+  void set_cursor(uint64_t consumed) { cursor_ = consumed; }
 
   /// Every gradient applied or refused and recomputed: nothing pending, in flight or to redo.
   bool idle() const;
@@ -255,6 +262,7 @@ class AsyncWorker {
     std::vector<uint64_t> batches;                  // the batches (or local steps) it covers
     bool answered = false;
     uint64_t version = 0;  // answered: a version of the shard that holds it
+    uint64_t consumed = 0;  // the worker's cursor when it was sent
   };
   struct Shard {
     ShardRange range;
@@ -282,6 +290,7 @@ class AsyncWorker {
   uint64_t local_step_ = 0;
   bool flushing_ = false;
   double recent_staleness_ = 0;
+  uint64_t generation_ = 0, cursor_ = 0;
 };
 
 }  // namespace tepdist::elastic

@@ -92,6 +92,7 @@ GenerationVote JobControl::ack_of(uint64_t number, const Local& mine) const {
   v.has_state = mine.has_state;
   v.boot_id = o_.boot_id;
   v.cursors = mine.cursors;
+  v.held_shards = mine.held_shards;
   return v;
 }
 
@@ -367,6 +368,8 @@ void JobControl::try_install(Output& out) {
   next.coordinator_boot_id = o_.boot_id;
   next.resume = resume;
   next.previous_world = static_cast<uint32_t>(record_.workers.size());
+  next.previous_workers = record_.workers;
+  next.previous_boot_ids = record_.worker_boot_ids;
   next.donors.clear();
   for (const auto& id : counted)
     if (p.acks.at(id).progress == resume) next.donors.push_back(id);
@@ -388,6 +391,20 @@ void JobControl::try_install(Output& out) {
     }
     next.spans.clear();
     for (const auto& list : resplit(rests, next.workers.size())) next.spans.push_back(triples_of(list));
+  }
+  if (record_.shards > 0) {
+    // Async: each shard's holders take the state of the acker holding its highest version (a
+    // holder still fetching it reports nothing); none: the shard is lost, and the driver says so.
+    next.shard_sources.assign(record_.shards, std::string());
+    std::vector<uint64_t> best(record_.shards, 0);
+    for (const auto& [acker, ack] : p.acks) {
+      if (ack.base != record_.generation) continue;
+      for (const auto& [shard, version] : ack.held_shards)
+        if (shard < record_.shards && (next.shard_sources[shard].empty() || version > best[shard])) {
+          next.shard_sources[shard] = acker;
+          best[shard] = version;
+        }
+    }
   }
   proposal_.reset();
   for (size_t i = 0; i < next.workers.size(); ++i)

@@ -94,6 +94,7 @@ class JobControl {
     gossip::JobProgress progress;  ///< gossip: position is the cursor in this worker's list of spans
     bool has_state = false;
     std::vector<std::pair<std::string, uint64_t>> cursors = {};  ///< gossip: others', from mixings
+    std::vector<std::pair<uint32_t, uint64_t>> held_shards = {};  ///< async: (shard, version) held here
   };
   struct Output {
     std::vector<std::pair<std::string, gossip::Body>> sends;  ///< (address, body)

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <fmt/format.h>
 #include "base/check.hpp"
 
 namespace tepdist::elastic {
@@ -61,6 +62,22 @@ Placement place_shards(uint32_t shards, std::span<const std::string> members_in,
     if (holders.size() > r) holders.pop_back();
   }
   return p;
+}
+
+ShardPlan plan_shards(const gossip::JobStart& record, uint32_t shards, int replicas) {
+  ShardPlan plan{place_shards(shards, record.workers, replicas), std::vector<std::string>(shards), {}};
+  if (record.previous_workers.empty()) return plan;  // the first generation
+  const auto before = place_shards(shards, record.previous_workers, replicas);
+  for (uint32_t s = 0; s < shards; ++s) {
+    if (s < record.shard_sources.size() && !record.shard_sources[s].empty()) {
+      plan.sources[s] = record.shard_sources[s];
+      continue;
+    }
+    std::string held;
+    for (const auto& h : before[s]) held += (held.empty() ? "" : ", ") + h;
+    plan.lost.push_back(fmt::format("shard {} (held by {})", s, held));
+  }
+  return plan;
 }
 
 }  // namespace tepdist::elastic

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "gossip/wire/messages.hpp"
+
 namespace tepdist::elastic {
 
 /// The hash rendezvous ranks by; stable across builds and machines.
@@ -23,5 +25,27 @@ uint64_t rendezvous_weight(uint32_t shard, const std::string& member);
 using Placement = std::vector<std::vector<std::string>>;
 
 Placement place_shards(uint32_t shards, std::span<const std::string> members, int replicas);
+
+/// Where an async job's shards go when a generation is installed, and where their state comes
+/// from. Every generation places the shards afresh over its workers; every holder of the new
+/// placement takes the shard's state from one source, named by the record (shard_sources: job
+/// control picks the acker that reported the highest version of the shard; a holder still
+/// fetching it reports nothing), so all holders start a generation from one state and any move of
+/// a primary (the every-member-a-primary adjustment included) is a transfer of state. Any holder
+/// that survives holds every update acknowledged as durable (it holds a prefix of its primary's
+/// updates, and durable means on every holder); what it lacks was never acknowledged, and
+/// workers send it again (AsyncWorker::retarget).
+struct ShardPlan {
+  Placement placement;
+  /// Per shard: the member whose state the holders take; empty in the first generation, where
+  /// every holder starts from the job's initial parameters.
+  std::vector<std::string> sources;
+  /// Shards none of whose holders survived, each with why ("shard 3 (held by a, b)").
+  std::vector<std::string> lost;
+};
+
+/// The plan for `record`'s generation: its workers, its shard sources, and (to name the holders
+/// of a lost shard) the generation before's workers.
+ShardPlan plan_shards(const gossip::JobStart& record, uint32_t shards, int replicas);
 
 }  // namespace tepdist::elastic

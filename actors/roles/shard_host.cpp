@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <chrono>
+#include <cmath>
 
 #include "actors/atoms.hpp"
 #include "actors/router.hpp"
@@ -12,10 +14,31 @@
 namespace tepdist::actors {
 namespace {
 
+using gossip::ShardTransfer;
 using gossip::ShardUpdate;
 
 struct Host {
+  caf::event_based_actor* self = nullptr;
   std::shared_ptr<ShardHostInit> init;
+  std::shared_ptr<const ShardHostPlan> plan;  // the installed generation's; null before the first
+  uint64_t generation = 0;
+
+  struct Held {
+    std::unique_ptr<elastic::ShardServer> server;  // null while its state is fetched
+    bool primary = false;
+    bool holder = false;  // of this generation (else only kept as its source)
+  };
+  std::map<uint32_t, Held> shards;
+  bool ready = false;  // every shard held in this generation has its state (logged once)
+  // Messages this node cannot take yet: for a shard being fetched, or of a generation it has not
+  // installed. Bounded; taken again at each install and each transfer.
+  struct Waiting {
+    std::string peer;
+    gossip::Message message;
+  };
+  std::vector<Waiting> waiting;
+  size_t waiting_bytes = 0;
+  static constexpr size_t waiting_limit = 256u << 20;
 
   void send(const std::string& address, gossip::Body body) const {
     gossip::Message m{init->self_id, init->incarnation, init->cluster_id, std::move(body)};
@@ -27,66 +50,291 @@ struct Host {
       node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
   }
 
-  /// The address of a worker of the job, or empty when the peer is not one.
+  /// The address of a worker of the installed generation, or empty when the peer is not one.
   std::string worker_address(const std::string& peer) const {
-    const auto it = std::find(init->workers.begin(), init->workers.end(), peer);
-    return it == init->workers.end() ? std::string() : init->addresses[static_cast<size_t>(it - init->workers.begin())];
+    if (!plan) return {};
+    const auto it = std::find(plan->workers.begin(), plan->workers.end(), peer);
+    return it == plan->workers.end() ? std::string() : plan->addresses[static_cast<size_t>(it - plan->workers.begin())];
   }
 
-  void refuse(const std::string& peer, const ShardUpdate& u, const std::string& why) const {
+  template <class M>
+  void refuse(const std::string& peer, const M& u, const std::string& why) const {
     node_events().warn("shard_update_refused job={} from={} shard={} reason=\"{}\"", u.job_id, peer, u.shard, why);
   }
 
-  void on_update(const std::string& peer, const ShardUpdate& u) {
-    if (u.job_id != init->job_id) return refuse(peer, u, fmt::format("not job {}", init->job_id));
-    const auto it = init->shards.find(u.shard);
-    if (it == init->shards.end()) return refuse(peer, u, "this node holds no such shard");
-    auto& server = *it->second;
-    const bool primary = init->placement[u.shard].front() == init->self_id;
+  void wait(const std::string& peer, gossip::Message m, size_t bytes) {
+    if (waiting_bytes + bytes > waiting_limit) {
+      node_events().warn("message_dropped from={} kind={} reason=\"the shard host already holds {} MiB for later\"",
+                         peer, gossip::kind_name(m.body), waiting_bytes >> 20);
+      return;
+    }
+    waiting_bytes += bytes;
+    waiting.push_back({peer, std::move(m)});
+  }
+
+  /// What waited: taken again (what still cannot be taken waits again).
+  void retry_waiting() {
+    std::vector<Waiting> again;
+    again.swap(waiting);
+    waiting_bytes = 0;
+    for (auto& w : again) on_message(w.peer, std::move(w.message));
+  }
+
+  elastic::ShardServer::Options options(uint32_t s) const {
+    elastic::ShardServer::Options o{init->job_id, s, init->max_staleness, {}, init->max_lr};
+    const auto& holders = plan->plan.placement[s];
+    if (!holders.empty() && holders.front() == init->self_id)
+      for (auto r = holders.begin() + 1; r != holders.end(); ++r) o.replicas.push_back(worker_address(*r));
+    return o;
+  }
+
+  std::expected<std::unique_ptr<elastic::ShardServer>, std::string> restore(uint32_t s, elastic::ShardSnapshot snap) {
+    auto optimizer = init->optimizer(snap.values.size());
+    if (!optimizer) return std::unexpected(optimizer.error());
+    auto server = elastic::ShardServer::restore(options(s), std::move(snap), std::move(*optimizer));
+    if (!server) return std::unexpected(server.error());
+    return std::make_unique<elastic::ShardServer>(std::move(*server));
+  }
+
+  /// Once every shard held in this generation has its state: said once (tests and operators
+  /// wait for it before the next fault).
+  void maybe_ready() {
+    if (ready || !plan) return;
+    for (const auto& [s, h] : shards)
+      if (h.holder && !h.server) return;
+    ready = true;
+    node_events().info("shards_ready job={} generation={} held={}", init->job_id, generation,
+                       std::count_if(shards.begin(), shards.end(), [](const auto& e) { return e.second.holder; }));
+  }
+
+  /// What the trainer's acks report: the shards held in this generation with their state (a
+  /// copy kept only for others to fetch is not one to continue from), and cursors from now on.
+  void publish_installed() const {
+    std::map<uint32_t, uint64_t> held;
+    for (const auto& [s, h] : shards)
+      if (h.server && h.holder) held[s] = h.server->version();
+    init->counters->installed(generation, std::move(held));
+  }
+
+  void fetch(uint32_t s) const {
+    send(worker_address(plan->plan.sources[s]),
+         ShardUpdate{init->job_id, s, ShardUpdate::Kind::fetch, 0, 0, {}, init->self_id, 0, 0, false, generation});
+  }
+
+  /// Shards still being fetched are asked for again, should a fetch or its answer be lost, or
+  /// come to a source not yet there.
+  void refetch(uint64_t g) {
+    if (g != generation || !plan) return;
+    bool waiting_for_any = false;
+    for (const auto& [s, h] : shards)
+      if (h.holder && !h.server) {
+        fetch(s);
+        waiting_for_any = true;
+      }
+    if (waiting_for_any) schedule_refetch();
+  }
+
+  void schedule_refetch() const {
+    self->delayed_send(self, std::chrono::seconds(2), refetch_atom::value, generation);
+  }
+
+  void lost(const std::string& why) const {
+    node_events().warn("shard_lost job={} generation={} reason=\"{}\"", init->job_id, generation, why);
+    caf::anon_send(init->trainer, shardlost_atom::value, why);
+  }
+
+  /// A generation's plan: every shard this node holds in it starts from its source's state.
+  void place(std::shared_ptr<const ShardHostPlan> next) {
+    plan = std::move(next);
+    generation = plan->generation;
+    ready = false;
+    std::map<uint32_t, Held> kept;
+    std::string held;
+    bool fetching = false;
+    for (uint32_t s = 0; s < init->shards; ++s) {
+      const auto& holders = plan->plan.placement[s];
+      const bool holder = std::find(holders.begin(), holders.end(), init->self_id) != holders.end();
+      const std::string& source = plan->plan.sources[s];
+      auto old = shards.find(s);
+      Held h{nullptr, holder && holders.front() == init->self_id, holder};
+      if (source.empty()) {  // the first generation: the job's initial parameters
+        if (!holder) continue;
+        const auto r = elastic::shard_range(init->elements, init->shards, s);
+        auto optimizer = init->optimizer(r.size());
+        if (!optimizer) return lost(fmt::format("shard {}: {}", s, optimizer.error()));
+        h.server = std::make_unique<elastic::ShardServer>(
+            options(s),
+            std::vector<float>(plan->initial->begin() + static_cast<ptrdiff_t>(r.begin),
+                               plan->initial->begin() + static_cast<ptrdiff_t>(r.end)),
+            std::move(*optimizer));
+      } else if (source == init->self_id) {
+        // This node's state is the generation's: it carries on, with the new holders to replicate
+        // to (they fetch it from here); not a holder any more, it keeps it only for them.
+        if (old == shards.end() || !old->second.server) {
+          lost(fmt::format("shard {}: generation {} names this node its source, but it does not hold it", s, generation));
+          continue;
+        }
+        auto server = holder ? restore(s, old->second.server->snapshot()) : std::move(old->second.server);
+        if (!server) return lost(fmt::format("shard {}: {}", s, server.error()));
+        h.server = std::move(*server);
+      } else if (holder) {
+        fetch(s);
+        fetching = true;
+      } else {
+        continue;
+      }
+      if (holder) held += fmt::format("{}{}{}{}", held.empty() ? "" : ",", s, h.primary ? "p" : "r", h.server ? "" : "*");
+      kept.emplace(s, std::move(h));
+    }
+    shards = std::move(kept);
+    publish_installed();
+    if (fetching) schedule_refetch();
+    node_events().info("shards_placed job={} generation={} shards={} held={}", init->job_id, generation, init->shards,
+                       held.empty() ? "-" : held);
+    maybe_ready();
+    retry_waiting();
+  }
+
+  void on_transfer(const std::string& peer, const ShardTransfer& t) {
+    if (t.job_id != init->job_id || t.generation != generation) return;  // an older generation's
+    const auto it = shards.find(t.shard);
+    if (it == shards.end() || it->second.server || !it->second.holder) return;  // not fetched here, or already come
+    if (peer != plan->plan.sources[t.shard]) return refuse(peer, t, "not the shard's source");
+    if (!t.refused.empty()) return lost(fmt::format("shard {}: its source {} says: {}", t.shard, peer, t.refused));
+    const auto r = elastic::shard_range(init->elements, init->shards, t.shard);
+    const size_t n = r.size();
+    if (n == 0 || t.chunk.offset != 0 || t.chunk.data.size() != t.chunk.total || t.chunk.data.size() < n ||
+        t.chunk.data.size() % n != 0)
+      return refuse(peer, t, fmt::format("{} values for a shard of {}", t.chunk.data.size(), n));
+    if (!std::all_of(t.chunk.data.begin(), t.chunk.data.end(), [](float v) { return std::isfinite(v); }))
+      return refuse(peer, t, "values that are not finite");
+    elastic::ShardSnapshot snap;
+    snap.version = t.version;
+    snap.optimizer_steps = t.optimizer_steps;
+    snap.values.assign(t.chunk.data.begin(), t.chunk.data.begin() + static_cast<ptrdiff_t>(n));
+    for (size_t k = n; k < t.chunk.data.size(); k += n)
+      snap.optimizer.emplace_back(t.chunk.data.begin() + static_cast<ptrdiff_t>(k),
+                                  t.chunk.data.begin() + static_cast<ptrdiff_t>(k + n));
+    for (const auto& m : t.marks) snap.marks[m.worker] = {m.boot, m.seq};
+    auto server = restore(t.shard, std::move(snap));
+    if (!server) return refuse(peer, t, server.error());
+    it->second.server = std::move(*server);
+    init->counters->note_version(t.shard, it->second.server->version());
+    // A replica holds the shard from here: the primary counts what it holds as durable.
+    if (!it->second.primary)
+      send(worker_address(plan->plan.placement[t.shard].front()),
+           ShardUpdate{init->job_id, t.shard, ShardUpdate::Kind::ack, it->second.server->version(), 0, {}, {}, 0, 0, false,
+                       generation});
+    node_events().info("shard_fetched job={} generation={} shard={} from={} version={}", init->job_id, generation,
+                       t.shard, peer, t.version);
+    maybe_ready();
+    retry_waiting();
+  }
+
+  void serve_fetch(const std::string& peer, const ShardUpdate& u) {
+    const auto to = worker_address(peer);
+    if (to.empty()) return refuse(peer, u, "not a worker of the job");
+    ShardTransfer t{init->job_id, u.shard, generation, 0, 0, {}};
+    const auto it = shards.find(u.shard);
+    if (it == shards.end() || !it->second.server) {
+      t.refused = fmt::format("{} does not hold shard {} in generation {}", init->self_id, u.shard, generation);
+      return send(to, std::move(t));
+    }
+    auto snap = it->second.server->snapshot();
+    auto flat = std::make_shared<std::vector<float>>(snap.values);
+    for (const auto& b : snap.optimizer) flat->insert(flat->end(), b.begin(), b.end());
+    t.version = snap.version;
+    t.optimizer_steps = snap.optimizer_steps;
+    t.chunk = gossip::TensorChunk{snap.version, u.shard, 0, flat->size(), std::span<const float>(*flat), flat};
+    for (const auto& [worker, mark] : snap.marks) t.marks.push_back({worker, mark.boot, mark.seq});
+    send(to, std::move(t));
+  }
+
+  void on_message(const std::string& peer, gossip::Message m) {
+    if (const auto* t = std::get_if<ShardTransfer>(&m.body)) return on_transfer(peer, *t);
+    const auto* u = std::get_if<ShardUpdate>(&m.body);
+    if (!u) return;
+    if (u->job_id != init->job_id) return refuse(peer, *u, fmt::format("not job {}", init->job_id));
+    if (u->generation < generation) return;  // its sender sends again in the new generation
+    if (u->generation > generation || !plan) return wait(peer, std::move(m), u->chunk.data.size_bytes() + 64);
+    if (u->shard >= init->shards) return refuse(peer, *u, fmt::format("no shard {} of {}", u->shard, init->shards));
+    if (u->kind == ShardUpdate::Kind::fetch) return serve_fetch(peer, *u);
+    const auto it = shards.find(u->shard);
+    if (it == shards.end() || !it->second.holder) return refuse(peer, *u, "this node holds no such shard");
+    if (!it->second.server) return wait(peer, std::move(m), u->chunk.data.size_bytes() + 64);  // being fetched
+    on_update(peer, *u, it->second);
+  }
+
+  void on_update(const std::string& peer, const ShardUpdate& u, Held& held) {
+    auto& server = *held.server;
+    const auto& holders = plan->plan.placement[u.shard];
     switch (u.kind) {
       case ShardUpdate::Kind::push:
       case ShardUpdate::Kind::pull: {
         const auto to = worker_address(peer);
         if (to.empty()) return refuse(peer, u, "not a worker of the job");
-        if (!primary) return refuse(peer, u, "this node is a replica of the shard, not its primary");
-        if (u.kind == ShardUpdate::Kind::pull) return send(to, server.state());
+        if (!held.primary) return refuse(peer, u, "this node is a replica of the shard, not its primary");
+        if (u.kind == ShardUpdate::Kind::pull) {
+          auto st = server.state();
+          st.generation = generation;
+          return send(to, std::move(st));
+        }
         if (u.origin != peer) return refuse(peer, u, fmt::format("an update that names {} as its worker", u.origin));
         elastic::Outgoing<ShardUpdate> replicas;
         auto answer = server.on_push(u, to, replicas);
         if (!answer) return refuse(peer, u, answer.error());
         // Refusals are counted where they are recomputed, by the worker (stale_rejected).
+        if (answer->duplicate) ++init->counters->duplicates;
         if (!answer->rejected && !answer->duplicate) {
           ++init->counters->applied;
           init->counters->staleness_sum += answer->staleness;
         }
+        if (!answer->rejected) init->counters->note_cursor(u.origin, u.consumed);
+        if (!answer->rejected && !answer->duplicate) init->counters->note_version(u.shard, server.version());
+        answer->generation = generation;
         send(to, std::move(*answer));
-        for (auto& [address, update] : replicas) send(address, std::move(update));
+        for (auto& [address, update] : replicas) {
+          update.generation = generation;
+          send(address, std::move(update));
+        }
         return;
       }
       case ShardUpdate::Kind::replicate: {
-        if (peer != init->placement[u.shard].front()) return refuse(peer, u, "not the shard's primary");
-        auto through = server.on_replicate(u);
+        if (peer != holders.front()) return refuse(peer, u, "not the shard's primary");
+        // A replication the fetched state already holds (the source was the primary) is acked again.
+        auto through = u.version <= server.version() ? std::expected<uint64_t, std::string>(server.version())
+                                                     : server.on_replicate(u);
         if (!through) return refuse(peer, u, through.error());
+        init->counters->note_version(u.shard, *through);
         // The primary counts the update durable once every replica has acked it.
-        return send(worker_address(peer), ShardUpdate{u.job_id, u.shard, ShardUpdate::Kind::ack, *through, 0, {}});
+        return send(worker_address(peer), ShardUpdate{u.job_id, u.shard, ShardUpdate::Kind::ack, *through, 0, {}, {}, 0, 0,
+                                                      false, generation});
       }
       case ShardUpdate::Kind::ack: {
-        if (!primary) return refuse(peer, u, "an ack to a replica of the shard");
+        if (!held.primary) return refuse(peer, u, "an ack to a replica of the shard");
         elastic::Outgoing<gossip::ShardState> notices;
         if (auto ok = server.on_ack(worker_address(peer), u.version, notices); !ok) return refuse(peer, u, ok.error());
-        for (auto& [address, notice] : notices) send(address, std::move(notice));
+        for (auto& [address, notice] : notices) {
+          notice.generation = generation;
+          send(address, std::move(notice));
+        }
         return;
       }
+      case ShardUpdate::Kind::fetch: return;  // served above
     }
   }
 };
 
-caf::behavior shard_host(caf::event_based_actor*, std::shared_ptr<ShardHostInit> init) {
-  auto host = std::make_shared<Host>(Host{std::move(init)});
+caf::behavior shard_host(caf::event_based_actor* self, std::shared_ptr<ShardHostInit> init) {
+  auto host = std::make_shared<Host>();
+  host->self = self;
+  host->init = std::move(init);
   return {
       [host](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {
-        if (const auto* u = std::get_if<ShardUpdate>(&m.body)) host->on_update(peer, *u);
+        host->on_message(peer, m);
       },
+      [host](place_atom, std::shared_ptr<const ShardHostPlan> plan) { host->place(std::move(plan)); },
+      [host](refetch_atom, uint64_t generation) { host->refetch(generation); },
   };
 }
 
@@ -97,3 +345,4 @@ caf::actor spawn_shard_host(caf::local_actor& parent, std::shared_ptr<ShardHostI
 }
 
 }  // namespace tepdist::actors
+

@@ -1,19 +1,31 @@
 #pragma once
 // The shard host: the async mode's parameter-shard actor. For one job it holds every shard this
 // node is primary or replica for (elastic/async_shards.hpp does the protocol), answers workers'
-// pushes and pulls, and forwards applied updates to the replicas. It runs detached, on its own
-// thread, so a push is answered while this node's trainer is busy with a forward pass; the router
-// sends it every ShardUpdate frame while it is registered (shards_atom).
+// pushes and pulls, forwards applied updates to the replicas, acks replications and sends the
+// durable notices. It runs detached, on its own thread, so a push is answered while this node's
+// trainer is busy with a forward pass; the router sends it every ShardUpdate and ShardTransfer
+// frame while it is registered (shards_atom).
 //
-// It obeys the job's membership: pushes and pulls only from the job's workers, replications only
-// from the shard's primary; anything else, and anything the core refuses, is logged and dropped.
+// Generations. The trainer sends it each installed generation's plan (place_atom): which shards
+// this node holds, as primary or replica, and where each shard's state comes from
+// (elastic::plan_shards). A holder that is its shard's source carries on from its own state;
+// every other holder fetches the source's snapshot (ShardUpdate fetch, answered by a
+// ShardTransfer) and holds what comes for that shard until it arrives. Every message carries the
+// sender's generation: one from an older generation is dropped (its sender sends again in the new
+// one), one from a newer is kept (bounded) until this node installs it.
+//
+// It obeys the job's membership: pushes and pulls only from the generation's workers,
+// replications only from the shard's primary, acks only from its replicas; anything else, and
+// anything the core refuses, is logged and dropped.
 
 #include <caf/actor.hpp>
 #include <caf/local_actor.hpp>
 
 #include <atomic>
+#include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -23,11 +35,54 @@
 
 namespace tepdist::actors {
 
-/// What the trainer reads when the job ends (written on the host's thread).
+/// What the trainer reads (written on the host's thread).
 struct ShardHostCounters {
-  std::atomic<uint64_t> applied{0};   ///< updates applied by the shards this node is primary for
+  std::atomic<uint64_t> applied{0};        ///< updates applied by the shards this node is primary for
   std::atomic<uint64_t> staleness_sum{0};  ///< over the applied updates
+  std::atomic<uint64_t> duplicates{0};     ///< updates sent again that were applied before
+  /// Per worker, the highest cursor its pushes applied here carried in `generation`: its
+  /// positions counted as consumed should it die (job control's cursors). Nothing while the host
+  /// has not installed that generation yet.
+  std::vector<std::pair<std::string, uint64_t>> cursors(uint64_t generation) const {
+    std::lock_guard lock(mutex);
+    if (generation != generation_) return {};
+    return {cursors_.begin(), cursors_.end()};
+  }
+  void note_cursor(const std::string& worker, uint64_t consumed) {
+    std::lock_guard lock(mutex);
+    auto& c = cursors_[worker];
+    c = std::max(c, consumed);
+  }
+  /// The shards this node holds the state of in `generation` (as a holder, not a copy kept only
+  /// for others to fetch), each with its version: job control's acks, from which the holders of
+  /// the next generation take each shard from the acker with its highest version. Nothing while
+  /// the host has not installed that generation yet.
+  std::vector<std::pair<uint32_t, uint64_t>> held(uint64_t generation) const {
+    std::lock_guard lock(mutex);
+    if (generation != generation_) return {};
+    return {held_.begin(), held_.end()};
+  }
+  /// The host installed `generation`: what it holds in it, and no cursors yet.
+  void installed(uint64_t generation, std::map<uint32_t, uint64_t> held) {
+    std::lock_guard lock(mutex);
+    generation_ = generation;
+    held_ = std::move(held);
+    cursors_.clear();
+  }
+  void note_version(uint32_t shard, uint64_t version) {
+    std::lock_guard lock(mutex);
+    held_[shard] = version;
+  }
+
+ private:
+  mutable std::mutex mutex;
+  std::map<std::string, uint64_t> cursors_;
+  std::map<uint32_t, uint64_t> held_;
+  uint64_t generation_ = 0;
 };
+
+/// Makes the optimiser a shard of `size` values is stepped with on its holders.
+using ShardOptimizerFactory = std::function<std::expected<std::unique_ptr<compute::Optimizer>, std::string>(size_t)>;
 
 struct ShardHostInit {
   gossip::Transport* transport = nullptr;
@@ -35,14 +90,27 @@ struct ShardHostInit {
   caf::actor trainer;  ///< answers to this node's own worker go there, not over the network
   uint64_t incarnation = 0;
   uint64_t job_id = 0;
-  std::vector<std::string> workers, addresses;  ///< the job's, in rank order
-  elastic::Placement placement;                 ///< holders of each shard, primary first
-  /// The shards held here, by shard index (moved in).
-  std::map<uint32_t, std::unique_ptr<elastic::ShardServer>> shards;
+  size_t elements = 0;  ///< of the whole parameter buffer
+  uint32_t shards = 0;
+  uint64_t max_staleness = 16;
+  float max_lr = 0;  ///< ShardServer::Options::max_lr
+  ShardOptimizerFactory optimizer;
   std::shared_ptr<ShardHostCounters> counters;
 };
 
-/// Spawns the host for one job.
+/// One generation's plan for the host (place_atom).
+struct ShardHostPlan {
+  uint64_t generation = 0;
+  std::vector<std::string> workers, addresses;  ///< the generation's, in rank order
+  elastic::ShardPlan plan;
+  /// The first generation: the job's initial parameters, every holder's starting values.
+  std::shared_ptr<const std::vector<float>> initial;
+};
+
+/// Spawns the host for one job. It holds nothing until its first plan.
 caf::actor spawn_shard_host(caf::local_actor& parent, std::shared_ptr<ShardHostInit> init);
 
 }  // namespace tepdist::actors
+
+#include <caf/allowed_unsafe_message_type.hpp>
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const tepdist::actors::ShardHostPlan>)

@@ -367,6 +367,11 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
         else if (const auto* control = std::get_if<gossip::Control>(&m.body)) on_control(self, peer, *control);
       },
       [self](step_atom) { do_step(self); },
+      [self](shardlost_atom, const std::string& why) {
+        // The shard host could not get a shard's state for this generation: what it held is gone.
+        if (self->state.job && self->state.job->driver->local_shards())
+          fail(self, fmt::format("a shard of the async job is lost: {}", why));
+      },
       [self](retire_atom) { self->state.retired.clear(); },
       [self](tick_atom) { on_tick(self); },
       [self](drain_atom) -> caf::result<std::string> {

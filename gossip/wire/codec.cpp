@@ -146,6 +146,11 @@ struct Encoder {
               auto list = spans[i].initSpans(static_cast<unsigned>(m.spans[i].size()));
               for (unsigned k = 0; k < m.spans[i].size(); ++k) list.set(k, m.spans[i][k]);
             }
+            b.setShards(m.shards);
+            put_texts(b.initPreviousWorkers(static_cast<unsigned>(m.previous_workers.size())), m.previous_workers);
+            auto previous_boots = b.initPreviousBootIds(static_cast<unsigned>(m.previous_boot_ids.size()));
+            for (unsigned i = 0; i < m.previous_boot_ids.size(); ++i) previous_boots.set(i, m.previous_boot_ids[i]);
+            put_texts(b.initShardSources(static_cast<unsigned>(m.shard_sources.size())), m.shard_sources);
           } else if constexpr (std::is_same_v<T, GenerationVote>) {
             auto b = e.initGenerationVote();
             b.setJobId(m.job_id);
@@ -162,6 +167,11 @@ struct Encoder {
               cursors[i].setWorker(m.cursors[i].first);
               cursors[i].setConsumed(m.cursors[i].second);
             }
+            auto held = b.initHeldShards(static_cast<unsigned>(m.held_shards.size()));
+            for (unsigned i = 0; i < m.held_shards.size(); ++i) {
+              held[i].setShard(m.held_shards[i].first);
+              held[i].setVersion(m.held_shards[i].second);
+            }
           } else if constexpr (std::is_same_v<T, StatePull>) {
             auto b = e.initStatePull();
             b.setJobId(m.job_id);
@@ -172,6 +182,21 @@ struct Encoder {
             auto b = e.initStatePiece();
             b.setJobId(m.job_id);
             put_chunk(b.initChunk(), m.chunk);
+          } else if constexpr (std::is_same_v<T, ShardTransfer>) {
+            auto b = e.initShardTransfer();
+            b.setJobId(m.job_id);
+            b.setShard(m.shard);
+            b.setGeneration(m.generation);
+            b.setVersion(m.version);
+            b.setOptimizerSteps(m.optimizer_steps);
+            put_chunk(b.initChunk(), m.chunk);
+            auto marks = b.initMarks(static_cast<unsigned>(m.marks.size()));
+            for (unsigned i = 0; i < m.marks.size(); ++i) {
+              marks[i].setWorker(m.marks[i].worker);
+              marks[i].setBoot(m.marks[i].boot);
+              marks[i].setSeq(m.marks[i].seq);
+            }
+            b.setRefused(m.refused);
           } else if constexpr (std::is_same_v<T, LeaveRequest>) {
             auto b = e.initLeaveRequest();
             b.setNode(m.node);
@@ -219,6 +244,8 @@ struct Encoder {
             b.setBoot(m.boot);
             b.setSeq(m.seq);
             b.setResend(m.resend);
+            b.setGeneration(m.generation);
+            b.setConsumed(m.consumed);
           } else if constexpr (std::is_same_v<T, ShardState>) {
             auto b = e.initShardState();
             b.setJobId(m.job_id);
@@ -231,6 +258,7 @@ struct Encoder {
             b.setDurable(m.durable);
             b.setDuplicate(m.duplicate);
             b.setKind(static_cast<wire::ShardState::Kind>(m.kind));
+            b.setGeneration(m.generation);
           } else if constexpr (std::is_same_v<T, GossipAverage>) {
             auto b = e.initGossipAverage();
             b.setJobId(m.job_id);
@@ -386,6 +414,16 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       if (!j.spans.empty() && j.spans.size() != j.workers.size())
         throw WireError{WireErrc::malformed, fmt::format("job start names {} workers but {} span lists",
                                                          j.workers.size(), j.spans.size())};
+      j.shards = r.getShards();
+      for (auto w : r.getPreviousWorkers()) j.previous_workers.emplace_back(w);
+      for (auto b : r.getPreviousBootIds()) j.previous_boot_ids.push_back(b);
+      for (auto s : r.getShardSources()) j.shard_sources.emplace_back(s);
+      if (!j.shard_sources.empty() && j.shard_sources.size() != j.shards)
+        throw WireError{WireErrc::malformed, fmt::format("job start names sources of {} shards; the job has {}",
+                                                         j.shard_sources.size(), j.shards)};
+      if (!j.previous_boot_ids.empty() && j.previous_workers.size() != j.previous_boot_ids.size())
+        throw WireError{WireErrc::malformed, fmt::format("job start names {} previous workers but {} boot ids",
+                                                         j.previous_workers.size(), j.previous_boot_ids.size())};
       return j;
     }
     case wire::Envelope::GENERATION_VOTE: {
@@ -400,6 +438,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       v.boot_id = r.getBootId();
       v.reason = r.getReason();
       for (auto c : r.getCursors()) v.cursors.emplace_back(c.getWorker(), c.getConsumed());
+      for (auto h : r.getHeldShards()) v.held_shards.emplace_back(h.getShard(), h.getVersion());
       return v;
     }
     case wire::Envelope::STATE_PULL: {
@@ -409,6 +448,18 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::STATE_PIECE: {
       auto r = e.getStatePiece();
       return StatePiece{r.getJobId(), get_chunk(r.getChunk(), owner)};
+    }
+    case wire::Envelope::SHARD_TRANSFER: {
+      auto r = e.getShardTransfer();
+      const auto marks = r.getMarks();
+      if (marks.size() > ShardTransfer::max_marks)
+        throw WireError{WireErrc::malformed, fmt::format("a shard transfer with {} marks (at most {})", marks.size(),
+                                                         ShardTransfer::max_marks)};
+      ShardTransfer t{r.getJobId(), r.getShard(), r.getGeneration(), r.getVersion(), r.getOptimizerSteps(),
+                      get_chunk(r.getChunk(), owner)};
+      for (auto m : marks) t.marks.push_back({std::string(m.getWorker()), m.getBoot(), m.getSeq()});
+      t.refused = r.getRefused();
+      return t;
     }
     case wire::Envelope::LEAVE_REQUEST: {
       auto r = e.getLeaveRequest();
@@ -441,11 +492,12 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::SHARD_UPDATE: {
       auto r = e.getShardUpdate();
       const auto kind = r.getKind();
-      if (kind > wire::ShardUpdate::Kind::ACK)
+      if (kind > wire::ShardUpdate::Kind::FETCH)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown shard update kind {}", static_cast<int>(kind))};
       return ShardUpdate{r.getJobId(),  r.getShard(), static_cast<ShardUpdate::Kind>(kind), r.getVersion(),
                          r.getLr(),     get_chunk(r.getChunk(), owner), std::string(r.getOrigin()),
-                         r.getBoot(),   r.getSeq(),   r.getResend()};
+                         r.getBoot(),   r.getSeq(),   r.getResend(),
+                         r.getGeneration(), r.getConsumed()};
     }
     case wire::Envelope::SHARD_STATE: {
       auto r = e.getShardState();
@@ -454,7 +506,8 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown shard state kind {}", static_cast<int>(kind))};
       return ShardState{r.getJobId(),     r.getShard(),     r.getVersion(),  r.getRejected(),
                         r.getStaleness(), get_chunk(r.getChunk(), owner),    r.getSeq(),
-                        r.getDurable(),   r.getDuplicate(), static_cast<ShardState::Kind>(kind)};
+                        r.getDurable(),   r.getDuplicate(), static_cast<ShardState::Kind>(kind),
+                        r.getGeneration()};
     }
     case wire::Envelope::GOSSIP_AVERAGE: {
       auto r = e.getGossipAverage();
@@ -573,7 +626,8 @@ const char* kind_name(const Body& body) {
   static constexpr const char* names[] = {"ping",         "ack",        "ping_req",   "join",    "leave",  "state_sync",
                                           "tensor_chunk", "param_pull", "param_push", "control", "metrics",
                                           "job_start",    "ring_chunk", "job_report", "shard_update", "shard_state",
-                                          "gossip_average", "generation_vote", "state_pull", "state_piece", "leave_request"};
+                                          "gossip_average", "generation_vote", "state_pull", "state_piece", "leave_request",
+                                          "shard_transfer"};
   static_assert(std::size(names) == std::variant_size_v<Body>);
   return names[body.index()];
 }

@@ -182,8 +182,15 @@ struct JobStart {
   std::vector<std::string> donors = {};         ///< members holding the state at resume
   uint32_t previous_world = 0;                  ///< workers in the generation before (0: none)
   uint64_t reference_batch = 0;                 ///< the global batch optimizer.lr is meant for
-  /// Gossip: each worker's positions as (epoch, begin, end) triples, aligned with workers.
+  /// Gossip and async: each worker's positions as (epoch, begin, end) triples, aligned with workers.
   std::vector<std::vector<uint64_t>> spans = {};
+  uint32_t shards = 0;  ///< async: the job's shard count, fixed in its first generation
+  /// The generation before's workers and their boot ids (async: where its shards were).
+  std::vector<std::string> previous_workers = {};
+  std::vector<uint64_t> previous_boot_ids = {};
+  /// Async, from generation 2: per shard, the worker whose state its holders take (the acker that
+  /// reported the highest version of it); empty where none did.
+  std::vector<std::string> shard_sources = {};
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 
@@ -199,8 +206,11 @@ struct GenerationVote {
   bool has_state = false;                 ///< ack: holds the job's parameters
   uint64_t boot_id = 0;                   ///< ack
   std::string reason = {};                ///< refuse
-  /// ack, gossip: other workers' cursors as the acker learned them from mixings.
+  /// ack, gossip: other workers' cursors as the acker learned them from mixings (async: as far
+  /// as their pushes applied on the acker's primaries reached).
   std::vector<std::pair<std::string, uint64_t>> cursors = {};
+  /// ack, async: the shards the acker holds the state of, each with its version.
+  std::vector<std::pair<uint32_t, uint64_t>> held_shards = {};
   friend bool operator==(const GenerationVote&, const GenerationVote&) = default;
 };
 
@@ -257,7 +267,7 @@ struct JobReport {
 /// Async mode: a gradient for one parameter shard, its replication, or a request for its values
 /// (elastic/async_shards.hpp).
 struct ShardUpdate {
-  enum class Kind : uint8_t { push, replicate, pull, ack };
+  enum class Kind : uint8_t { push, replicate, pull, ack, fetch };
   uint64_t job_id = 0;
   uint32_t shard = 0;
   Kind kind = Kind::push;
@@ -270,6 +280,8 @@ struct ShardUpdate {
   uint64_t boot = 0;
   uint64_t seq = 0;
   bool resend = false;  ///< push: sent again to the shard's new primary after a change
+  uint64_t generation = 0;  ///< the sender's generation of the job: a holder takes only its own
+  uint64_t consumed = 0;    ///< push: the worker's cursor in its positions after the steps it covers
   friend bool operator==(const ShardUpdate&, const ShardUpdate&) = default;
 };
 
@@ -287,7 +299,28 @@ struct ShardState {
   uint64_t durable = 0;    ///< updates through this version are on every holder
   bool duplicate = false;  ///< the push was applied before (a resend): not applied again
   Kind kind = Kind::values;
+  uint64_t generation = 0;  ///< the answering primary's generation of the job
   friend bool operator==(const ShardState&, const ShardState&) = default;
+};
+
+/// Async mode: a shard's whole state, from the holder a generation names as its source to a new
+/// holder (elastic/async_shards.hpp, ShardSnapshot).
+struct ShardTransfer {
+  struct Mark {
+    std::string worker;
+    uint64_t boot = 0, seq = 0;
+    friend bool operator==(const Mark&, const Mark&) = default;
+  };
+  uint64_t job_id = 0;
+  uint32_t shard = 0;
+  uint64_t generation = 0;
+  uint64_t version = 0;
+  int64_t optimizer_steps = 0;
+  TensorChunk chunk;  ///< the values, then each optimiser buffer of the same length
+  std::vector<Mark> marks = {};
+  std::string refused = {};  ///< not empty: the source does not hold the shard, and why
+  static constexpr size_t max_marks = 65536;  ///< one per worker that ever pushed to the shard
+  friend bool operator==(const ShardTransfer&, const ShardTransfer&) = default;
 };
 
 /// Gossip mode: one piece of a pairwise averaging (gossip/collective/gossip_average.hpp).
@@ -303,7 +336,7 @@ struct GossipAverage {
 
 using Body = std::variant<Ping, Ack, PingReq, Join, Leave, StateSync, TensorChunk, ParamPull, ParamPush, Control,
                           MetricsSnapshot, JobStart, RingChunk, JobReport, ShardUpdate, ShardState, GossipAverage,
-                          GenerationVote, StatePull, StatePiece, LeaveRequest>;
+                          GenerationVote, StatePull, StatePiece, LeaveRequest, ShardTransfer>;
 
 /// Everything after the handshake: who sent it and what.
 struct Message {

@@ -63,6 +63,7 @@ struct Envelope {
     statePull @21 :StatePull;
     statePiece @22 :StatePiece;
     leaveRequest @23 :LeaveRequest;
+    shardTransfer @24 :ShardTransfer;
   }
 }
 
@@ -208,11 +209,21 @@ struct JobStart {
   donors @11 :List(Text);    # members that hold the state at resume: the others pull it from them
   previousWorld @12 :UInt32; # workers in the generation before (the rate policy's ramp starts there)
   referenceBatch @13 :UInt64; # the global batch optimizer.lr is meant for: the first generation's
-  spans @14 :List(WorkerSpans);  # gossip: each worker's positions, same order as workers (elastic/progress.hpp)
+  spans @14 :List(WorkerSpans);  # gossip and async: each worker's positions, same order as workers (elastic/progress.hpp)
+  shards @15 :UInt32;        # async: the job's shard count, fixed in its first generation
+  previousWorkers @16 :List(Text);    # the generation before's workers (async: where its shards were)
+  previousBootIds @17 :List(UInt64);  # and their boot ids, same order
+  shardSources @18 :List(Text);  # async: per shard, the worker whose state its holders take (the
+                             # acker that reported the highest version of it); empty: none did
 }
 
 struct WorkerSpans {
   spans @0 :List(UInt64);    # (epoch, begin, end) triples, in the order the worker trains them
+}
+
+struct HeldShard {
+  shard @0 :UInt32;
+  version @1 :UInt64;
 }
 
 struct Cursor {
@@ -239,6 +250,8 @@ struct GenerationVote {
   bootId @7 :UInt64;         # ack: the acker's boot id (a restarted member's state is gone)
   reason @8 :Text;           # refuse: why
   cursors @9 :List(Cursor);  # ack, gossip: the cursors of other workers the acker knows from mixings
+                             # (async: as far as their pushes applied on the acker's primaries reached)
+  heldShards @10 :List(HeldShard);  # ack, async: the shards the acker holds the state of
   enum Kind {
     propose @0;
     ack @1;
@@ -328,11 +341,14 @@ struct ShardUpdate {
   boot @7 :UInt64;
   seq @8 :UInt64;
   resend @9 :Bool;           # push: sent again to the shard's new primary after a change
+  generation @10 :UInt64;    # the job's generation the sender is in: a holder takes only its own
+  consumed @11 :UInt64;      # push: the worker's cursor in its positions after the steps it covers
   enum Kind {
     push @0;                 # worker -> primary
     replicate @1;            # primary -> each replica, in version order
     pull @2;                 # anyone in the job -> primary: answered with a ShardState
     ack @3;                  # replica -> primary: every update through version is applied here
+    fetch @4;                # a new holder -> the shard's source: answered with a ShardTransfer
   }
 }
 
@@ -348,10 +364,29 @@ struct ShardState {
   durable @7 :UInt64;        # every update through this version is on every holder of the shard
   duplicate @8 :Bool;        # the push was applied before (a resend): not applied again
   kind @9 :Kind;
+  generation @10 :UInt64;    # the job's generation of the answering primary
   enum Kind {
     values @0;               # an answer to a push or a pull
     durable @1;              # no values: updates through durable are on every holder
   }
+}
+
+struct ShardTransfer {
+  # A shard's whole state, from the holder a generation names as its source to a new holder.
+  jobId @0 :UInt64;
+  shard @1 :UInt32;
+  generation @2 :UInt64;
+  version @3 :UInt64;
+  optimizerSteps @4 :Int64;
+  chunk @5 :TensorChunk;     # the values, then each optimiser buffer of the same length
+  marks @6 :List(UpdateMark);
+  refused @7 :Text;          # not empty: the source does not hold the shard, and why
+}
+
+struct UpdateMark {
+  worker @0 :Text;
+  boot @1 :UInt64;
+  seq @2 :UInt64;            # the highest of the worker's updates applied to the shard
 }
 
 # -- gossip: pairwise parameter averaging (gossip/collective/gossip_average.hpp) --

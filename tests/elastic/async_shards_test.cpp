@@ -435,7 +435,7 @@ struct AsyncCluster {
     for (uint32_t sh = 0; sh < shards; ++sh) {
       if (placement[sh] == before[sh]) continue;
       // Replication under way between the old holders is over: the new ones start from one state
-      // (the shard host tells them apart by the generation).
+      // (in a cluster, the generation a message carries is to tell them apart).
       for (auto& [key, q] : links)
         std::erase_if(q, [&](const tepdist::gossip::Body& b) {
           const auto* u = std::get_if<ShardUpdate>(&b);
@@ -450,6 +450,10 @@ struct AsyncCluster {
       history[sh].resize(snapshot.version);  // what no survivor holds is gone (it was never durable)
       for (const auto& h : before[sh]) servers.erase({h, sh});
       place(sh, snapshot);
+      // Each new replica acks the snapshot it took (the shard host does once its fetch is in).
+      for (size_t k = 1; k < placement[sh].size(); ++k)
+        links[{placement[sh][k], placement[sh][0]}].push_back(
+            ShardUpdate{1, sh, ShardUpdate::Kind::ack, snapshot.version, 0, {}});
       if (placement[sh].front() == before[sh].front()) continue;
       for (const auto& id : live) {
         Outgoing<ShardUpdate> out;

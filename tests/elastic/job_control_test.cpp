@@ -609,6 +609,29 @@ TEST_CASE("gossip: the install re-splits every list after its cursor, a worker g
   }
 }
 
+TEST_CASE("async: the install names each shard's source, the acker with its highest version, and none for a lost one",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2", "w3"}) net.add(id);
+  net.start({"w0", "w1", "w2", "w3"});
+  JobStart r = net.nodes.at("w0").control->record();
+  r.shards = 4;
+  for (auto id : {"w0", "w1", "w2", "w3"}) net.nodes.at(id).control->adopt(r);
+  // Shard 0: w0 at 7, w1 at 9. Shard 1: w1 and w2 at 5 (a tie: the lower id). Shard 2: only w3,
+  // which dies. Shard 3: w2 alone.
+  net.nodes.at("w0").local.held_shards = {{0, 7}};
+  net.nodes.at("w1").local.held_shards = {{0, 9}, {1, 5}};
+  net.nodes.at("w2").local.held_shards = {{1, 5}, {3, 2}};
+  net.nodes.at("w3").local.held_shards = {{2, 4}};
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {"w3"});
+  net.deliver_all();
+  const auto& next = net.nodes.at("w0").control->record();
+  REQUIRE(next.generation == 2);
+  CHECK(next.shard_sources == std::vector<std::string>{"w1", "w1", "", "w2"});
+  CHECK(next.previous_workers == std::vector<std::string>{"w0", "w1", "w2", "w3"});
+  CHECK(net.nodes.at("w2").control->record() == next);
+}
+
 TEST_CASE("a proposal numbered near the top of the range is ignored, not promised", "[elastic][job_control]") {
   Net net;
   for (auto id : {"w0", "w1"}) net.add(id);

@@ -1,6 +1,7 @@
 // Properties of shard placement, over many member sets.
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 #include <map>
 #include <set>
 
@@ -87,4 +88,26 @@ TEST_CASE("with at least as many shards as members, every member is primary for 
       INFO("members " << n << ", shards " << n + extra);
       CHECK(static_cast<int>(primaries(p).size()) == n);
     }
+}
+
+TEST_CASE("a generation's shards come from the sources its record names, or are lost naming their holders",
+          "[elastic][placement]") {
+  tepdist::gossip::JobStart first;
+  first.workers = {"a", "b", "c", "d"};
+  const auto initial = plan_shards(first, 8, 2);
+  CHECK(initial.placement == place_shards(8, first.workers, 2));
+  CHECK(initial.sources == std::vector<std::string>(8));  // all from the initial parameters
+  CHECK(initial.lost.empty());
+
+  tepdist::gossip::JobStart next = first;
+  next.previous_workers = first.workers;
+  next.workers = {"a", "c", "d", "e"};
+  next.shard_sources = {"a", "c", "", "d", "a", "a", "c", "d"};
+  const auto plan = plan_shards(next, 8, 2);
+  CHECK(plan.placement == place_shards(8, next.workers, 2));
+  CHECK(plan.sources[1] == "c");
+  CHECK(plan.sources[2].empty());
+  REQUIRE(plan.lost.size() == 1);
+  const auto& held = initial.placement[2];
+  CHECK(plan.lost[0] == fmt::format("shard 2 (held by {}, {})", held[0], held[1]));
 }

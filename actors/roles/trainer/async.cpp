@@ -1,9 +1,17 @@
 // The async driver: the parameters are sharded over the workers (elastic/placement.hpp); each
-// worker computes the gradient of its slice of the next global batch on the values it last
-// pulled, pushes it (or, in updates mode, its local optimiser's change) to the shards' primaries,
-// and steps again as long as its window of unanswered pushes allows (elastic/async_shards.hpp).
-// This node's shards are served by its shard host (actors/roles/shard_host.hpp). At the end rank 0
-// pulls every shard for the final model. Not elastic yet: a membership change ends the job.
+// worker trains through its own list of positions (elastic/progress.hpp, as gossip does),
+// computes the gradient of each batch on the values it last pulled, pushes it (or, in updates
+// mode, its local optimiser's change) to the shards' primaries, and steps again as long as its
+// window of unanswered pushes allows (elastic/async_shards.hpp). This node's shards are served by
+// its shard host (actors/roles/shard_host.hpp). At the end rank 0 pulls every shard for the final
+// model.
+//
+// Elastic: every installed generation places the shards afresh over its workers, every holder
+// taking the shard's state from one surviving holder of the generation before
+// (elastic::plan_shards); each worker sends every update it keeps (not yet durable) to the new
+// primaries, which apply only those they do not hold; the rest of every worker's list is re-split
+// by job control, counting a gone worker's positions as consumed up to the cursor its applied
+// pushes carried. A shard none of whose holders survived ends the job, naming it.
 
 #include "actors/roles/trainer/job.hpp"
 
@@ -13,42 +21,60 @@ namespace {
 class AsyncDriver final : public Driver {
  public:
   const char* name() const override { return "async"; }
-  bool elastic() const override { return false; }
 
-  /// The shards, where they live, this worker's side of the protocol, and the host for the shards
-  /// this node holds. Every node starts from the same initial parameters (same seed), so primaries
-  /// and replicas start equal.
+  /// The shard count (fixed in the record from the first generation on), this worker's
+  /// positions, and the shard host, which holds nothing until enter() gives it a plan.
   std::expected<void, std::string> setup(Trainer* self, Job& j) override;
 
   /// One batch (a fresh one, or a refused one again), its gradient pushed to the shards.
   void step(Trainer* self, Job& j) override {
-    if (serving_ || assembling_ || blocked_) return;
+    if (serving_ || assembling_ || blocked_ || !worker_ || !may_step(j)) return;
     auto& a = *worker_;
     if (!a.may_step()) {
-      blocked_ = true;  // an answer unblocks
+      blocked_ = true;  // an answer or a durable notice unblocks
       return;
     }
+    const auto batch = static_cast<uint64_t>(j.config.data.batch_size);
     auto work = a.take_redo();
     const bool fresh = !work;
-    if (fresh && j.step >= j.total_steps) {
-      if (j.config.elastic.local_steps > 0) {
-        elastic::Outgoing<gossip::ShardUpdate> rest;
-        a.flush(rest);
-        if (!send_all(self, j, rest)) return;
+    elastic::StepSlice slice;
+    if (fresh) {
+      slice = elastic::next_slice(spans_, consumed_, batch);
+      if (slice.count == 0 || j.step >= j.total_steps) {
+        if (j.config.elastic.local_steps > 0) {
+          elastic::Outgoing<gossip::ShardUpdate> rest;
+          a.flush(rest);
+          if (!send_all(self, j, rest)) return;
+        }
+        return finish(self, j);
       }
-      return finish(self, j);
+      work = elastic::AsyncWorker::Work{next_batch_++};
+      slices_.emplace(work->batch, slice);
+      // A refused batch is recomputed while its shard's pushes are in flight; far older ones are not.
+      while (slices_.size() > max_slices) slices_.erase(slices_.begin());
+    } else if (const auto it = slices_.find(work->batch); it != slices_.end()) {
+      slice = it->second;
+    } else {
+      node_events().warn("redo_skipped job={} batch={} reason=\"refused after {} newer batches\"", j.start.job_id,
+                         work->batch, max_slices);
+      self->send(self, step_atom::value);
+      return;
     }
-    if (fresh) work = elastic::AsyncWorker::Work{static_cast<uint64_t>(j.step)};
     const auto now = Clock::now();
     if (!j.first_step) j.first_step = j.window_start = now;
     float loss = 0;
-    const int64_t samples = compute_slice(j, static_cast<int64_t>(work->batch), loss);
+    const int64_t samples = compute_slice(j, slice, loss);
     const auto grads = j.model->gradients();
     if (samples > 0 && !std::all_of(grads.begin(), grads.end(), [](float g) { return std::isfinite(g); }))
       return fail(self, fmt::format("the gradient of batch {} is not finite: the model diverged (lower optimizer.lr)",
                                     work->batch));
+    if (fresh) {
+      consumed_ += slice.count;
+      j.epoch = static_cast<int64_t>(slice.epoch);
+      a.set_cursor(consumed_);  // the pushes these steps go out in carry how far they reach
+    }
     elastic::Outgoing<gossip::ShardUpdate> out;
-    const float lr = j.schedule->at(static_cast<int64_t>(work->batch));
+    const float lr = j.rate->at(progress(j));
     if (j.config.elastic.local_steps > 0 && samples > 0) {
       // Updates mode: this worker's optimiser steps, and the change it made goes to the shards.
       const auto params = j.model->parameters();
@@ -56,46 +82,65 @@ class AsyncDriver final : public Driver {
       j.optimizer->step(params, grads, lr);
       for (size_t i = 0; i < params.size(); ++i) j.buffer[i] = params[i] - j.buffer[i];
       a.on_update(j.buffer, static_cast<float>(j.config.elastic.outer_lr), out);
-    } else if (samples > 0) {  // a short last slice with no samples of this rank's has nothing to push
+    } else if (samples > 0) {
       a.on_gradient(*work, grads, lr, out);
     }
     j.waiting_since = j.progress_at = Clock::now();
     j.compute_seconds += seconds_between(now, j.waiting_since);
     if (!send_all(self, j, out)) return;
     if (fresh) {
-      const int64_t step = j.step + 1;  // the step just taken
-      const bool epoch_end = step % j.steps_per_epoch == 0;
-      if (epoch_end) ++j.epoch;
-      after_local_step(self, j, samples, loss, epoch_end, step >= j.total_steps);
+      // The epoch is that of the next step's positions; the last step is the end of the list.
+      const auto next = elastic::next_slice(spans_, consumed_, batch);
+      const bool last = next.count == 0 || j.step + 1 >= j.total_steps;
+      const bool epoch_end = next.epoch != static_cast<uint64_t>(j.epoch);
+      if (last) j.epoch = static_cast<int64_t>(spans_.empty() ? 0 : spans_.back().epoch + 1);
+      after_local_step(self, j, samples, loss, epoch_end, last);
     }
     self->send(self, step_atom::value);
   }
 
+  /// This worker's local steps as a progress, in reference batches, as gossip's.
   gossip::JobProgress progress(const Job& j) const override {
     const auto step = static_cast<uint64_t>(j.step), per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
-    return {step, per_epoch ? step / per_epoch : 0, per_epoch ? step % per_epoch * j.start.reference_batch : 0,
-            j.own_samples};
+    const uint64_t reference = j.start.reference_batch;
+    return {step, per_epoch ? step / per_epoch : 0, per_epoch ? step % per_epoch * reference : 0, step * reference};
   }
 
-  elastic::JobControl::Local local(const Job& j) const override { return {progress(j), j.has_state}; }
+  /// The cursor in this worker's list, and the others' as far as their pushes applied on this
+  /// node's primaries reached (counted should they be gone).
+  elastic::JobControl::Local local(const Job& j) const override {
+    auto at = progress(j);
+    at.position = consumed_;
+    const bool current = j.member && j.control && j.control->record().generation == j.generation;
+    if (!current || !counters_) return {at, false, {}};
+    auto cursors = counters_->cursors(j.generation);
+    std::erase_if(cursors, [&](const auto& c) { return c.first == self_id_; });
+    return {at, j.has_state, std::move(cursors), counters_->held(j.generation)};
+  }
 
-  // Async workers do not tell each other where they are: only this worker's own position.
   void add_status(const Job& j, const std::string& self_id, gossip::JobStatus& st) const override {
-    st.progress = progress(j);
-    st.workers.emplace_back(self_id, st.progress.position);
+    const auto per_epoch = static_cast<uint64_t>(j.steps_per_epoch), step = static_cast<uint64_t>(j.step);
+    st.progress = {step, per_epoch ? step / per_epoch : 0, consumed_, j.own_samples};
+    std::map<std::string, uint64_t> known;
+    if (counters_)
+      for (const auto& [w, c] : counters_->cursors(j.generation)) known[w] = c;
+    for (const auto& w : j.start.workers) st.workers.emplace_back(w, w == self_id ? consumed_ : known[w]);
   }
 
   bool on_message(Trainer* self, Job& j, const std::string& peer, const gossip::Body& body) override {
     const auto* st = std::get_if<gossip::ShardState>(&body);
     if (!st) return false;
-    if (st->job_id == j.start.job_id) on_state(self, j, peer, *st);
+    // An answer of an older generation: what it answered is sent again to this one's primaries.
+    if (st->job_id == j.start.job_id && st->generation == j.generation && worker_) on_state(self, j, peer, *st);
     return true;
   }
 
   bool on_control(Trainer* self, Job& j, const std::string& peer, const gossip::Control& c) override {
     using Command = gossip::Control::Command;
     if (c.command == Command::worker_finished && j.rank == 0) {
-      if (std::find(j.start.workers.begin(), j.start.workers.end(), peer) != j.start.workers.end()) {
+      // Finished in this generation: one said before a change may have positions again.
+      if (std::find(j.start.workers.begin(), j.start.workers.end(), peer) != j.start.workers.end() && j.member &&
+          generation_of(c) == j.generation) {
         finished_.insert(peer);
         maybe_assemble(self, j);
       }
@@ -111,16 +156,14 @@ class AsyncDriver final : public Driver {
   }
 
   std::string stalled(const Job& j) const override {
-    if (serving_ || assembling_ || !(blocked_ || j.step >= j.total_steps) || finished_.contains(self_id_)) return {};
+    if (!worker_ || serving_ || assembling_ || !(blocked_ || listed_all(j)) || finished_.contains(self_id_)) return {};
     return fmt::format("step {} waited {:.0f} s for answers from shard primaries", j.step + 1, j.config.job.step_timeout_s);
   }
 
   bool ending(const Job&) const override { return serving_ || finished_.contains(self_id_); }
 
   void keep_ending(Trainer* self, Job& j) override {
-    if (serving_)
-      send_to(self, j.start.addresses[0], gossip::Control{self->state.o.self_id, self->state.o.incarnation,
-                                                           gossip::Control::Command::worker_finished, j.start.job_id, {}});
+    if (serving_) send_to(self, j.start.addresses[0], finished_message(self, j));
     if (assembling_) pull_missing(self, j);
     if (j.rank == 0 && j.target_reached) tell_target_reached(self, j);  // should a message be lost
   }
@@ -130,8 +173,24 @@ class AsyncDriver final : public Driver {
     stop_training(self, j);
   }
 
-  std::expected<void, std::string> enter(Trainer*, Job&) override {
-    return std::unexpected(std::string("async jobs do not survive membership changes yet (sync and gossip jobs do)"));
+  /// The generation's shards: the host gets its plan, and this worker sends what it keeps to the
+  /// new primaries; positions as gossip's (the rest of every list, re-split).
+  std::expected<void, std::string> enter(Trainer* self, Job& j) override;
+
+  // A joiner pulls a worker's parameters as they are (step 0: any), as in gossip.
+  void left(Job& j) override {
+    // Left out of the generation: no shard stays here, and the updates it kept are another
+    // worker's to send no more (its positions go to the others from its cursor on).
+    worker_.reset();
+    spans_.clear();
+    consumed_ = 0;
+    if (host_) {
+      auto empty = std::make_shared<ShardHostPlan>();
+      empty->generation = j.generation;
+      empty->plan.placement.assign(shards_, {});
+      empty->plan.sources.assign(shards_, std::string());
+      caf::anon_send(host_, place_atom::value, std::shared_ptr<const ShardHostPlan>(std::move(empty)));
+    }
   }
 
   void add_counters(const Job&, JobReport& r) const override {
@@ -153,13 +212,26 @@ class AsyncDriver final : public Driver {
   caf::actor local_shards() const override { return host_; }
 
  private:
-  /// The gradient of this worker's slice of global batch t (of epoch t / steps_per_epoch);
-  /// returns the samples in the slice (0 for a short last step) and their loss.
-  static int64_t compute_slice(Job& j, int64_t t, float& loss) {
-    const int64_t n = j.data.train.size(), batch = j.config.data.batch_size;
-    const int64_t epoch = t / j.steps_per_epoch, in_epoch = t % j.steps_per_epoch;
-    const auto [begin, end] = elastic::sync_batch_slice(n, j.world, batch, in_epoch, j.rank);
-    return compute_positions(j, epoch, begin, end, loss);
+  static constexpr size_t max_slices = 4096;
+
+  /// worker_finished, naming the generation it is finished in (8 bytes, little-endian).
+  gossip::Control finished_message(Trainer* self, const Job& j) const {
+    std::vector<uint8_t> generation(8);
+    for (int i = 0; i < 8; ++i) generation[i] = static_cast<uint8_t>(j.generation >> (8 * i));
+    return gossip::Control{self_id_, self->state.o.incarnation, gossip::Control::Command::worker_finished,
+                           j.start.job_id, std::move(generation)};
+  }
+
+  static uint64_t generation_of(const gossip::Control& c) {
+    if (c.argument.size() != 8) return 0;
+    uint64_t g = 0;
+    for (int i = 0; i < 8; ++i) g |= static_cast<uint64_t>(c.argument[i]) << (8 * i);
+    return g;
+  }
+
+  /// Every position of this worker's list is trained (or max_steps reached).
+  bool listed_all(const Job& j) const {
+    return elastic::next_slice(spans_, consumed_, 1).count == 0 || j.step >= j.total_steps;
   }
 
   /// False: a send queue was full and the job failed.
@@ -181,7 +253,8 @@ class AsyncDriver final : public Driver {
     for (uint32_t s = 0; s < placement_.size(); ++s) {
       if (assembled_[s]) continue;
       if (const auto* address = elastic::worker_address(j.start, placement_[s].front()))
-        out.emplace_back(*address, gossip::ShardUpdate{j.start.job_id, s, gossip::ShardUpdate::Kind::pull, 0, 0, {}});
+        out.emplace_back(*address, gossip::ShardUpdate{j.start.job_id, s, gossip::ShardUpdate::Kind::pull, 0, 0, {}, {},
+                                                       0, 0, false, j.generation});
     }
     send_all(self, j, out);
   }
@@ -195,20 +268,19 @@ class AsyncDriver final : public Driver {
     pull_missing(self, j);
   }
 
-  /// Every fresh batch done; once every push is answered (and refused ones redone) and every
-  /// update is durable (on every holder of its shard), this worker is finished. Rank 0 then waits for the others; the others keep serving their shards.
+  /// Every position of its list done; once every push is answered (and refused ones redone) and
+  /// every update is durable (on every holder of its shard), this worker is finished. Rank 0
+  /// then waits for the others; the others keep serving their shards.
   void finish(Trainer* self, Job& j) {
     if (!worker_->idle() || !worker_->durable() || serving_ || finished_.contains(self_id_)) return;
-    node_events().info("async_finished job={} rank={} steps={} pushes={} stale_rejected={}", j.start.job_id, j.rank,
-                       j.step, worker_->pushes(), worker_->rejected());
+    node_events().info("async_finished job={} rank={} generation={} steps={} pushes={} stale_rejected={}", j.start.job_id,
+                       j.rank, j.generation, j.step, worker_->pushes(), worker_->rejected());
     if (j.rank == 0) {
       finished_.insert(self_id_);
       return maybe_assemble(self, j);
     }
     serving_ = true;
-    send_to(self, j.start.addresses[0],
-            gossip::Control{self_id_, self->state.o.incarnation, gossip::Control::Command::worker_finished,
-                            j.start.job_id, {}});
+    send_to(self, j.start.addresses[0], finished_message(self, j));
   }
 
   void on_state(Trainer* self, Job& j, const std::string& peer, const gossip::ShardState& st) {
@@ -245,17 +317,26 @@ class AsyncDriver final : public Driver {
       blocked_ = false;
       self->send(self, step_atom::value);
     }
-    if (j.step >= j.total_steps) {
+    if (listed_all(j)) {
       if (worker_->idle()) finish(self, j);  // or, once every update is durable, on the last notice
       else if (!blocked_) self->send(self, step_atom::value);  // refused batches to redo
     }
   }
 
   std::string self_id_;
+  uint32_t shards_ = 0;
+  int replication_ = 1;
   std::optional<elastic::AsyncWorker> worker_;
+  uint64_t worker_runs_ = 0;
+  elastic::AsyncWorker::Options worker_options_;
   elastic::Placement placement_;
   caf::actor host_;
   std::shared_ptr<ShardHostCounters> counters_;
+  // This worker's positions and how far it is through them.
+  elastic::Spans spans_;
+  uint64_t consumed_ = 0;
+  uint64_t next_batch_ = 0;
+  std::map<uint64_t, elastic::StepSlice> slices_;  // the positions of recent batches, for a refused one's redo
   bool blocked_ = false;             // waiting for a shard's answer before the next step
   bool serving_ = false;             // not rank 0: all applied; holding shards until rank 0 has the model
   std::set<std::string> finished_;   // rank 0: workers whose updates are all applied
@@ -268,70 +349,136 @@ std::expected<void, std::string> AsyncDriver::setup(Trainer* self, Job& j) {
   auto& o = self->state.o;
   self_id_ = o.self_id;
   const auto& e = j.config.elastic;
-  const auto shards = static_cast<uint32_t>(std::clamp<int64_t>(e.shards > 0 ? e.shards : 2 * static_cast<int64_t>(j.world),
-                                                                1, static_cast<int64_t>(j.elements())));
-  const size_t largest_kb = elastic::shard_range(j.elements(), shards, 0).size() * sizeof(float) / 1024 + 1;
+  replication_ = static_cast<int>(e.replication);
+  // The first generation fixes the count (0: twice its workers); the record carries it on.
+  if (j.start.shards == 0)
+    j.start.shards = static_cast<uint32_t>(std::clamp<int64_t>(
+        e.shards > 0 ? e.shards : 2 * static_cast<int64_t>(j.world), 1, static_cast<int64_t>(j.elements())));
+  shards_ = j.start.shards;
+  // Updates mode: the workers' optimisers have stepped already; the primary adds their changes.
+  compute::OptimizerOptions shard_options = j.config.optimizer.options;
+  if (e.local_steps > 0) {
+    shard_options = {};
+    shard_options.momentum = 0;
+  }
+  auto probe = compute::make_optimizer(shard_options, 1);
+  if (!probe) return std::unexpected(probe.error().message);
+  // A shard moves whole, with its optimiser state, in one frame.
+  const size_t buffers = (*probe)->state().size();
+  const size_t largest_kb =
+      elastic::shard_range(j.elements(), shards_, 0).size() * (1 + buffers) * sizeof(float) / 1024 + 1;
   if (static_cast<int64_t>(largest_kb) + 64 > o.max_frame_kb)
-    return std::unexpected(fmt::format("a shard of {} KiB does not fit this node's frames ([cluster] max_frame_mb = {}); "
-                                       "raise [elastic] shards",
+    return std::unexpected(fmt::format("a shard with its optimiser state ({} KiB) does not fit this node's frames "
+                                       "([cluster] max_frame_mb = {}); raise [elastic] shards",
                                        largest_kb, o.max_frame_kb / 1024));
-  placement_ = elastic::place_shards(shards, j.start.workers, static_cast<int>(e.replication));
-  const auto address_of = [&](const std::string& id) { return *elastic::worker_address(j.start, id); };
-  std::vector<std::string> primaries;
-  for (const auto& holders : placement_) primaries.push_back(address_of(holders.front()));
-  worker_.emplace(elastic::AsyncWorker::Options{j.start.job_id, j.elements(), shards, primaries,
-                                                static_cast<uint32_t>(e.push_window),
-                                                static_cast<uint64_t>(std::max<int64_t>(1, j.config.job.max_staleness)),
-                                                static_cast<uint32_t>(e.local_steps), j.world, o.self_id,
-                                                o.boot_id});
+  if (j.start.spans.empty())
+    for (const auto& list : elastic::initial_spans(j.data.train.size(), j.config.job.epochs, j.world))
+      j.start.spans.push_back(elastic::triples_of(list));
+  j.total_steps = j.config.job.max_steps > 0 ? j.config.job.max_steps : std::numeric_limits<int64_t>::max();
+  worker_options_ = elastic::AsyncWorker::Options{j.start.job_id,
+                                                  j.elements(),
+                                                  shards_,
+                                                  {},
+                                                  static_cast<uint32_t>(e.push_window),
+                                                  static_cast<uint64_t>(std::max<int64_t>(1, j.config.job.max_staleness)),
+                                                  static_cast<uint32_t>(e.local_steps),
+                                                  j.world,
+                                                  o.self_id,
+                                                  o.boot_id};
   auto init = std::make_shared<ShardHostInit>();
   init->transport = o.transport;
   init->cluster_id = o.cluster_id;
   init->self_id = o.self_id;
   init->self_address = o.self_address;
   init->incarnation = o.incarnation;
-  init->job_id = j.start.job_id;
-  init->workers = j.start.workers;
-  init->addresses = j.start.addresses;
-  init->placement = placement_;
   init->trainer = caf::actor_cast<caf::actor>(self);
+  init->job_id = j.start.job_id;
+  init->elements = j.elements();
+  init->shards = shards_;
+  init->max_staleness = static_cast<uint64_t>(j.config.job.max_staleness);
+  init->max_lr = e.local_steps > 0 ? 1.0f : std::numeric_limits<float>::infinity();
+  init->optimizer = [shard_options](size_t n) -> std::expected<std::unique_ptr<compute::Optimizer>, std::string> {
+    auto made = compute::make_optimizer(shard_options, n);
+    if (!made) return std::unexpected(made.error().message);
+    return std::move(*made);
+  };
   counters_ = init->counters = std::make_shared<ShardHostCounters>();
-  const auto params = j.model->parameters();
-  std::string held;
-  for (uint32_t s = 0; s < shards; ++s) {
-    const auto& holders = placement_[s];
-    const auto me = std::find(holders.begin(), holders.end(), o.self_id);
-    if (me == holders.end()) continue;
-    const auto range = elastic::shard_range(j.elements(), shards, s);
-    // Updates mode: the workers' optimisers have stepped already; the primary adds their changes.
-    compute::OptimizerOptions plain;
-    plain.momentum = 0;
-    auto optimizer = compute::make_optimizer(e.local_steps > 0 ? plain : j.config.optimizer.options, range.size());
-    if (!optimizer) return std::unexpected(optimizer.error().message);
-    std::vector<std::string> replicas;
-    if (me == holders.begin())
-      for (auto r = holders.begin() + 1; r != holders.end(); ++r) replicas.push_back(address_of(*r));
-    init->shards.emplace(
-        s, std::make_unique<elastic::ShardServer>(
-               elastic::ShardServer::Options{j.start.job_id, s, static_cast<uint64_t>(j.config.job.max_staleness), replicas,
-                                             e.local_steps > 0 ? 1.0f : std::numeric_limits<float>::infinity()},
-               std::vector<float>(params.begin() + static_cast<ptrdiff_t>(range.begin),
-                                  params.begin() + static_cast<ptrdiff_t>(range.end)),
-               std::move(*optimizer)));
-    held += fmt::format("{}{}{}", held.empty() ? "" : ",", s, me == holders.begin() ? "p" : "r");
-  }
-  node_events().info("shards_placed job={} shards={} replication={} held={}", j.start.job_id, shards,
-                     std::min<int64_t>(e.replication, j.world), held.empty() ? "-" : held);
   host_ = spawn_shard_host(*self, std::move(init));
   // Should the trainer itself end, the host ends with it.
   self->attach_functor([host = caf::actor_cast<caf::weak_actor_ptr>(host_)](const caf::error&) {
     if (auto h = caf::actor_cast<caf::actor>(host)) caf::anon_send_exit(h, caf::exit_reason::kill);
   });
   // The job's last step of set-up: from here the host takes this node's shard updates (the
-  // router holds them until then).
+  // router holds them until then; the host holds them until its plan comes).
+  caf::anon_send(self->state.router, shards_atom::value, host_, std::vector<gossip::ShardHolders>());
+  return {};
+}
+
+std::expected<void, std::string> AsyncDriver::enter(Trainer* self, Job& j) {
+  const auto& r = j.start;
+  if (r.shards != shards_)
+    return std::unexpected(fmt::format("generation {} names {} shards; the job has {}", r.generation, r.shards, shards_));
+  auto plan = elastic::plan_shards(r, shards_, replication_);
+  if (!plan.lost.empty()) {
+    std::string lost;
+    for (const auto& l : plan.lost) lost += (lost.empty() ? "" : "; ") + l;
+    return std::unexpected(fmt::format("generation {} has no surviving holder of {} shard(s): {}. Every holder of a "
+                                       "shard died at once; [elastic] replication = {} survives {} at once",
+                                       r.generation, plan.lost.size(), lost, replication_,
+                                       std::max(0, replication_ - 1)));
+  }
+  placement_ = plan.placement;
+  auto host_plan = std::make_shared<ShardHostPlan>();
+  host_plan->generation = r.generation;
+  host_plan->workers = r.workers;
+  host_plan->addresses = r.addresses;
+  host_plan->plan = std::move(plan);
+  if (r.previous_workers.empty()) {  // the first generation: every holder starts from these values
+    const auto params = j.model->parameters();
+    host_plan->initial = std::make_shared<const std::vector<float>>(params.begin(), params.end());
+  }
+  caf::anon_send(host_, place_atom::value, std::shared_ptr<const ShardHostPlan>(std::move(host_plan)));
   std::vector<gossip::ShardHolders> holders;
   for (uint32_t s = 0; s < placement_.size(); ++s) holders.push_back({s, placement_[s]});
   caf::anon_send(self->state.router, shards_atom::value, host_, std::move(holders));
+
+  std::vector<std::string> primaries;
+  for (const auto& h : placement_) primaries.push_back(*elastic::worker_address(r, h.front()));
+  elastic::Outgoing<gossip::ShardUpdate> resend;
+  if (!worker_) {
+    auto options = worker_options_;
+    options.primaries = primaries;
+    options.workers = j.world;
+    // Each run of the worker numbers its updates from 1: one after being left out must not be
+    // taken for the earlier run's, which the shards' marks remember.
+    options.boot = worker_options_.boot + 0x9e3779b97f4a7c15ull * worker_runs_++;
+    worker_.emplace(std::move(options));
+    worker_->set_generation(r.generation);
+  } else {
+    worker_->set_generation(r.generation);
+    for (uint32_t s = 0; s < shards_; ++s) worker_->retarget(s, primaries[s], resend);
+  }
+  spans_ = j.rank < r.spans.size() ? elastic::spans_of(r.spans[j.rank]) : elastic::Spans{};
+  for (const auto& span : spans_)
+    if (span.end > static_cast<uint64_t>(j.data.train.size()) || span.epoch >= static_cast<uint64_t>(j.config.job.epochs))
+      return std::unexpected(fmt::format("generation {} gives this worker positions [{}, {}) of epoch {}, outside the "
+                                         "job's {} samples and {} epochs",
+                                         r.generation, span.begin, span.end, span.epoch, j.data.train.size(),
+                                         j.config.job.epochs));
+  consumed_ = 0;
+  worker_->set_cursor(0);
+  blocked_ = serving_ = assembling_ = false;
+  finished_.clear();
+  uint64_t positions = 0;
+  for (const auto& span : spans_) positions += span.end - span.begin;
+  if (r.generation > 1)
+    node_events().info("async_entered job={} generation={} shards={} resent={} positions={}", r.job_id, r.generation,
+                       shards_, resend.size(), positions);
+  for (auto& [address, u] : resend) {
+    j.tensor_bytes += u.chunk.data.size_bytes();
+    if (!send_to(self, address, std::move(u)))
+      return std::unexpected(fmt::format("the send queue to {} is full; raise [cluster] send_queue_mb", address));
+  }
   return {};
 }
 

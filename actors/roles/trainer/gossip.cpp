@@ -32,7 +32,7 @@ class GossipDriver final : public Driver {
     const auto now = Clock::now();
     if (!j.first_step) j.first_step = j.window_start = now;
     float loss = 0;
-    const int64_t samples = compute_pieces(j, slice, loss);
+    const int64_t samples = compute_slice(j, slice, loss);
     consumed_ += slice.count;
     j.epoch = static_cast<int64_t>(slice.epoch);
     if (samples > 0) j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(progress(j)));
@@ -152,19 +152,6 @@ class GossipDriver final : public Driver {
   }
 
  private:
-  /// The gradient of one local step's pieces of positions (one epoch) into the model's gradients.
-  static int64_t compute_pieces(Job& j, const elastic::StepSlice& slice, float& loss) {
-    if (slice.count == 0) return 0;
-    compute_positions(j, static_cast<int64_t>(slice.epoch), 0, 0, loss);  // the epoch's order
-    std::vector<int64_t> idx;
-    idx.reserve(slice.count);
-    for (const auto& [begin, end] : slice.pieces)
-      idx.insert(idx.end(), j.order.begin() + static_cast<ptrdiff_t>(begin), j.order.begin() + static_cast<ptrdiff_t>(end));
-    compute::gather_batch(j.data.train, idx, j.x, j.y);
-    loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
-    return static_cast<int64_t>(idx.size());
-  }
-
   /// After the last local step: one ring all-reduce of the replicas; every worker ends with the
   /// same average.
   void start_final_average(Trainer* self, Job& j) {

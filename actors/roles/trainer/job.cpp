@@ -250,6 +250,18 @@ int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, flo
   return end - begin;
 }
 
+int64_t compute_slice(Job& j, const elastic::StepSlice& slice, float& loss) {
+  if (slice.count == 0) return 0;
+  compute_positions(j, static_cast<int64_t>(slice.epoch), 0, 0, loss);  // the epoch's order
+  std::vector<int64_t> idx;
+  idx.reserve(slice.count);
+  for (const auto& [begin, end] : slice.pieces)
+    idx.insert(idx.end(), j.order.begin() + static_cast<ptrdiff_t>(begin), j.order.begin() + static_cast<ptrdiff_t>(end));
+  compute::gather_batch(j.data.train, idx, j.x, j.y);
+  loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
+  return static_cast<int64_t>(idx.size());
+}
+
 bool may_step(const Job& j) {
   return !j.control || (j.member && !j.control->paused() && !j.pulling && j.has_state);
 }

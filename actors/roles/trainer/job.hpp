@@ -292,6 +292,10 @@ void note_first_step(Job& j);
 /// gradients; returns the samples (0: none) and sets their loss.
 int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, float& loss);
 
+/// Gossip and async: the gradient of one local step's pieces of positions (one epoch) into the
+/// model's gradients; returns the samples (0: none) and sets their loss.
+int64_t compute_slice(Job& j, const elastic::StepSlice& slice, float& loss);
+
 /// Whether this worker may take a step now: not while it has promised a generation that is not
 /// installed yet, nor while it pulls the state.
 bool may_step(const Job& j);
