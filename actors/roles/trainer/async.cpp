@@ -99,12 +99,7 @@ class AsyncDriver final : public Driver {
     self->send(self, step_atom::value);
   }
 
-  /// This worker's local steps as a progress, in reference batches, as gossip's.
-  gossip::JobProgress progress(const Job& j) const override {
-    const auto step = static_cast<uint64_t>(j.step), per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
-    const uint64_t reference = j.start.reference_batch;
-    return {step, per_epoch ? step / per_epoch : 0, per_epoch ? step % per_epoch * reference : 0, step * reference};
-  }
+  gossip::JobProgress progress(const Job& j) const override { return local_progress(j); }
 
   /// The cursor in this worker's list, and the others' as far as their pushes applied on this
   /// node's primaries reached (counted should they be gone).
@@ -371,10 +366,7 @@ std::expected<void, std::string> AsyncDriver::setup(Trainer* self, Job& j) {
     return std::unexpected(fmt::format("a shard with its optimiser state ({} KiB) does not fit this node's frames "
                                        "([cluster] max_frame_mb = {}); raise [elastic] shards",
                                        largest_kb, o.max_frame_kb / 1024));
-  if (j.start.spans.empty())
-    for (const auto& list : elastic::initial_spans(j.data.train.size(), j.config.job.epochs, j.world))
-      j.start.spans.push_back(elastic::triples_of(list));
-  j.total_steps = j.config.job.max_steps > 0 ? j.config.job.max_steps : std::numeric_limits<int64_t>::max();
+  init_position_lists(j);
   worker_options_ = elastic::AsyncWorker::Options{j.start.job_id,
                                                   j.elements(),
                                                   shards_,
@@ -458,13 +450,9 @@ std::expected<void, std::string> AsyncDriver::enter(Trainer* self, Job& j) {
     worker_->set_generation(r.generation);
     for (uint32_t s = 0; s < shards_; ++s) worker_->retarget(s, primaries[s], resend);
   }
-  spans_ = j.rank < r.spans.size() ? elastic::spans_of(r.spans[j.rank]) : elastic::Spans{};
-  for (const auto& span : spans_)
-    if (span.end > static_cast<uint64_t>(j.data.train.size()) || span.epoch >= static_cast<uint64_t>(j.config.job.epochs))
-      return std::unexpected(fmt::format("generation {} gives this worker positions [{}, {}) of epoch {}, outside the "
-                                         "job's {} samples and {} epochs",
-                                         r.generation, span.begin, span.end, span.epoch, j.data.train.size(),
-                                         j.config.job.epochs));
+  auto spans = worker_positions(j);
+  if (!spans) return std::unexpected(spans.error());
+  spans_ = std::move(*spans);
   consumed_ = 0;
   worker_->set_cursor(0);
   blocked_ = serving_ = assembling_ = false;

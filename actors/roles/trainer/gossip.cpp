@@ -15,11 +15,7 @@ class GossipDriver final : public Driver {
 
   std::expected<void, std::string> setup(Trainer*, Job& j) override {
     j.buffer.assign(j.elements(), 0.0f);
-    // Each worker trains through its own list of positions; the job ends when all are done.
-    if (j.start.spans.empty())
-      for (const auto& list : elastic::initial_spans(j.data.train.size(), j.config.job.epochs, j.world))
-        j.start.spans.push_back(elastic::triples_of(list));
-    j.total_steps = j.config.job.max_steps > 0 ? j.config.job.max_steps : std::numeric_limits<int64_t>::max();
+    init_position_lists(j);
     return {};
   }
 
@@ -59,13 +55,7 @@ class GossipDriver final : public Driver {
     self->send(self, step_atom::value);
   }
 
-  /// This worker's local steps as a progress, in reference batches (the rate policy reads the
-  /// schedule at the step and ramps over samples).
-  gossip::JobProgress progress(const Job& j) const override {
-    const auto step = static_cast<uint64_t>(j.step), per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
-    const uint64_t reference = j.start.reference_batch;
-    return {step, step / per_epoch, step % per_epoch * reference, step * reference};
-  }
+  gossip::JobProgress progress(const Job& j) const override { return local_progress(j); }
 
   elastic::JobControl::Local local(const Job& j) const override {
     auto at = progress(j);
@@ -129,13 +119,9 @@ class GossipDriver final : public Driver {
         r.job_id, j.rank, j.world, j.elements(), chunk_elements(j), every, std::max<uint64_t>(16, 4 * every)});
     random_.seed(j.config.job.seed * 1000003 + j.rank + r.generation * 7919);
     final_average_ = heard_final_ = false;
-    spans_ = j.rank < r.spans.size() ? elastic::spans_of(r.spans[j.rank]) : elastic::Spans{};
-    for (const auto& span : spans_)
-      if (span.end > static_cast<uint64_t>(j.data.train.size()) || span.epoch >= static_cast<uint64_t>(j.config.job.epochs))
-        return std::unexpected(fmt::format("generation {} gives this worker positions [{}, {}) of epoch {}, outside the "
-                                           "job's {} samples and {} epochs",
-                                           r.generation, span.begin, span.end, span.epoch, j.data.train.size(),
-                                           j.config.job.epochs));
+    auto spans = worker_positions(j);
+    if (!spans) return std::unexpected(spans.error());
+    spans_ = std::move(*spans);
     consumed_ = 0;
     cursors_.clear();
     return {};

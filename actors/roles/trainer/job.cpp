@@ -250,6 +250,31 @@ int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, flo
   return end - begin;
 }
 
+void init_position_lists(Job& j) {
+  if (j.start.spans.empty())
+    for (const auto& list : elastic::initial_spans(j.data.train.size(), j.config.job.epochs, j.world))
+      j.start.spans.push_back(elastic::triples_of(list));
+  j.total_steps = j.config.job.max_steps > 0 ? j.config.job.max_steps : std::numeric_limits<int64_t>::max();
+}
+
+std::expected<elastic::Spans, std::string> worker_positions(const Job& j) {
+  const auto& r = j.start;
+  auto spans = j.rank < r.spans.size() ? elastic::spans_of(r.spans[j.rank]) : elastic::Spans{};
+  for (const auto& span : spans)
+    if (span.end > static_cast<uint64_t>(j.data.train.size()) || span.epoch >= static_cast<uint64_t>(j.config.job.epochs))
+      return std::unexpected(fmt::format("generation {} gives this worker positions [{}, {}) of epoch {}, outside the "
+                                         "job's {} samples and {} epochs",
+                                         r.generation, span.begin, span.end, span.epoch, j.data.train.size(),
+                                         j.config.job.epochs));
+  return spans;
+}
+
+gossip::JobProgress local_progress(const Job& j) {
+  const auto step = static_cast<uint64_t>(j.step), per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
+  const uint64_t reference = j.start.reference_batch;
+  return {step, per_epoch ? step / per_epoch : 0, per_epoch ? step % per_epoch * reference : 0, step * reference};
+}
+
 int64_t compute_slice(Job& j, const elastic::StepSlice& slice, float& loss) {
   if (slice.count == 0) return 0;
   compute_positions(j, static_cast<int64_t>(slice.epoch), 0, 0, loss);  // the epoch's order

@@ -292,6 +292,19 @@ void note_first_step(Job& j);
 /// gradients; returns the samples (0: none) and sets their loss.
 int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, float& loss);
 
+/// Gossip and async: each worker trains through its own list of positions. The first
+/// generation's lists (each worker the r-th equal part of every epoch), set up once; the job runs
+/// until its lists are done (or max_steps).
+void init_position_lists(Job& j);
+
+/// Gossip and async: this worker's list in the installed generation, checked against the job's
+/// samples and epochs.
+std::expected<elastic::Spans, std::string> worker_positions(const Job& j);
+
+/// Gossip and async: this worker's local steps as a progress, in reference batches (the rate
+/// policy reads the schedule at the step and ramps over samples).
+gossip::JobProgress local_progress(const Job& j);
+
 /// Gossip and async: the gradient of one local step's pieces of positions (one epoch) into the
 /// model's gradients; returns the samples (0: none) and sets their loss.
 int64_t compute_slice(Job& j, const elastic::StepSlice& slice, float& loss);
