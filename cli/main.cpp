@@ -48,7 +48,7 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   run_cmd->add_flag("--resume", run.resume,
                     "Continue the job from the newest checkpoint in [elastic] checkpoint_dir (default OUT/checkpoints), "
-                    "on any number of nodes (sync jobs)");
+                    "on any number of nodes, in every mode");
 
   tepdist::cli::NodeArgs node;
   auto* node_cmd = app.add_subcommand("node", "Run one node of a cluster until SIGTERM or SIGINT");

@@ -364,6 +364,8 @@ int run_run_command(const RunArgs& args) {
   if (const auto& e = loaded->elastic; loaded->cluster.local_nodes > 0 && e.checkpoint_dir.empty() &&
                                        (e.checkpoint_every_steps > 0 || e.checkpoint_every_s > 0))
     implied.push_back("elastic.checkpoint_dir=" + toml_path(fs::absolute(fs::path(args.out) / "checkpoints")));
+  // A resumed gossip or async job: the step it resumed at, and the positions it has left.
+  std::optional<std::pair<int64_t, uint64_t>> resumed_lists;
   if (args.resume) {
     if (loaded->cluster.local_nodes == 0 && loaded->elastic.checkpoint_dir.empty())
       return usage_error(fmt::format("{}: --resume on a running cluster needs [elastic] checkpoint_dir: the folder its "
@@ -375,9 +377,15 @@ int run_run_command(const RunArgs& args) {
     if (!found) return usage_error(fmt::format("--resume: {}", found.error()));
     for (const auto& why : found->passed_over) fmt::print(stderr, "--resume: passed over {}\n", why);
     const auto& at = found->state;
+    uint64_t left = 0;
+    if (at.job)
+      for (size_t i = 0; i + 2 < at.job->remaining.size(); i += 3) left += at.job->remaining[i + 2] - at.job->remaining[i + 1];
+    if (at.job && at.job->mode != "sync") resumed_lists.emplace(at.step, left);
     fmt::print("resuming from {}: step {}, epoch {}{}\n", found->part.string(), at.step, at.epoch + 1,
-               at.job ? fmt::format(", position {} (job {}, {} mode)", at.job->position, at.job->job_id, at.job->mode)
-                      : std::string());
+               !at.job                  ? std::string()
+               : at.job->mode == "sync" ? fmt::format(", position {} (job {}, sync mode)", at.job->position, at.job->job_id)
+                                        : fmt::format(", {} positions left (job {}, {} mode)", left, at.job->job_id,
+                                                      at.job->mode));
     implied.push_back("elastic.resume_from=" + toml_path(fs::absolute(found->part)));
   }
   if (!implied.empty()) {
@@ -498,11 +506,15 @@ int run_run_command(const RunArgs& args) {
     if (r.kind == K::progress) {
       if (startup_seconds < 0)
         startup_seconds = std::chrono::duration<double>(Clock::now() - process_start).count() - r.train_seconds;
+      // Gossip and async count each worker's local steps: a resumed job's go on from the
+      // checkpoint's, through the positions it had left.
+      const int64_t planned =
+          resumed_lists && r.members > 0
+              ? resumed_lists->first + static_cast<int64_t>((resumed_lists->second + r.members * c.data.batch_size - 1) /
+                                                            (r.members * c.data.batch_size))
+              : elastic::sync_steps_per_epoch(train_n, std::max<int64_t>(1, r.members), c.data.batch_size) * c.job.epochs;
       const int64_t total =
-          train_n > 0 && r.members > 0
-              ? std::min(elastic::sync_steps_per_epoch(train_n, r.members, c.data.batch_size) * c.job.epochs,
-                         c.job.max_steps > 0 ? c.job.max_steps : INT64_MAX)
-              : 0;
+          train_n > 0 && r.members > 0 ? std::min(planned, c.job.max_steps > 0 ? c.job.max_steps : INT64_MAX) : 0;
       collected->last_progress = r;
       const std::string accuracy = collected->evaluations.empty()
                                        ? std::string("-")

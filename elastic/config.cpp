@@ -286,8 +286,9 @@ const std::vector<Key>& keys() {
         "`tepdist run`: restarts per local node under restart = \"on-failure\". 0 to 1000."},
        0, 1000, false, false, {}, assign<&J::elastic, &J::Elastic::restart_budget>},
       {{"elastic", "checkpoint_every_steps", KeyType::integer, "0",
-        "Cluster checkpoints (sync jobs): the worker with rank-0 duties writes the job's state every this many "
-        "steps, and at the end. 0: not by steps. 0 to 1000000000."},
+        "Cluster checkpoints: the worker with rank-0 duties writes the job's state every this many of its "
+        "steps (sync and gossip also at the end; async gathers every shard from its primary first). 0: not by "
+        "steps. 0 to 1000000000."},
        0, 1e9, false, false, {}, assign<&J::elastic, &J::Elastic::checkpoint_every_steps>},
       {{"elastic", "checkpoint_every_s", KeyType::number, "0",
         "Cluster checkpoints: also (or only) every this many seconds of training, at the next step boundary. "
@@ -300,8 +301,8 @@ const std::vector<Key>& keys() {
        -inf, inf, false, false, {}, assign<&J::elastic, &J::Elastic::checkpoint_dir>},
       {{"elastic", "resume_from", KeyType::string, "\"\"",
         "A checkpoint part (.ckpt) every worker of the job's first generation reads at the start: the job "
-        "continues from the state and position in it, on any number of workers. `tepdist run --resume` sets it "
-        "to the newest checkpoint that checks out. Sync jobs only so far."},
+        "continues from the state and position in it (gossip and async: the positions left, re-split), on any "
+        "number of workers. `tepdist run --resume` sets it to the newest checkpoint that checks out."},
        -inf, inf, false, false, {}, assign<&J::elastic, &J::Elastic::resume_from>},
       {{"elastic", "checkpoint_keep", KeyType::integer, "3",
         "How many of the newest checkpoints are kept; older ones are removed. 1 to 1000."},

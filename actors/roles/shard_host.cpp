@@ -7,6 +7,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <optional>
+#include <set>
 
 #include "actors/atoms.hpp"
 #include "actors/router.hpp"
@@ -29,6 +32,9 @@ struct Host {
     bool holder = false;  // of this generation (else only kept as its source)
   };
   std::map<uint32_t, Held> shards;
+  // Per shard this node is primary of, per worker: the cursor its latest applied push carried in
+  // this generation (a checkpoint's cut).
+  std::map<uint32_t, std::map<std::string, uint64_t>> cursors;
   bool ready = false;  // every shard held in this generation has its state (logged once)
   // Messages this node cannot take yet: for a shard being fetched, or of a generation it has not
   // installed. Bounded; taken again at each install and each transfer.
@@ -145,9 +151,11 @@ struct Host {
 
   /// A generation's plan: every shard this node holds in it starts from its source's state.
   void place(std::shared_ptr<const ShardHostPlan> next) {
+    if (gather) end_gather(fmt::format("generation {} was installed meanwhile", next->generation));
     plan = std::move(next);
     generation = plan->generation;
     ready = false;
+    cursors.clear();  // they point into the lists of the generation before
     std::map<uint32_t, Held> kept;
     std::string held;
     bool fetching = false;
@@ -162,6 +170,16 @@ struct Host {
         const auto r = elastic::shard_range(init->elements, init->shards, s);
         auto optimizer = init->optimizer(r.size());
         if (!optimizer) return lost(fmt::format("shard {}: {}", s, optimizer.error()));
+        if (plan->initial_optimizer) {
+          auto state = (*optimizer)->state();
+          if (state.size() != plan->initial_optimizer->size())
+            return lost(fmt::format("shard {}: the checkpoint holds {} optimiser buffers; the shard's optimiser has {}", s,
+                                    plan->initial_optimizer->size(), state.size()));
+          for (size_t b = 0; b < state.size(); ++b)
+            std::copy((*plan->initial_optimizer)[b].begin() + static_cast<ptrdiff_t>(r.begin),
+                      (*plan->initial_optimizer)[b].begin() + static_cast<ptrdiff_t>(r.end), state[b].second.begin());
+          (*optimizer)->set_steps(plan->initial_optimizer_steps);
+        }
         h.server = std::make_unique<elastic::ShardServer>(
             options(s),
             std::vector<float>(plan->initial->begin() + static_cast<ptrdiff_t>(r.begin),
@@ -195,19 +213,15 @@ struct Host {
     retry_waiting();
   }
 
-  void on_transfer(const std::string& peer, const ShardTransfer& t) {
-    if (t.job_id != init->job_id || t.generation != generation) return;  // an older generation's
-    const auto it = shards.find(t.shard);
-    if (it == shards.end() || it->second.server || !it->second.holder) return;  // not fetched here, or already come
-    if (peer != plan->plan.sources[t.shard]) return refuse(peer, t, "not the shard's source");
-    if (!t.refused.empty()) return lost(fmt::format("shard {}: its source {} says: {}", t.shard, peer, t.refused));
+  /// A transfer's snapshot, or what is wrong with it.
+  std::expected<elastic::ShardSnapshot, std::string> snapshot_of(const ShardTransfer& t) const {
     const auto r = elastic::shard_range(init->elements, init->shards, t.shard);
     const size_t n = r.size();
     if (n == 0 || t.chunk.offset != 0 || t.chunk.data.size() != t.chunk.total || t.chunk.data.size() < n ||
         t.chunk.data.size() % n != 0)
-      return refuse(peer, t, fmt::format("{} values for a shard of {}", t.chunk.data.size(), n));
+      return std::unexpected(fmt::format("{} values for a shard of {}", t.chunk.data.size(), n));
     if (!std::all_of(t.chunk.data.begin(), t.chunk.data.end(), [](float v) { return std::isfinite(v); }))
-      return refuse(peer, t, "values that are not finite");
+      return std::unexpected("values that are not finite");
     elastic::ShardSnapshot snap;
     snap.version = t.version;
     snap.optimizer_steps = t.optimizer_steps;
@@ -216,7 +230,19 @@ struct Host {
       snap.optimizer.emplace_back(t.chunk.data.begin() + static_cast<ptrdiff_t>(k),
                                   t.chunk.data.begin() + static_cast<ptrdiff_t>(k + n));
     for (const auto& m : t.marks) snap.marks[m.worker] = {m.boot, m.seq};
-    auto server = restore(t.shard, std::move(snap));
+    return snap;
+  }
+
+  void on_transfer(const std::string& peer, const ShardTransfer& t) {
+    if (t.job_id != init->job_id || t.generation != generation || t.shard >= init->shards) return;  // an older generation's
+    if (gather && gather->pending.contains(t.shard) && peer == plan->plan.placement[t.shard].front()) gathered(peer, t);
+    const auto it = shards.find(t.shard);
+    if (it == shards.end() || it->second.server || !it->second.holder) return;  // not fetched here, or already come
+    if (peer != plan->plan.sources[t.shard]) return refuse(peer, t, "not the shard's source");
+    if (!t.refused.empty()) return lost(fmt::format("shard {}: its source {} says: {}", t.shard, peer, t.refused));
+    auto snap = snapshot_of(t);
+    if (!snap) return refuse(peer, t, snap.error());
+    auto server = restore(t.shard, std::move(*snap));
     if (!server) return refuse(peer, t, server.error());
     it->second.server = std::move(*server);
     init->counters->note_version(t.shard, it->second.server->version());
@@ -229,6 +255,110 @@ struct Host {
                        t.shard, peer, t.version);
     maybe_ready();
     retry_waiting();
+  }
+
+  // -- Checkpoints: rank 0's host gathers every shard --
+
+  struct Gather {
+    uint64_t id = 0;
+    int tries = 0;
+    std::set<uint32_t> pending;
+    std::map<uint32_t, elastic::ShardSnapshot> got;
+    std::map<uint32_t, std::map<std::string, uint64_t>> cursors;  // per shard, as its primary had them
+  };
+  std::optional<Gather> gather;
+  static constexpr int gather_tries = 10;  // asked every 2 s
+
+  void end_gather(std::string error) {
+    auto out = std::make_shared<ShardGather>();
+    out->id = gather->id;
+    out->error = std::move(error);
+    if (out->error.empty()) {
+      out->values.resize(init->elements);
+      out->optimizer_steps = std::numeric_limits<int64_t>::max();
+      const size_t buffers = gather->got.begin()->second.optimizer.size();
+      out->optimizer.assign(buffers, std::vector<float>(init->elements));
+      for (const auto& [s, snap] : gather->got) {
+        const auto r = elastic::shard_range(init->elements, init->shards, s);
+        if (snap.values.size() != r.size() || snap.optimizer.size() != buffers) {
+          out->error = fmt::format("shard {} came with {} values and {} optimiser buffers (expected {} and {})", s,
+                                   snap.values.size(), snap.optimizer.size(), r.size(), buffers);
+          break;
+        }
+        std::copy(snap.values.begin(), snap.values.end(), out->values.begin() + static_cast<ptrdiff_t>(r.begin));
+        for (size_t b = 0; b < buffers; ++b) {
+          if (snap.optimizer[b].size() != r.size()) {
+            out->error = fmt::format("shard {}'s optimiser buffer {} holds {} values, not {}", s, b,
+                                     snap.optimizer[b].size(), r.size());
+            break;
+          }
+          std::copy(snap.optimizer[b].begin(), snap.optimizer[b].end(),
+                    out->optimizer[b].begin() + static_cast<ptrdiff_t>(r.begin));
+        }
+        out->optimizer_steps = std::min(out->optimizer_steps, snap.optimizer_steps);
+        out->versions += snap.version;
+      }
+      if (!out->error.empty()) out->values.clear(), out->optimizer.clear();
+      // A worker's positions are in the checkpoint as far as every shard holds them.
+      for (const auto& [worker, c] : gather->cursors.begin()->second) {
+        uint64_t least = c;
+        for (const auto& [s, of_shard] : gather->cursors) {
+          const auto it = of_shard.find(worker);
+          least = std::min(least, it == of_shard.end() ? 0 : it->second);
+        }
+        out->cursors[worker] = least;
+      }
+    }
+    gather.reset();
+    const uint64_t id = out->id;
+    caf::anon_send(init->trainer, gather_atom::value, id, std::shared_ptr<const ShardGather>(std::move(out)));
+  }
+
+  /// The trainer asks for every shard: those held here are taken now, the others fetched.
+  void start_gather(uint64_t id) {
+    if (gather) end_gather("a newer checkpoint was asked for");
+    gather.emplace();
+    gather->id = id;
+    if (!plan || !ready) return end_gather("this node's shards are still being fetched for this generation");
+    // From each shard's primary: a replica's copy may lag it, and only the primary knows the cursors.
+    for (uint32_t s = 0; s < init->shards; ++s) {
+      const auto it = shards.find(s);
+      if (it != shards.end() && it->second.primary && it->second.server) {
+        gather->got.emplace(s, it->second.server->snapshot());
+        gather->cursors[s] = cursors[s];
+      } else {
+        gather->pending.insert(s);
+      }
+    }
+    ask_gather();
+  }
+
+  void ask_gather() {
+    if (gather->pending.empty()) return end_gather({});
+    for (const auto s : gather->pending)
+      send(worker_address(plan->plan.placement[s].front()),
+           ShardUpdate{init->job_id, s, ShardUpdate::Kind::fetch, 0, 0, {}, init->self_id, 0, 0, false, generation});
+    self->delayed_send(self, std::chrono::seconds(2), regather_atom::value, gather->id);
+  }
+
+  void regather(uint64_t id) {
+    if (!gather || gather->id != id) return;
+    if (++gather->tries >= gather_tries) {
+      const uint32_t s = *gather->pending.begin();
+      return end_gather(fmt::format("shard {}'s primary {} did not send it within {} s", s,
+                                    plan->plan.placement[s].front(), 2 * gather_tries));
+    }
+    ask_gather();
+  }
+
+  void gathered(const std::string& peer, const ShardTransfer& t) {
+    if (!t.refused.empty()) return;  // the primary is still fetching it: asked again at the next try
+    auto snap = snapshot_of(t);
+    if (!snap) return refuse(peer, t, snap.error());
+    gather->pending.erase(t.shard);
+    gather->got.insert_or_assign(t.shard, std::move(*snap));
+    gather->cursors[t.shard] = {t.cursors.begin(), t.cursors.end()};
+    if (gather->pending.empty()) end_gather({});
   }
 
   void serve_fetch(const std::string& peer, const ShardUpdate& u) {
@@ -247,6 +377,7 @@ struct Host {
     t.optimizer_steps = snap.optimizer_steps;
     t.chunk = gossip::TensorChunk{snap.version, u.shard, 0, flat->size(), std::span<const float>(*flat), flat};
     for (const auto& [worker, mark] : snap.marks) t.marks.push_back({worker, mark.boot, mark.seq});
+    if (const auto c = cursors.find(u.shard); c != cursors.end()) t.cursors.assign(c->second.begin(), c->second.end());
     send(to, std::move(t));
   }
 
@@ -289,7 +420,11 @@ struct Host {
           ++init->counters->applied;
           init->counters->staleness_sum += answer->staleness;
         }
-        if (!answer->rejected) init->counters->note_cursor(u.origin, u.consumed);
+        if (!answer->rejected) {
+          init->counters->note_cursor(u.origin, u.consumed);
+          auto& c = cursors[u.shard][u.origin];
+          c = std::max(c, u.consumed);
+        }
         if (!answer->rejected && !answer->duplicate) init->counters->note_version(u.shard, server.version());
         answer->generation = generation;
         send(to, std::move(*answer));
@@ -335,6 +470,8 @@ caf::behavior shard_host(caf::event_based_actor* self, std::shared_ptr<ShardHost
       },
       [host](place_atom, std::shared_ptr<const ShardHostPlan> plan) { host->place(std::move(plan)); },
       [host](refetch_atom, uint64_t generation) { host->refetch(generation); },
+      [host](gather_atom, uint64_t id) { host->start_gather(id); },
+      [host](regather_atom, uint64_t id) { host->regather(id); },
   };
 }
 

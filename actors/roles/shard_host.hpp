@@ -14,6 +14,10 @@
 // sender's generation: one from an older generation is dropped (its sender sends again in the new
 // one), one from a newer is kept (bounded) until this node installs it.
 //
+// Checkpoints. Rank 0's host gathers every shard on its trainer's behalf (gather_atom): what it
+// holds as it is, the rest fetched from the primaries as a new holder would, asked again every 2 s
+// and given up after 20 s or at the next generation; the trainer writes the file.
+//
 // It obeys the job's membership: pushes and pulls only from the generation's workers,
 // replications only from the shard's primary, acks only from its replicas; anything else, and
 // anything the core refuses, is logged and dropped.
@@ -105,6 +109,25 @@ struct ShardHostPlan {
   elastic::ShardPlan plan;
   /// The first generation: the job's initial parameters, every holder's starting values.
   std::shared_ptr<const std::vector<float>> initial;
+  /// ... and, for a job resumed from a checkpoint in gradients mode, its optimiser's buffers
+  /// (whole, as the parameters) and step count.
+  std::shared_ptr<const std::vector<std::vector<float>>> initial_optimizer;
+  int64_t initial_optimizer_steps = 0;
+};
+
+/// Every shard's state, gathered by rank 0's host for a checkpoint (gather_atom): the shards this
+/// node holds as they are, the others fetched from their primaries, each at whatever version it
+/// had when asked. Assembled whole: the job's parameters and each optimiser buffer.
+struct ShardGather {
+  uint64_t id = 0;
+  std::string error;  ///< not empty: no checkpoint this time, and why
+  std::vector<float> values;
+  std::vector<std::vector<float>> optimizer;
+  int64_t optimizer_steps = 0;  ///< the fewest steps any shard's optimiser took
+  uint64_t versions = 0;        ///< summed over the shards
+  /// Per worker, how far its positions are in these values: the least over the shards of the
+  /// cursor its latest push applied there carried (a worker missing from any shard: 0).
+  std::map<std::string, uint64_t> cursors;
 };
 
 /// Spawns the host for one job. It holds nothing until its first plan.
@@ -114,3 +137,4 @@ caf::actor spawn_shard_host(caf::local_actor& parent, std::shared_ptr<ShardHostI
 
 #include <caf/allowed_unsafe_message_type.hpp>
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const tepdist::actors::ShardHostPlan>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::shared_ptr<const tepdist::actors::ShardGather>)

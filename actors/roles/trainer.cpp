@@ -372,6 +372,9 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
         if (self->state.job && self->state.job->driver->local_shards())
           fail(self, fmt::format("a shard of the async job is lost: {}", why));
       },
+      [self](gather_atom, uint64_t, std::shared_ptr<const ShardGather> gathered) {
+        if (self->state.job && gathered) self->state.job->driver->on_gathered(self, *self->state.job, *gathered);
+      },
       [self](retire_atom) { self->state.retired.clear(); },
       [self](tick_atom) { on_tick(self); },
       [self](drain_atom) -> caf::result<std::string> {

@@ -57,8 +57,10 @@ std::unexpected<Error> corrupt(const std::filesystem::path& path, std::string_vi
 }
 
 json job_json(const TrainingState::Job& j) {
-  return {{"job_id", j.job_id},     {"generation", j.generation}, {"mode", j.mode},
-          {"position", j.position}, {"samples", j.samples},       {"reference_batch", j.reference_batch}};
+  json out = {{"job_id", j.job_id},     {"generation", j.generation}, {"mode", j.mode},
+              {"position", j.position}, {"samples", j.samples},       {"reference_batch", j.reference_batch}};
+  if (!j.remaining.empty()) out["remaining"] = j.remaining;
+  return out;
 }
 
 /// The training fields of a header (throws json::exception on a missing or mistyped one).
@@ -72,6 +74,8 @@ TrainingState state_of(const json& header) {
     state.job = TrainingState::Job{j.at("job_id").get<uint64_t>(),   j.at("generation").get<uint64_t>(),
                                    j.at("mode").get<std::string>(),  j.at("position").get<uint64_t>(),
                                    j.at("samples").get<uint64_t>(),  j.at("reference_batch").get<uint64_t>()};
+    if (j.contains("remaining")) state.job->remaining = j.at("remaining").get<std::vector<uint64_t>>();
+    if (state.job->remaining.size() % 3 != 0) throw json::other_error::create(501, "job.remaining is not triples", &j);
   }
   return state;
 }

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <vector>
 
 #include "compute/error.hpp"
 #include "compute/model.hpp"
@@ -32,6 +33,10 @@ struct TrainingState {
     uint64_t position = 0;         ///< in the epoch's permutation
     uint64_t samples = 0;          ///< consumed since the job began
     uint64_t reference_batch = 0;  ///< the global batch epochs and the schedule are counted in
+    /// Gossip and async: the positions not consumed at the cut, as (epoch, begin, end) triples in
+    /// epoch and position order (whichever workers held them); a resumed job re-splits them over
+    /// its workers. Sync: empty (`position` says where the epoch stands).
+    std::vector<uint64_t> remaining = {};
     friend bool operator==(const Job&, const Job&) = default;
   };
   std::optional<Job> job;

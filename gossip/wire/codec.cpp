@@ -197,6 +197,11 @@ struct Encoder {
               marks[i].setSeq(m.marks[i].seq);
             }
             b.setRefused(m.refused);
+            auto cursors = b.initCursors(static_cast<unsigned>(m.cursors.size()));
+            for (unsigned i = 0; i < m.cursors.size(); ++i) {
+              cursors[i].setWorker(m.cursors[i].first);
+              cursors[i].setConsumed(m.cursors[i].second);
+            }
           } else if constexpr (std::is_same_v<T, LeaveRequest>) {
             auto b = e.initLeaveRequest();
             b.setNode(m.node);
@@ -459,6 +464,11 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
                       get_chunk(r.getChunk(), owner)};
       for (auto m : marks) t.marks.push_back({std::string(m.getWorker()), m.getBoot(), m.getSeq()});
       t.refused = r.getRefused();
+      const auto cursors = r.getCursors();
+      if (cursors.size() > ShardTransfer::max_marks)
+        throw WireError{WireErrc::malformed, fmt::format("a shard transfer with {} cursors (at most {})", cursors.size(),
+                                                         ShardTransfer::max_marks)};
+      for (auto c : cursors) t.cursors.emplace_back(std::string(c.getWorker()), c.getConsumed());
       return t;
     }
     case wire::Envelope::LEAVE_REQUEST: {

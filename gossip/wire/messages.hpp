@@ -319,7 +319,10 @@ struct ShardTransfer {
   TensorChunk chunk;  ///< the values, then each optimiser buffer of the same length
   std::vector<Mark> marks = {};
   std::string refused = {};  ///< not empty: the source does not hold the shard, and why
-  static constexpr size_t max_marks = 65536;  ///< one per worker that ever pushed to the shard
+  /// Per worker, the cursor its latest push applied to the shard in `generation` carried: the
+  /// positions this shard's state holds (rank 0's checkpoint cut takes the least over shards).
+  std::vector<std::pair<std::string, uint64_t>> cursors = {};
+  static constexpr size_t max_marks = 65536;  ///< one per worker that ever pushed to the shard (and so for cursors)
   friend bool operator==(const ShardTransfer&, const ShardTransfer&) = default;
 };
 

@@ -381,6 +381,8 @@ struct ShardTransfer {
   chunk @5 :TensorChunk;     # the values, then each optimiser buffer of the same length
   marks @6 :List(UpdateMark);
   refused @7 :Text;          # not empty: the source does not hold the shard, and why
+  cursors @8 :List(Cursor);  # per worker, the cursor its latest push applied to the shard in this
+                             # generation carried (a checkpoint's cut)
 }
 
 struct UpdateMark {

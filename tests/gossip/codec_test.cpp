@@ -68,6 +68,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       ShardState{9, 2, 34, false, 1, chunk, 17, 30, false, ShardState::Kind::values, 4},
       ShardTransfer{9, 2, 4, 34, 120, chunk, {{"node-03", 0xb007, 17}, {"node-01", 5, 2}}},
       ShardTransfer{9, 2, 4, 0, 0, {}, {}, "this node does not hold shard 2"},
+      ShardTransfer{9, 2, 4, 34, 120, chunk, {{"node-03", 0xb007, 17}}, {}, {{"node-03", 4096}, {"node-01", 0}}},
       JobStart{9, "[job]", "127.0.0.1:9000", {"a", "b"}, {"127.0.0.1:1", "127.0.0.1:2"}, "a", 4, "submitter-7", {5, 6},
                3, JobProgress{40, 1, 192, 6336}, {"a"}, 3, 192, {}, 3, {"a", "b", "c"}, {5, 6, 7}, {"a", "", "b"}},
       GenerationVote{9, GenerationVote::Kind::ack, 4, 3, {}, JobProgress{41, 1, 384, 6528}, true, 77, "", {{"b", 640}},

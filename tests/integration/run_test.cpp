@@ -161,6 +161,66 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
         fs::perms::none);
 }
 
+TEST_CASE("gossip and async: a checkpoint of three nodes resumes on two, and the positions left are trained once",
+          "[integration][run]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  const uint64_t positions = 2 * 6144;  // two epochs
+  for (const std::string mode : {"gossip", "async"}) {
+    INFO(mode);
+    const auto out = dir.path / mode;
+    // Stopped after 24 local steps of each worker (3 x 24 x 64 = 4608 samples), a checkpoint
+    // every 8 of rank 0's.
+    Child stopped({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "3", "--set", "job.max_steps=24", "--set",
+                   "elastic.checkpoint_every_steps=8", "--out", out.string()});
+    const int status = stopped.wait();
+    INFO(stopped.all());
+    REQUIRE(status == 0);
+    CHECK(fs::exists(out / "checkpoints" / "step-00000016.ckpt"));
+    const auto first = read_json(out / "result.json");
+    CHECK(first["checkpoint"].is_string());
+
+    // Resumed with no step left to take, the job's model is the checkpoint's, bit for bit (async:
+    // placed over the shards and pulled back; gossip: the average of two equal replicas).
+    Child exported({TEPDIST_BINARY, "export", (out / "checkpoints").string(), "--out", (out / "ckpt.safetensors").string()});
+    REQUIRE(exported.wait() == 0);
+    const auto newest = read_json(first["checkpoint"].get<std::string>());
+    Child idle({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "2", "--resume", "--set",
+                "job.max_steps=" + std::to_string(newest["step"].get<int64_t>()), "--out", out.string()});
+    const int idle_status = idle.wait();
+    INFO(idle.all());
+    REQUIRE(idle_status == 0);
+    CHECK(tepdist::test::read_bytes(out / "model.safetensors") == tepdist::test::read_bytes(out / "ckpt.safetensors"));
+
+    Child resumed({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "2", "--resume", "--out", out.string()});
+    const int resumed_status = resumed.wait();
+    INFO(resumed.all());
+    REQUIRE(resumed_status == 0);
+    // "resuming from PART: step S, epoch E, N positions left (job J, MODE mode)"
+    const std::string said = resumed.all();
+    const auto at = said.find("positions left");
+    REQUIRE(at != std::string::npos);
+    const auto from = said.rfind(", ", at);
+    const uint64_t left = std::stoull(said.substr(from + 2, at - from - 2));
+    const auto step_at = said.find(": step ");
+    REQUIRE(step_at != std::string::npos);
+    const int64_t step = std::stoll(said.substr(step_at + 7));
+    // The cut holds some of what the stopped run trained and none it did not; the two workers
+    // train exactly the positions left, each once, and the steps go on from the checkpoint's.
+    CHECK(left < positions);
+    CHECK(left >= positions - first["samples"].get<uint64_t>());
+    const auto result = read_json(out / "result.json");
+    INFO(result.dump(1));
+    CHECK(result["workers"].size() == 2);
+    CHECK(result["samples"] == left);
+    CHECK(result["steps"].get<int64_t>() > step);
+    // Two epochs in all. Async measured 0.63 to 0.75 resumed against 0.70 to 0.74 uninterrupted
+    // (five runs each, medians 0.71 and 0.74): a bar for a diverged or lost job, not a close one.
+    CHECK(result["test_accuracy"].get<double>() >= 0.55);
+  }
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
 TEST_CASE("a launcher killed with SIGKILL takes its nodes with it", "[integration][run]") {
   TempDir dir;
   auto run = training_run(dir, "2");

@@ -12,6 +12,11 @@
 // primaries, which apply only those they do not hold; the rest of every worker's list is re-split
 // by job control, counting a gone worker's positions as consumed up to the cursor its applied
 // pushes carried. A shard none of whose holders survived ends the job, naming it.
+//
+// Checkpoints: rank 0 names the cut (the positions not consumed), its host gathers every shard,
+// and rank 0 writes one part in the format sync writes (the whole model and optimiser state), so
+// a checkpoint does not depend on the shard count or the world: a resumed job, on any number of
+// nodes, places its shards afresh from it and re-splits the positions left.
 
 #include "actors/roles/trainer/job.hpp"
 
@@ -95,6 +100,7 @@ class AsyncDriver final : public Driver {
       const bool epoch_end = next.epoch != static_cast<uint64_t>(j.epoch);
       if (last) j.epoch = static_cast<int64_t>(spans_.empty() ? 0 : spans_.back().epoch + 1);
       after_local_step(self, j, samples, loss, epoch_end, last);
+      if (j.rank == 0 && !last && j.checkpoints.take(j.step, false)) start_checkpoint(j);
     }
     self->send(self, step_atom::value);
   }
@@ -196,6 +202,46 @@ class AsyncDriver final : public Driver {
     }
   }
 
+  std::expected<void, std::string> resume(Job& j, const compute::TrainingState& state) override {
+    resumed_ = true;
+    return resume_positions(j, state);
+  }
+
+  /// Rank 0: the shards its host gathered, and the cut named when it was asked, to disk.
+  void on_gathered(Trainer*, Job& j, const ShardGather& g) override {
+    if (!cut_ || g.id != cut_->id) return;  // an older one's
+    auto cut = std::move(*cut_);
+    cut_.reset();
+    if (!g.error.empty()) {
+      node_events().warn("checkpoint_failed job={} step={} reason=\"{}\"", j.start.job_id, cut.state.step, g.error);
+      return;
+    }
+    const auto params = j.model->parameters();
+    auto optimizer = j.optimizer->state();
+    // Gradients mode: the optimiser state is the shards'; updates mode: the shards step plain SGD
+    // and the state is this worker's own optimiser's, written as it is.
+    const bool shard_state = !updates();
+    if (g.values.size() != params.size() || (shard_state && g.optimizer.size() != optimizer.size())) {
+      node_events().warn("checkpoint_failed job={} step={} reason=\"the shards gathered hold {} values and {} optimiser "
+                         "buffers; the model has {} and {}\"",
+                         j.start.job_id, cut.state.step, g.values.size(), g.optimizer.size(), params.size(),
+                         optimizer.size());
+      return;
+    }
+    cut.state.job->remaining = unconsumed_positions(j, g.cursors);
+    if (!cut.state.job->remaining.empty()) cut.state.epoch = static_cast<int64_t>(cut.state.job->remaining.front());
+    // The file is written from the model and optimiser: this worker's own values stand aside meanwhile.
+    const std::vector<float> own(params.begin(), params.end());
+    std::copy(g.values.begin(), g.values.end(), params.begin());
+    if (shard_state) {
+      for (size_t b = 0; b < optimizer.size(); ++b)
+        std::copy(g.optimizer[b].begin(), g.optimizer[b].end(), optimizer[b].second.begin());
+      j.optimizer->set_steps(g.optimizer_steps);
+    }
+    j.checkpoints.write(j, *j.model, *j.optimizer, cut.state, cut.began);
+    std::copy(own.begin(), own.end(), params.begin());
+  }
+
   void drop(Trainer* self) override {
     if (!host_) return;
     self->send_exit(host_, caf::exit_reason::kill);
@@ -208,6 +254,21 @@ class AsyncDriver final : public Driver {
 
  private:
   static constexpr size_t max_slices = 4096;
+
+  bool updates() const { return worker_options_.local_steps > 0; }
+
+  /// Rank 0, a checkpoint due: this node's host gathers every shard from its primary; the file
+  /// is written when they come (on_gathered). The positions it counts as consumed are, per
+  /// worker, those every shard's state holds: the least cursor its applied pushes carried over
+  /// the shards. (A push refused as too stale and not yet sent again is the exception: its
+  /// steps may count although they are not in.)
+  void start_checkpoint(Job& j) {
+    Cut cut{++cuts_, Clock::now(), {j.step, j.epoch, j.config.job.seed, {}}};
+    cut.state.job = compute::TrainingState::Job{j.start.job_id, j.generation, "async", 0, j.own_samples * j.world,
+                                                j.start.reference_batch};
+    cut_ = std::move(cut);
+    caf::anon_send(host_, gather_atom::value, cut_->id);
+  }
 
   /// worker_finished, naming the generation it is finished in (8 bytes, little-endian).
   gossip::Control finished_message(Trainer* self, const Job& j) const {
@@ -335,6 +396,15 @@ class AsyncDriver final : public Driver {
   bool blocked_ = false;             // waiting for a shard's answer before the next step
   bool serving_ = false;             // not rank 0: all applied; holding shards until rank 0 has the model
   std::set<std::string> finished_;   // rank 0: workers whose updates are all applied
+  // Rank 0: the checkpoint whose shards are being gathered.
+  struct Cut {
+    uint64_t id = 0;
+    Clock::time_point began;
+    compute::TrainingState state;
+  };
+  std::optional<Cut> cut_;
+  uint64_t cuts_ = 0;
+  bool resumed_ = false;  // from a checkpoint: in gradients mode the shards' optimisers start from its state
   bool assembling_ = false;          // rank 0: pulling every shard for the final model
   std::vector<uint8_t> assembled_;   // per shard
   size_t assembled_count_ = 0;
@@ -428,7 +498,14 @@ std::expected<void, std::string> AsyncDriver::enter(Trainer* self, Job& j) {
   if (r.previous_workers.empty()) {  // the first generation: every holder starts from these values
     const auto params = j.model->parameters();
     host_plan->initial = std::make_shared<const std::vector<float>>(params.begin(), params.end());
+    if (resumed_ && !updates()) {  // ... and, resumed in gradients mode, from the checkpoint's optimiser state
+      auto buffers = std::make_shared<std::vector<std::vector<float>>>();
+      for (const auto& [name, b] : j.optimizer->state()) buffers->emplace_back(b.begin(), b.end());
+      host_plan->initial_optimizer = std::move(buffers);
+      host_plan->initial_optimizer_steps = j.optimizer->steps();
+    }
   }
+  cut_.reset();  // a gather under way ends with this install
   caf::anon_send(host_, place_atom::value, std::shared_ptr<const ShardHostPlan>(std::move(host_plan)));
   std::vector<gossip::ShardHolders> holders;
   for (uint32_t s = 0; s < placement_.size(); ++s) holders.push_back({s, placement_[s]});

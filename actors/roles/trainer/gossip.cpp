@@ -52,6 +52,7 @@ class GossipDriver final : public Driver {
     const bool epoch_end = next.epoch != static_cast<uint64_t>(j.epoch);
     if (last) j.epoch = static_cast<int64_t>(spans_.empty() ? 0 : spans_.back().epoch + 1);
     after_local_step(self, j, samples, loss, epoch_end, last);
+    if (j.rank == 0 && !last && j.checkpoints.take(j.step, false)) checkpoint(j, now);
     self->send(self, step_atom::value);
   }
 
@@ -137,6 +138,10 @@ class GossipDriver final : public Driver {
     if (averaging_) r.exchanges = averaging_->completed();  // the active side's count: each exchange once
   }
 
+  std::expected<void, std::string> resume(Job& j, const compute::TrainingState& state) override {
+    return resume_positions(j, state);
+  }
+
  private:
   /// After the last local step: one ring all-reduce of the replicas; every worker ends with the
   /// same average.
@@ -159,8 +164,25 @@ class GossipDriver final : public Driver {
     for (size_t i = 0; i < p.size(); ++i) p[i] = j.buffer[i] * inv;
     j.ring_seconds += seconds_between(j.waiting_since, Clock::now());
     j.last_eval_step = -1;  // the average is another model than the replica evaluated at this step
-    if (j.rank == 0) evaluate_snapshot(self);
+    if (j.rank == 0) {
+      if (j.checkpoints.take(j.step, true)) checkpoint(j, Clock::now());
+      evaluate_snapshot(self);
+    }
     finish_job(self);
+  }
+
+  /// Rank 0: its replica (at the end, the final average) and optimiser, and the positions none of
+  /// the workers is known to have consumed (the others' as far as their last mixing with rank 0
+  /// said). What a worker trained since is partly in this replica already, through mixings: a
+  /// resume trains those positions again, and skips none.
+  void checkpoint(Job& j, Clock::time_point began) {
+    auto cursors = cursors_;
+    cursors[j.start.workers[j.rank]] = consumed_;
+    compute::TrainingState state{j.step, j.epoch, j.config.job.seed, {}};
+    state.job = compute::TrainingState::Job{j.start.job_id, j.generation, "gossip", 0, j.own_samples * j.world,
+                                            j.start.reference_batch, unconsumed_positions(j, cursors)};
+    if (!state.job->remaining.empty()) state.epoch = static_cast<int64_t>(state.job->remaining.front());  // its epoch
+    j.checkpoints.write(j, *j.model, *j.optimizer, state, began);
   }
 
   void on_average(Trainer* self, Job& j, const std::string& peer, const gossip::GossipAverage& m) {

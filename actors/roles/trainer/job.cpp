@@ -369,6 +369,7 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
     return std::unexpected(fmt::format("job.ring_chunk_kb = {} does not fit this node's frames ([cluster] max_frame_mb "
                                        "= {})",
                                        j.config.job.ring_chunk_kb, o.max_frame_kb / 1024));
+  j.checkpoints.setup(o.results_dir, j);
   // The mode's own set-up comes last: async's registers its shard host, which takes updates from then on.
   const auto& mode = j.config.job.mode;
   if (mode == "sync") j.driver = make_sync_driver();
@@ -377,6 +378,76 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   else return std::unexpected(fmt::format("job.mode = \"{}\" is not a cluster mode (sync, async or gossip)", mode));
   if (auto ok = j.driver->setup(self, j); !ok) return ok;
   if (resumed) return j.driver->resume(j, *resumed);
+  return {};
+}
+
+void Checkpoints::setup(const std::string& results_dir, const Job& j) {
+  const auto& e = j.config.elastic;
+  policy_.emplace(e.checkpoint_every_steps, e.checkpoint_every_s);
+  dir_ = !e.checkpoint_dir.empty() ? std::filesystem::path(e.checkpoint_dir)
+                                   : std::filesystem::path(results_dir) / std::to_string(j.start.job_id) / "checkpoints";
+}
+
+bool Checkpoints::take(int64_t step, bool over) {
+  const double now_s = std::chrono::duration<double>(Clock::now().time_since_epoch()).count();
+  if (!enabled() || !(policy_->due(step, now_s) || over)) return false;
+  policy_->taken(step, now_s);
+  return true;
+}
+
+void Checkpoints::resumed(int64_t step) {
+  if (policy_) policy_->taken(step, std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
+}
+
+void Checkpoints::write(const Job& j, compute::Model& model, compute::Optimizer& optimizer,
+                        const compute::TrainingState& state, Clock::time_point began) const {
+  auto saved = elastic::write_checkpoint(dir_, model, optimizer, state, j.config.elastic.checkpoint_keep);
+  if (!saved) {
+    node_events().warn("checkpoint_failed job={} step={} reason=\"{}\"", j.start.job_id, state.step, saved.error());
+    return;
+  }
+  node_events().info("checkpoint_saved job={} step={} manifest={} ms={:.0f}", j.start.job_id, state.step,
+                     saved->string(), seconds_between(began, Clock::now()) * 1000);
+}
+
+std::vector<uint64_t> unconsumed_positions(const Job& j, const std::map<std::string, uint64_t>& cursors) {
+  const auto& r = j.start;
+  std::vector<elastic::Spans> rests;
+  for (size_t w = 0; w < r.workers.size() && w < r.spans.size(); ++w) {
+    const auto it = cursors.find(r.workers[w]);
+    rests.push_back(elastic::rest_after(elastic::spans_of(r.spans[w]), it == cursors.end() ? 0 : it->second));
+  }
+  // One list: every epoch's rest in position order.
+  return elastic::triples_of(elastic::resplit(rests, 1).front());
+}
+
+std::expected<void, std::string> resume_positions(Job& j, const compute::TrainingState& state) {
+  const auto& from = j.config.elastic.resume_from;
+  if (state.seed != j.config.job.seed)
+    return std::unexpected(fmt::format("elastic.resume_from: {} was saved by a job with seed {}; this job's seed is {} "
+                                       "(its epochs would walk another permutation)",
+                                       from, state.seed, j.config.job.seed));
+  const auto remaining = elastic::spans_of(state.job->remaining);
+  for (size_t i = 0; i < remaining.size(); ++i) {
+    const auto& span = remaining[i];
+    if (span.begin >= span.end || span.end > static_cast<uint64_t>(j.data.train.size()) ||
+        span.epoch >= static_cast<uint64_t>(j.config.job.epochs))
+      return std::unexpected(fmt::format("elastic.resume_from: {} leaves positions [{}, {}) of epoch {}, outside this "
+                                         "job's {} samples and {} epochs",
+                                         from, span.begin, span.end, span.epoch, j.data.train.size(), j.config.job.epochs));
+    // In epoch and position order, none twice: the re-split takes them as they come.
+    if (i > 0 && (span.epoch < remaining[i - 1].epoch ||
+                  (span.epoch == remaining[i - 1].epoch && span.begin < remaining[i - 1].end)))
+      return std::unexpected(fmt::format("elastic.resume_from: {} lists positions out of order or twice (epoch {}, [{}, {}))",
+                                         from, span.epoch, span.begin, span.end));
+  }
+  j.start.spans.clear();
+  for (const auto& list : elastic::resplit({remaining}, j.world)) j.start.spans.push_back(elastic::triples_of(list));
+  j.step = state.step;
+  j.epoch = state.epoch;
+  j.checkpoints.resumed(state.step);
+  node_events().info("job_resumed job={} from=\"{}\" step={} epoch={} remaining={}", j.start.job_id, from, state.step,
+                     state.epoch, elastic::span_total(remaining));
   return {};
 }
 

@@ -113,17 +113,36 @@ class Driver {
   /// Samples the job trained on, for the final rate (sync: the cluster's; others: this worker's).
   virtual uint64_t samples_trained(const Job& j) const;
   /// The first generation of a job resumed from a checkpoint (elastic.resume_from): the model
-  /// and optimiser hold its state; the mode takes where the job stood (its progress, and the
-  /// generation's resume point), or says why it cannot.
-  virtual std::expected<void, std::string> resume(Job&, const compute::TrainingState&) {
-    return std::unexpected(fmt::format("elastic.resume_from: resuming a {} job from a checkpoint is not supported yet "
-                                       "(sync jobs only)",
-                                       name()));
-  }
+  /// and optimiser hold its state; the mode takes where the job stood (sync: its progress and
+  /// the generation's resume point; gossip and async: the positions left, re-split), or says
+  /// why it cannot.
+  virtual std::expected<void, std::string> resume(Job& j, const compute::TrainingState& state) = 0;
+  /// Async: rank 0's shard host gathered every shard for a checkpoint (or says why not).
+  virtual void on_gathered(Trainer*, Job&, const ShardGather&) {}
   /// The job ends here: actors the mode started go.
   virtual void drop(Trainer*) {}
   /// The actor serving this node's shards, if the mode has one (its updates skip the wire).
   virtual caf::actor local_shards() const { return {}; }
+};
+
+/// Rank 0's cluster checkpoints, every mode alike ([elastic] checkpoint_every_steps / _s,
+/// checkpoint_dir; elastic/checkpoints.hpp writes them): when one is due, and where it goes.
+class Checkpoints {
+ public:
+  void setup(const std::string& results_dir, const Job& j);
+  bool enabled() const { return policy_ && policy_->enabled(); }
+  /// Whether one is due after step `step` (or at the job's end, `over`); if so it counts as taken.
+  bool take(int64_t step, bool over);
+  /// A resumed job: the next one falls where it would have without the stop.
+  void resumed(int64_t step);
+  /// Writes `state` of `model` and `optimizer`, `began` when the cut was made; logged, and a
+  /// failure does not end the job.
+  void write(const Job& j, compute::Model& model, compute::Optimizer& optimizer, const compute::TrainingState& state,
+             Clock::time_point began) const;
+
+ private:
+  std::optional<elastic::CheckpointPolicy> policy_;
+  std::filesystem::path dir_;
 };
 
 std::unique_ptr<Driver> make_sync_driver();
@@ -147,6 +166,7 @@ struct Job {
   // install reached the puller first): served once it is installed (bounded).
   std::vector<std::pair<std::string, gossip::StatePull>> early_pulls;
   std::optional<elastic::RatePolicy> rate;
+  Checkpoints checkpoints;  // rank 0 writes them
   // The ring (sync: every step; gossip: the final average), and its chunks of a generation this
   // worker has not installed yet (a faster member started it).
   std::optional<gossip::collective::RingAllReduce> ring;
@@ -244,6 +264,16 @@ uint64_t checksum(std::span<const float> values);
 
 /// Sends, or says it could not: the peer's send queue is full ([cluster] send_queue_mb).
 bool send_to(Trainer* self, const std::string& address, gossip::Body body);
+
+/// Gossip and async checkpoints: the positions not consumed, as the checkpoint's `remaining`:
+/// the rest of each worker's list of the installed generation after its cursor (`cursors`,
+/// worker id to positions consumed; a worker not named counts as at 0, its whole list remaining).
+std::vector<uint64_t> unconsumed_positions(const Job& j, const std::map<std::string, uint64_t>& cursors);
+
+/// Gossip and async, the first generation of a resumed job: the checkpoint's remaining positions
+/// re-split over this generation's workers, and the step and epoch it stood at. An error says
+/// what of the checkpoint does not fit this job.
+std::expected<void, std::string> resume_positions(Job& j, const compute::TrainingState& state);
 
 /// Whether the view holds the submitter live (one it does not know is not).
 bool submitter_live(const TrainerState& s, const std::string& submitter_id);

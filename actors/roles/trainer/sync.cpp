@@ -12,13 +12,8 @@ class SyncDriver final : public Driver {
  public:
   const char* name() const override { return "sync"; }
 
-  std::expected<void, std::string> setup(Trainer* self, Job& j) override {
+  std::expected<void, std::string> setup(Trainer*, Job& j) override {
     j.buffer.assign(j.elements() + 3, 0.0f);
-    const auto& e = j.config.elastic;
-    checkpoints_.emplace(e.checkpoint_every_steps, e.checkpoint_every_s);
-    checkpoint_dir_ = !e.checkpoint_dir.empty()
-                          ? std::filesystem::path(e.checkpoint_dir)
-                          : std::filesystem::path(self->state.o.results_dir) / std::to_string(j.start.job_id) / "checkpoints";
     return {};
   }
 
@@ -108,8 +103,7 @@ class SyncDriver final : public Driver {
     j.epoch = state.epoch;
     // The first generation resumes there: job control's record, and the check in enter().
     j.start.resume = progress_;
-    // The next checkpoint falls where it would have without the stop.
-    checkpoints_->taken(state.step, std::chrono::duration<double>(Clock::now().time_since_epoch()).count());
+    j.checkpoints.resumed(state.step);
     node_events().info("job_resumed job={} from=\"{}\" step={} epoch={} position={}", j.start.job_id,
                        j.config.elastic.resume_from, state.step, state.epoch, at.position);
     return {};
@@ -165,23 +159,13 @@ class SyncDriver final : public Driver {
   /// job goes on.
   void maybe_checkpoint(Job& j, bool over) {
     const auto now = Clock::now();
-    const double now_s = std::chrono::duration<double>(now.time_since_epoch()).count();
-    if (!checkpoints_->enabled() || !(checkpoints_->due(j.step, now_s) || over)) return;
-    checkpoints_->taken(j.step, now_s);
+    if (!j.checkpoints.take(j.step, over)) return;
     compute::TrainingState state{j.step, static_cast<int64_t>(progress_.epoch), j.config.job.seed, {}};
     state.job = compute::TrainingState::Job{j.start.job_id,  j.generation,      "sync", progress_.position,
                                             progress_.samples, j.start.reference_batch};
-    auto saved = elastic::write_checkpoint(checkpoint_dir_, *j.model, *j.optimizer, state, j.config.elastic.checkpoint_keep);
-    if (!saved) {
-      node_events().warn("checkpoint_failed job={} step={} reason=\"{}\"", j.start.job_id, j.step, saved.error());
-      return;
-    }
-    node_events().info("checkpoint_saved job={} step={} manifest={} ms={:.0f}", j.start.job_id, j.step, saved->string(),
-                       seconds_between(now, Clock::now()) * 1000);
+    j.checkpoints.write(j, *j.model, *j.optimizer, state, now);
   }
 
-  std::optional<elastic::CheckpointPolicy> checkpoints_;
-  std::filesystem::path checkpoint_dir_;
   gossip::JobProgress progress_;  // the job's, alike on every member
   bool stop_voted_ = false;       // a stop vote was in the last sum
   uint64_t samples_ = 0;          // the cluster's samples this worker has stepped through
