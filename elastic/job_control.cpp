@@ -236,7 +236,14 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
         if (!has_record()) return;
         excluded_[from] = vote.boot_id;
         strikes_[from] = {vote.boot_id, max_strikes};  // never taken back by `back`: only a new run comes back
-        out.log.push_back(fmt::format("{} cannot run the job: left out", from));
+        if (!vote.held_shards.empty() && std::ranges::count(record_.workers, from) &&
+            vote.held_shards.size() <= record_.shards) {
+          // A graceful async leaver: it stays until the next generation has its shards.
+          handover_[from] = vote.held_shards;
+          out.log.push_back(fmt::format("{} leaves: left out, handing over {} shard(s)", from, vote.held_shards.size()));
+        } else {
+          out.log.push_back(fmt::format("{} cannot run the job: left out", from));
+        }
         if (holds_duty() && ((proposal_ && std::ranges::count(proposal_->roster.ids, from)) ||
                              std::ranges::count(record_.workers, from))) {
           quiet_until_ = 0;
@@ -331,6 +338,7 @@ void JobControl::try_install(Output& out) {
     const Member* m = find(view_, id);
     const uint64_t boot = i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
     if (m && (m->state == Member::State::left || (is_live(*m) && boot && m->boot_id && m->boot_id != boot))) continue;
+    if (handover_.contains(id)) continue;  // leaving, as gracefully: it takes part in no other side
     ++base;
     const auto it = p.acks.find(id);
     if (it == p.acks.end() || !it->second.has_state) continue;
@@ -405,7 +413,14 @@ void JobControl::try_install(Output& out) {
           best[shard] = version;
         }
     }
+    // A shard no acker holds: from a worker handing it over before it leaves, if one does.
+    for (const auto& [leaver, held] : handover_) {
+      if (!std::ranges::count(record_.workers, leaver)) continue;
+      for (const auto& [shard, version] : held)
+        if (shard < record_.shards && next.shard_sources[shard].empty()) next.shard_sources[shard] = leaver;
+    }
   }
+  handover_.clear();  // for this install only: the leaver goes once its shards are fetched
   proposal_.reset();
   for (size_t i = 0; i < next.workers.size(); ++i)
     if (next.workers[i] != o_.self) out.sends.emplace_back(next.addresses[i], next);

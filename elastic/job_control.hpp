@@ -36,6 +36,11 @@
 //   evict       a worker that has waited step_timeout_s for a ring neighbour that membership still
 //               holds live asks the duty holder to leave it out; it stays out, in the duty
 //               holder's proposals, until it runs again with another boot id.
+//   hand over   an async worker leaving gracefully asks to be left out itself (an evict naming
+//               itself), listing the shards it holds with their versions, and stays until the
+//               next generation's holders have fetched them: a shard no acker holds (its only
+//               holder is the leaver, or its replicas were still fetching) takes the leaver as
+//               its source in that install, instead of being lost.
 //   retry       a proposal not installed after retry_ms is proposed again, numbered higher; a
 //               view change while proposing does it at once. A worker paused for retry_ms acks
 //               its promise again to the proposer, which answers a repeated ack of a generation
@@ -173,6 +178,9 @@ class JobControl {
     bool told = false;  // the log said once that it stays out
   };
   std::map<std::string, Strikes> strikes_;    // by worker id
+  // Async workers handing over before a graceful leave: the shards each holds, with versions;
+  // sources for the next install only.
+  std::map<std::string, std::vector<std::pair<uint32_t, uint64_t>>> handover_;
   double promised_at_ = 0;            // when the promise was made or last repeated
   bool left_out_ = false;             // not a worker of the installed generation, though running
   double back_said_at_ = -1;          // when `back` was last said (-1: at the install; timed from the next tick)

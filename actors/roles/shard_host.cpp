@@ -35,6 +35,9 @@ struct Host {
   // Per shard this node is primary of, per worker: the cursor its latest applied push carried in
   // this generation (a checkpoint's cut).
   std::map<uint32_t, std::map<std::string, uint64_t>> cursors;
+  // Left out of the generation: the (holder, shard) fetches this node still owes as their source.
+  std::set<std::pair<std::string, uint32_t>> owed;
+  bool handing_over = false;
   bool ready = false;  // every shard held in this generation has its state (logged once)
   // Messages this node cannot take yet: for a shard being fetched, or of a generation it has not
   // installed. Bounded; taken again at each install and each transfer.
@@ -123,7 +126,7 @@ struct Host {
   }
 
   void fetch(uint32_t s) const {
-    send(worker_address(plan->plan.sources[s]),
+    send(s < plan->source_addresses.size() ? plan->source_addresses[s] : worker_address(plan->plan.sources[s]),
          ShardUpdate{init->job_id, s, ShardUpdate::Kind::fetch, 0, 0, {}, init->self_id, 0, 0, false, generation});
   }
 
@@ -205,6 +208,16 @@ struct Host {
       kept.emplace(s, std::move(h));
     }
     shards = std::move(kept);
+    // Holding nothing in this generation, only copies for others to fetch: a leaver handing over.
+    handing_over = std::none_of(shards.begin(), shards.end(), [](const auto& e) { return e.second.holder; });
+    owed.clear();
+    if (handing_over) {
+      for (uint32_t s = 0; s < init->shards; ++s)
+        if (plan->plan.sources[s] == init->self_id)
+          for (const auto& h : plan->plan.placement[s]) owed.emplace(h, s);
+      node_events().info("shards_handing_over job={} generation={} fetches_owed={}", init->job_id, generation, owed.size());
+      if (owed.empty()) handed_over();
+    }
     publish_installed();
     if (fetching) schedule_refetch();
     node_events().info("shards_placed job={} generation={} shards={} held={}", init->job_id, generation, init->shards,
@@ -361,9 +374,18 @@ struct Host {
     if (gather->pending.empty()) end_gather({});
   }
 
+  void handed_over() const {
+    node_events().info("shards_handed_over job={} generation={}", init->job_id, generation);
+    init->counters->handed_over_in = generation;
+    caf::anon_send(init->trainer, handover_atom::value);
+  }
+
   void serve_fetch(const std::string& peer, const ShardUpdate& u) {
     const auto to = worker_address(peer);
     if (to.empty()) return refuse(peer, u, "not a worker of the job");
+    // Owed no more once sent: the transport delivers it before the node goes (a lost one would
+    // be asked for again, from a node that may have gone: the next generation says so).
+    const bool was_owed = handing_over && owed.erase({peer, u.shard}) > 0;
     ShardTransfer t{init->job_id, u.shard, generation, 0, 0, {}};
     const auto it = shards.find(u.shard);
     if (it == shards.end() || !it->second.server) {
@@ -379,6 +401,7 @@ struct Host {
     for (const auto& [worker, mark] : snap.marks) t.marks.push_back({worker, mark.boot, mark.seq});
     if (const auto c = cursors.find(u.shard); c != cursors.end()) t.cursors.assign(c->second.begin(), c->second.end());
     send(to, std::move(t));
+    if (was_owed && owed.empty()) handed_over();
   }
 
   void on_message(const std::string& peer, gossip::Message m) {

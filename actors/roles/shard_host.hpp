@@ -14,6 +14,10 @@
 // sender's generation: one from an older generation is dropped (its sender sends again in the new
 // one), one from a newer is kept (bounded) until this node installs it.
 //
+// Handing over. A plan that leaves this node out (its worker leaves gracefully) keeps the shards
+// it is the source of until each of their new holders has fetched them; then the host says so
+// (handover_atom), and the node may go.
+//
 // Checkpoints. Rank 0's host gathers every shard on its trainer's behalf (gather_atom): what it
 // holds as it is, the rest fetched from the primaries as a new holder would, asked again every 2 s
 // and given up after 20 s or at the next generation; the trainer writes the file.
@@ -73,6 +77,9 @@ struct ShardHostCounters {
     held_ = std::move(held);
     cursors_.clear();
   }
+  /// The generation, leaving this node out (a graceful leave), in which every shard this node is
+  /// the source of has been fetched by each of its new holders (the host then tells the trainer).
+  std::atomic<uint64_t> handed_over_in{0};
   void note_version(uint32_t shard, uint64_t version) {
     std::lock_guard lock(mutex);
     held_[shard] = version;
@@ -107,6 +114,9 @@ struct ShardHostPlan {
   uint64_t generation = 0;
   std::vector<std::string> workers, addresses;  ///< the generation's, in rank order
   elastic::ShardPlan plan;
+  /// Per shard, the address of its source (plan.sources): a worker of this generation, or one
+  /// left out of it that hands its shards over before it goes.
+  std::vector<std::string> source_addresses;
   /// The first generation: the job's initial parameters, every holder's starting values.
   std::shared_ptr<const std::vector<float>> initial;
   /// ... and, for a job resumed from a checkpoint in gradients mode, its optimiser's buffers

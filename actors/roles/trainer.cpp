@@ -22,14 +22,19 @@ void end_drain(Trainer* self) {
 }
 
 void on_drain(Trainer* self) {
-  const Job* j = self->state.job.get();
-  if (!j || !j->member || j->finishing || !may_step(*j) || !j->driver->mid_step(*j)) end_drain(self);
-  else start_ticking(self);  // each tick looks again (on_tick)
+  auto& s = self->state;
+  Job* j = s.job.get();
+  if (j && j->member && !j->finishing && may_step(*j) && j->driver->mid_step(*j))
+    return start_ticking(self);  // each tick looks again (on_tick)
+  s.drained = true;  // no step starts from here
+  // Async: this node's shards stay until the next generation's holders have them.
+  if (j && !j->finishing && j->driver->hand_over(self, *j)) return start_ticking(self);
+  end_drain(self);
 }
 
 void do_step(Trainer* self) {
   auto& s = self->state;
-  if (s.drain && !(s.job && s.job->driver->mid_step(*s.job))) end_drain(self);
+  if (s.drain && !(s.job && s.job->driver->mid_step(*s.job))) on_drain(self);
   if (s.drained) return;
   auto* j = s.job.get();
   if (!j || j->finishing) return;
@@ -371,6 +376,9 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
         // The shard host could not get a shard's state for this generation: what it held is gone.
         if (self->state.job && self->state.job->driver->local_shards())
           fail(self, fmt::format("a shard of the async job is lost: {}", why));
+      },
+      [self](handover_atom) {
+        if (self->state.drain) on_drain(self);  // handed over: the drain may end
       },
       [self](gather_atom, uint64_t, std::shared_ptr<const ShardGather> gathered) {
         if (self->state.job && gathered) self->state.job->driver->on_gathered(self, *self->state.job, *gathered);

@@ -632,6 +632,62 @@ TEST_CASE("async: the install names each shard's source, the acker with its high
   CHECK(net.nodes.at("w2").control->record() == next);
 }
 
+TEST_CASE("async: a worker handing over before it leaves is the source of the shards no acker holds, once",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  JobStart r = net.nodes.at("w0").control->record();
+  r.shards = 3;
+  for (auto id : {"w0", "w1", "w2"}) net.nodes.at(id).control->adopt(r);
+  // Replication 1: each shard on one worker. w2 leaves gracefully, naming what it holds.
+  net.nodes.at("w0").local.held_shards = {{0, 7}};
+  net.nodes.at("w1").local.held_shards = {{1, 6}};
+  net.nodes.at("w2").local.held_shards = {{2, 5}};
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+  net.deliver_all();
+  GenerationVote leaving{7, GenerationVote::Kind::evict, 1, 1, {"w2"}};
+  leaving.boot_id = 1;
+  leaving.held_shards = {{2, 5}};
+  net.queue.emplace_back("w2", "w0", leaving);
+  net.deliver_all();
+  const auto next = net.nodes.at("w0").control->record();
+  REQUIRE(next.generation == 2);
+  CHECK(next.workers == std::vector<std::string>{"w0", "w1"});
+  CHECK(next.shard_sources == std::vector<std::string>{"w0", "w1", "w2"});
+  // It has gone: the next install takes shard 2 from w0, its holder now, and w2 from nowhere.
+  net.down.insert("w2");
+  net.nodes.at("w0").local.held_shards = {{0, 8}, {2, 5}};
+  net.nodes.at("w1").local.held_shards = {{1, 6}};
+  net.add("w3");
+  for (auto id : {"w0", "w1", "w3"}) net.set_view(id, {"w2"});
+  net.deliver_all();
+  const auto& third = net.nodes.at("w0").control->record();
+  REQUIRE(third.generation == 3);
+  CHECK(third.shard_sources == std::vector<std::string>{"w0", "w1", "w0"});
+}
+
+TEST_CASE("async: of two workers under a majority quorum, the one handing over does not count, and the other goes on",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1"}) net.add(id);
+  net.start({"w0", "w1"});
+  JobStart r = net.nodes.at("w0").control->record();
+  r.shards = 2;
+  for (auto id : {"w0", "w1"}) net.nodes.at(id).control->adopt(r);
+  for (auto id : {"w0", "w1"}) net.set_view(id, {});
+  net.deliver_all();
+  GenerationVote leaving{7, GenerationVote::Kind::evict, 1, 1, {"w0"}};  // the duty holder itself
+  leaving.boot_id = 1;
+  leaving.held_shards = {{0, 3}, {1, 2}};
+  net.queue.emplace_back("w0", "w1", leaving);
+  net.deliver_all();
+  const auto& next = net.nodes.at("w1").control->record();
+  REQUIRE(next.generation == 2);
+  CHECK(next.workers == std::vector<std::string>{"w1"});
+  CHECK(next.shard_sources == std::vector<std::string>{"w0", "w0"});
+}
+
 TEST_CASE("a proposal numbered near the top of the range is ignored, not promised", "[elastic][job_control]") {
   Net net;
   for (auto id : {"w0", "w1"}) net.add(id);

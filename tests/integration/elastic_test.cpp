@@ -242,6 +242,19 @@ TEST_CASE("async with replication 1: a dead node takes its shards with it, and t
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
+TEST_CASE("async with replication 1: a node that leaves hands its shards over before it goes, and the job goes on",
+          "[integration][elastic]") {
+  TempDir dir;
+  ElasticRun r(dir, "async", {"--set", "elastic.replication=1", "--set", "elastic.restart=\"never\""});
+  ::kill(r.pid_of("node-02"), SIGTERM);  // a drain and a graceful leave: its shards have no other copy
+  r.expect_next_generation("gone node-02");
+  const auto result = r.finish();
+  check_result(result, "async", 2, 2, 1);
+  CHECK(result["generations"][1]["removed"] == nlohmann::json::array({"node-02"}));
+  const auto leaver = tepdist::test::read_bytes(dir.path / "out" / "logs" / "node-2.log");
+  CHECK_THAT(leaver, Catch::Contains("handing_over") && Catch::Contains("shards_handed_over"));
+}
+
 TEST_CASE("a worker stopped past its death and continued comes back into the job", "[integration][elastic]") {
   for (const std::string mode : {"sync", "gossip"}) {
     INFO(mode);

@@ -180,18 +180,43 @@ class AsyncDriver final : public Driver {
 
   // A joiner pulls a worker's parameters as they are (step 0: any), as in gossip.
   void left(Job& j) override {
-    // Left out of the generation: no shard stays here, and the updates it kept are another
-    // worker's to send no more (its positions go to the others from its cursor on).
+    // Left out of the generation: the updates it kept are another worker's to send no more (its
+    // positions go to the others from its cursor on), and its host keeps only the shards it is
+    // the source of in the installed generation, until their new holders have fetched them.
     worker_.reset();
     spans_.clear();
     consumed_ = 0;
-    if (host_) {
-      auto empty = std::make_shared<ShardHostPlan>();
-      empty->generation = j.generation;
-      empty->plan.placement.assign(shards_, {});
-      empty->plan.sources.assign(shards_, std::string());
-      caf::anon_send(host_, place_atom::value, std::shared_ptr<const ShardHostPlan>(std::move(empty)));
-    }
+    if (!host_ || !j.control) return;
+    const auto& r = j.control->record();
+    auto next = std::make_shared<ShardHostPlan>();
+    next->generation = left_in_ = r.generation;
+    next->workers = r.workers;
+    next->addresses = r.addresses;
+    next->plan = elastic::plan_shards(r, shards_, replication_);
+    caf::anon_send(host_, place_atom::value, std::shared_ptr<const ShardHostPlan>(std::move(next)));
+  }
+
+  /// A graceful leave: this worker asks the duty holder to leave it out, naming the shards it
+  /// holds (job control takes it as their source where no acker holds them), and the node stays
+  /// until its host has handed them over.
+  bool hand_over(Trainer* self, Job& j) override {
+    if (!host_ || !counters_) return false;
+    if (!j.member) return left_in_ == 0 || counters_->handed_over_in.load() != left_in_;
+    if (asked_to_leave_) return true;
+    auto held = counters_->held(j.generation);
+    if (held.empty() || !j.control || j.world <= 1) return false;  // nothing only this node could give
+    const auto& record = j.control->record();
+    auto& s = self->state;
+    const std::string holder = elastic::job_duty_holder(record, s.view, {{s.o.self_id, s.o.boot_id}});
+    const auto* address = elastic::worker_address(record, holder);
+    if (!address || holder == s.o.self_id) return false;
+    auto vote = decline_vote(s, record.job_id, record.generation);
+    vote.held_shards = std::move(held);
+    node_events().info("handing_over job={} generation={} shards={} duty_holder={}", record.job_id, record.generation,
+                       vote.held_shards.size(), holder);
+    send_to(self, *address, std::move(vote));
+    asked_to_leave_ = true;
+    return true;
   }
 
   void add_counters(const Job&, JobReport& r) const override {
@@ -404,6 +429,8 @@ class AsyncDriver final : public Driver {
   };
   std::optional<Cut> cut_;
   uint64_t cuts_ = 0;
+  bool asked_to_leave_ = false;  // draining: asked to be left out, handing the shards over
+  uint64_t left_in_ = 0;         // the generation that left this worker out (its host hands over in it)
   bool resumed_ = false;  // from a checkpoint: in gradients mode the shards' optimisers start from its state
   bool assembling_ = false;          // rank 0: pulling every shard for the final model
   std::vector<uint8_t> assembled_;   // per shard
@@ -494,6 +521,13 @@ std::expected<void, std::string> AsyncDriver::enter(Trainer* self, Job& j) {
   host_plan->generation = r.generation;
   host_plan->workers = r.workers;
   host_plan->addresses = r.addresses;
+  // A source left out of this generation (a leaver handing over) is reached through the view.
+  for (const auto& source : plan.sources) {
+    const auto* address = elastic::worker_address(r, source);
+    const auto& view = self->state.view;
+    const auto member = std::find_if(view.begin(), view.end(), [&](const gossip::Member& m) { return m.id == source; });
+    host_plan->source_addresses.push_back(address ? *address : member != view.end() ? member->address : std::string());
+  }
   host_plan->plan = std::move(plan);
   if (r.previous_workers.empty()) {  // the first generation: every holder starts from these values
     const auto params = j.model->parameters();

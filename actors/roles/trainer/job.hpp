@@ -117,6 +117,10 @@ class Driver {
   /// the generation's resume point; gossip and async: the positions left, re-split), or says
   /// why it cannot.
   virtual std::expected<void, std::string> resume(Job& j, const compute::TrainingState& state) = 0;
+  /// Draining (a graceful leave), after the step under way: whether the node must stay until what
+  /// only it holds is handed over (async: its shards, to the next generation's holders). Asked
+  /// again at every tick and event until false; the node's drain is bounded (30 s) all the same.
+  virtual bool hand_over(Trainer*, Job&) { return false; }
   /// Async: rank 0's shard host gathered every shard for a checkpoint (or says why not).
   virtual void on_gathered(Trainer*, Job&, const ShardGather&) {}
   /// The job ends here: actors the mode started go.
