@@ -26,7 +26,11 @@ int run_status_command(const StatusArgs& args) {
     fmt::print(stderr, "tepdist status: {}\n", view.error());
     return 1;
   }
-  const auto doc = elastic::status_document(args.peer, *view);
+  auto doc = elastic::status_document(args.peer, *view);
+  // Async: each shard's version, from its primary (one short question each; one that does not
+  // answer leaves its shards' versions unknown).
+  for (const auto& m : elastic::shard_primaries(doc))
+    if (auto answer = client.ask_view(m.address, std::chrono::seconds(2))) elastic::add_versions(doc, m.id, *answer);
   fmt::print("{}", args.json ? elastic::status_json(doc) + "\n" : elastic::status_table(doc));
   return 0;
 }

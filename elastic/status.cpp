@@ -4,6 +4,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+
 namespace tepdist::elastic {
 namespace {
 
@@ -31,7 +33,22 @@ std::vector<std::pair<uint32_t, bool>> shards_of(const StatusDocument& doc, cons
 }  // namespace
 
 StatusDocument status_document(std::string source, const gossip::StateSync& answer) {
-  return {std::move(source), answer.epoch_unix_ms, answer.members, answer.shards, answer.job};
+  return {std::move(source), answer.epoch_unix_ms, answer.members, answer.shards, answer.job, {}};
+}
+
+void add_versions(StatusDocument& doc, const std::string& member, const gossip::StateSync& answer) {
+  if (!answer.job) return;
+  for (const auto& [shard, version] : answer.job->held_shards)
+    for (const auto& s : doc.shards)
+      if (s.shard == shard && !s.holders.empty() && s.holders.front() == member) doc.versions[shard] = version;
+}
+
+std::vector<gossip::Member> shard_primaries(const StatusDocument& doc) {
+  std::vector<gossip::Member> out;
+  for (const auto& m : doc.members)
+    if (std::ranges::any_of(doc.shards, [&](const auto& s) { return !s.holders.empty() && s.holders.front() == m.id; }))
+      out.push_back(m);
+  return out;
 }
 
 std::string status_json(const StatusDocument& doc) {
@@ -46,6 +63,16 @@ std::string status_json(const StatusDocument& doc) {
                               {"region", m.region},
                               {"roles", m.roles},
                               {"shards", shards}});
+  }
+  out["shards"] = nlohmann::json::array();
+  for (const auto& s : doc.shards) {
+    const auto v = doc.versions.find(s.shard);
+    out["shards"].push_back(
+        {{"shard", s.shard},
+         {"primary", s.holders.empty() ? nlohmann::json(nullptr) : nlohmann::json(s.holders.front())},
+         {"replicas", s.holders.size() > 1 ? std::vector<std::string>(s.holders.begin() + 1, s.holders.end())
+                                           : std::vector<std::string>()},
+         {"version", v == doc.versions.end() ? nlohmann::json(nullptr) : nlohmann::json(v->second)}});
   }
   out["job"] = nullptr;
   if (const auto& j = doc.job) {
@@ -73,6 +100,18 @@ std::string status_table(const StatusDocument& doc) {
                        m.address, m.region, roles, shards.empty() ? "-" : shards);
   }
   out += fmt::format("{} members as {} sees them\n", doc.members.size(), doc.source);
+  if (!doc.shards.empty()) {
+    // Async: where each shard lives, and its version as its primary reported it.
+    out += fmt::format("{:<6} {:<16} {:>10} {}\n", "SHARD", "PRIMARY", "VERSION", "REPLICAS");
+    for (const auto& s : doc.shards) {
+      const auto v = doc.versions.find(s.shard);
+      std::string replicas;
+      for (size_t k = 1; k < s.holders.size(); ++k) replicas += (replicas.empty() ? "" : " ") + s.holders[k];
+      out += fmt::format("{:<6} {:<16} {:>10} {}\n", s.shard, s.holders.empty() ? "-" : s.holders.front(),
+                         v == doc.versions.end() ? std::string("?") : std::to_string(v->second),
+                         replicas.empty() ? "-" : replicas);
+    }
+  }
   if (const auto& j = doc.job) {
     // Sync: every worker is at the job's position. Gossip and async: each at its own, in samples of
     // its own ranges, as the answering worker last heard.

@@ -5,6 +5,7 @@
 // HTTP /status serves the same JSON. Add a field here and both show it.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -19,14 +20,24 @@ struct StatusDocument {
   std::vector<gossip::Member> members;
   std::vector<gossip::ShardHolders> shards;
   std::optional<gossip::JobStatus> job;  ///< the answering member's job, if it runs one
+  /// Async: each shard's version as its primary reported it (add_versions); absent: not heard.
+  std::map<uint32_t, uint64_t> versions;
 };
 
 /// The document of a member's answer to a status query.
 StatusDocument status_document(std::string source, const gossip::StateSync& answer);
 
+/// Async: the versions `member` reported (its answer to a status query) of the shards it is the
+/// primary of in `doc`'s placement. `tepdist status` asks every primary.
+void add_versions(StatusDocument& doc, const std::string& member, const gossip::StateSync& answer);
+
+/// The members that are some shard's primary in `doc`'s placement.
+std::vector<gossip::Member> shard_primaries(const StatusDocument& doc);
+
 /// JSON, indented: {source, epoch_unix_ms, members: [{id, state, incarnation, address, region,
-/// roles, shards: [{shard, primary}]}], job: null | {job_id, mode, generation, phase, step, epoch,
-/// position, samples, workers: [{id, position}]}}.
+/// roles, shards: [{shard, primary}]}], shards: [{shard, primary, replicas, version (null: not
+/// heard)}], job: null | {job_id, mode, generation, phase, step, epoch, position, samples,
+/// workers: [{id, position}]}}.
 std::string status_json(const StatusDocument& doc);
 
 /// The table `tepdist status` prints: one row per member, then the job's generation and each

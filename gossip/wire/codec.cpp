@@ -105,6 +105,11 @@ struct Encoder {
                 workers[i].setWorker(m.job->workers[i].first);
                 workers[i].setConsumed(m.job->workers[i].second);
               }
+              auto held = j.initHeldShards(static_cast<unsigned>(m.job->held_shards.size()));
+              for (unsigned i = 0; i < m.job->held_shards.size(); ++i) {
+                held[i].setShard(m.job->held_shards[i].first);
+                held[i].setVersion(m.job->held_shards[i].second);
+              }
             }
           } else if constexpr (std::is_same_v<T, TensorChunk>) {
             put_chunk(e.initTensorChunk(), m);
@@ -366,6 +371,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
         auto j = r.getJob();
         JobStatus job{j.getJobId(), j.getMode(), j.getGeneration(), j.getPhase(), get_progress(j.getProgress())};
         for (auto c : j.getWorkers()) job.workers.emplace_back(c.getWorker(), c.getConsumed());
+        for (auto h : j.getHeldShards()) job.held_shards.emplace_back(h.getShard(), h.getVersion());
         s.job = std::move(job);
       }
       return s;

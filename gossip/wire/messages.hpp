@@ -89,6 +89,8 @@ struct JobStatus {
   /// epoch's permutation consumed) as the answering node knows it: sync, the job's; gossip, the
   /// cursor it last heard from that worker.
   std::vector<std::pair<std::string, uint64_t>> workers = {};
+  /// Async: the shards the answering node holds in the generation, each with its version.
+  std::vector<std::pair<uint32_t, uint64_t>> held_shards = {};
   friend bool operator==(const JobStatus&, const JobStatus&) = default;
 };
 

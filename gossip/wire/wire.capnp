@@ -128,6 +128,7 @@ struct JobStatus {
   phase @3 :Text;            # training, voting, pulling, waiting, finished
   progress @4 :JobProgress;  # sync: the job's; gossip and async: the answering worker's own
   workers @5 :List(Cursor);  # the generation's workers, each with its position as this node knows it
+  heldShards @6 :List(HeldShard);  # async: the shards this node holds in the generation, with versions
 }
 
 struct ShardHolders {

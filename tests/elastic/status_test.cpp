@@ -47,3 +47,24 @@ TEST_CASE("a member without a job says so in both renderings", "[elastic][status
   CHECK(nlohmann::json::parse(elastic::status_json(doc))["job"].is_null());
   CHECK_THAT(elastic::status_table(doc), Catch::Contains("no job on this member"));
 }
+
+TEST_CASE("async: each shard's version is its primary's, a replica's is not taken, one not heard is unknown",
+          "[elastic][status]") {
+  auto sync = answer(JobStatus{7, "async", 2, "training", {40, 1, 512, 9000}, {{"a", 512}}});
+  sync.shards = {{0, {"a", "b"}}, {1, {"b", "a"}}};
+  auto doc = elastic::status_document("10.0.0.1:7000", sync);
+  CHECK(elastic::shard_primaries(doc).size() == 2);
+  // a holds both: primary of 0 (version 91), replica of 1 (90, behind its primary's).
+  auto from_a = sync;
+  from_a.job->held_shards = {{0, 91}, {1, 90}};
+  elastic::add_versions(doc, "a", from_a);
+  const auto json = nlohmann::json::parse(elastic::status_json(doc));
+  REQUIRE(json["shards"].size() == 2);
+  CHECK(json["shards"][0]["primary"] == "a");
+  CHECK(json["shards"][0]["replicas"] == nlohmann::json::array({"b"}));
+  CHECK(json["shards"][0]["version"] == 91);
+  CHECK(json["shards"][1]["version"].is_null());  // b did not answer
+  const auto table = elastic::status_table(doc);
+  CHECK_THAT(table, Catch::Contains("SHARD") && Catch::Contains("91 b"));
+  CHECK_THAT(table, Catch::Contains("? a"));
+}

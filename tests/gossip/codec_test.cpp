@@ -44,6 +44,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       StateSync{{member("h"), member("i")}, true, 1700000000000},
       StateSync{{member("h")}, true, 17, {{0, {"h", "i"}}, {1, {"i"}}}},
       StateSync{{member("h")}, true, 17, {}, JobStatus{4, "gossip", 3, "training", {12, 1, 640, 60640}, {{"h", 640}, {"i", 512}}}},
+      StateSync{{member("h")}, true, 17, {{0, {"h", "i"}}}, JobStatus{4, "async", 3, "training", {12, 1, 640, 60640}, {{"h", 640}}, {{0, 91}, {5, 88}}}},
       chunk,
       ParamPull{7, 99},
       ParamPush{7, 100, chunk},

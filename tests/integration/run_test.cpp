@@ -572,6 +572,30 @@ TEST_CASE("tepdist status shows where a running async job's shards live", "[inte
   }
   CHECK(primaries == std::map<int, int>{{0, 1}, {1, 1}, {2, 1}, {3, 1}, {4, 1}, {5, 1}});
   CHECK(holders == std::map<int, int>{{0, 2}, {1, 2}, {2, 2}, {3, 2}, {4, 2}, {5, 2}});
+  // The shard table: per shard its primary, its replica and the version its primary holds, which
+  // grows while the job trains (every push is applied to every shard).
+  REQUIRE(view["shards"].size() == 6);
+  for (const auto& s : view["shards"]) {
+    INFO(s.dump());
+    CHECK(s["primary"].get<std::string>().starts_with("node-"));
+    CHECK(s["replicas"].size() == 1);
+    REQUIRE(s["version"].is_number());
+  }
+  Child again({TEPDIST_BINARY, "status", (out / "cluster.toml").string(), "--peer", seed});
+  REQUIRE(again.wait() == 0);
+  CHECK_THAT(again.all(), Catch::Contains("SHARD") && Catch::Contains("VERSION") && Catch::Contains("REPLICAS"));
+  // Each node refreshes what it answers with once a second: asked until the version has moved.
+  const auto first = view["shards"][0]["version"].get<uint64_t>();
+  uint64_t seen = first;
+  for (const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+       seen == first && std::chrono::steady_clock::now() < deadline;) {
+    Child later({TEPDIST_BINARY, "status", (out / "cluster.toml").string(), "--peer", seed, "--json"});
+    REQUIRE(later.wait() == 0);
+    const auto after = nlohmann::json::parse(later.all());
+    REQUIRE(after["shards"].size() == 6);
+    seen = after["shards"][0]["version"].get<uint64_t>();
+  }
+  CHECK(seen > first);
   run.signal(SIGINT);
   CHECK(run.wait() == 130);
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));

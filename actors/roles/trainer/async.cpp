@@ -126,6 +126,7 @@ class AsyncDriver final : public Driver {
     if (counters_)
       for (const auto& [w, c] : counters_->cursors(j.generation)) known[w] = c;
     for (const auto& w : j.start.workers) st.workers.emplace_back(w, w == self_id ? consumed_ : known[w]);
+    if (counters_) st.held_shards = counters_->held(j.generation);
   }
 
   bool on_message(Trainer* self, Job& j, const std::string& peer, const gossip::Body& body) override {
