@@ -403,15 +403,23 @@ void JobControl::try_install(Output& out) {
   if (record_.shards > 0) {
     // Async: each shard's holders take the state of the acker holding its highest version (a
     // holder still fetching it reports nothing); none: the shard is lost, and the driver says so.
+    // Ackers of the generation this one succeeds first; for a shard none of them holds, an acker
+    // still in an older one (it missed the install of this base: nothing was made durable in a
+    // generation whose holders had not all installed it), which would otherwise be lost.
     next.shard_sources.assign(record_.shards, std::string());
     std::vector<uint64_t> best(record_.shards, 0);
-    for (const auto& [acker, ack] : p.acks) {
-      if (ack.base != record_.generation) continue;
-      for (const auto& [shard, version] : ack.held_shards)
-        if (shard < record_.shards && (next.shard_sources[shard].empty() || version > best[shard])) {
-          next.shard_sources[shard] = acker;
-          best[shard] = version;
-        }
+    for (const bool current : {true, false}) {
+      std::vector<std::string> found(record_.shards);
+      for (const auto& [acker, ack] : p.acks) {
+        if ((ack.base == record_.generation) != current || ack.base > record_.generation) continue;
+        for (const auto& [shard, version] : ack.held_shards)
+          if (shard < record_.shards && next.shard_sources[shard].empty() && (found[shard].empty() || version > best[shard])) {
+            found[shard] = acker;
+            best[shard] = version;
+          }
+      }
+      for (uint32_t s = 0; s < record_.shards; ++s)
+        if (next.shard_sources[s].empty()) next.shard_sources[s] = found[s];
     }
     // A shard no acker holds: from a worker handing it over before it leaves, if one does.
     for (const auto& [leaver, held] : handover_) {

@@ -8,7 +8,30 @@
 
 namespace tepdist::sims {
 
-SimJob::SimJob(JobScenario scenario) : s_(scenario), used_(static_cast<size_t>(scenario.samples), 0) {}
+SimJob::SimJob(JobScenario scenario) : s_(scenario), used_(static_cast<size_t>(scenario.samples), 0) {
+  if (s_.shards > 0) shards_ = std::make_unique<SimShards>(s_.shards, s_.replication);
+}
+
+elastic::JobControl::Local SimJob::local(const std::string& id, const Worker& w) const {
+  elastic::JobControl::Local l{w.progress, w.has_state};
+  if (shards_ && w.control->has_record()) l.held_shards = shards_->held(id, w.control->record().generation);
+  return l;
+}
+
+const JobReport& SimJob::report() const {
+  if (shards_) {
+    report_.shards = shards_->report();
+    if (report_.lost.empty() && !shards_->report().lost.empty()) report_.lost = "async " + shards_->report().lost;
+  }
+  return report_;
+}
+
+const std::vector<std::string>& SimJob::broken() const {
+  if (shards_)
+    for (const auto& b : shards_->broken())
+      if (std::find(broken_.begin(), broken_.end(), b) == broken_.end() && broken_.size() < 40) broken_.push_back(b);
+  return broken_;
+}
 
 std::unique_ptr<elastic::JobControl> SimJob::fresh(const std::string& id, uint64_t boot) const {
   return std::make_unique<elastic::JobControl>(elastic::JobControl::Options{id, boot, s_.quorum, 1, 3000});
@@ -26,6 +49,7 @@ void SimJob::start(const std::string& id, uint64_t boot, bool founder, const std
   w.running = true;
   w.has_state = false;
   w.progress = {};
+  if (shards_) shards_->start(id, boot);
   if (!founder) return;
   gossip::JobStart record;
   record.job_id = 1;
@@ -33,7 +57,9 @@ void SimJob::start(const std::string& id, uint64_t boot, bool founder, const std
   record.workers = founders;
   record.addresses = founders;  // ids double as addresses in the simulator
   record.worker_boot_ids = founder_boots;
+  record.shards = s_.shards;
   w.control->adopt(record);
+  if (shards_) shards_->install(id, record);
   w.has_state = true;
   installed_.emplace(1, founders);
   report_.generations = std::max<uint64_t>(report_.generations, 1);
@@ -41,6 +67,7 @@ void SimJob::start(const std::string& id, uint64_t boot, bool founder, const std
 
 void SimJob::stop(const std::string& id) {
   if (auto it = workers_.find(id); it != workers_.end()) it->second.running = false;
+  if (shards_) shards_->stop(id);
 }
 
 void SimJob::apply(const std::string& id, elastic::JobControl::Output& out, Sends& sends) {
@@ -71,13 +98,17 @@ void SimJob::apply(const std::string& id, elastic::JobControl::Output& out, Send
     w.has_state = false;
     w.progress = {};
   }
+  if (shards_) {
+    shards_->set_now(now_);
+    shards_->install(id, r);
+  }
 }
 
 void SimJob::on_view(const std::string& id, double now, const std::vector<gossip::Member>& view, Sends& out) {
   now_ = now;
   auto& w = workers_.at(id);
   elastic::JobControl::Output o;
-  w.control->on_view(now, view, local(w), o);
+  w.control->on_view(now, view, local(id, w), o);
   apply(id, o, out);
 }
 
@@ -93,8 +124,15 @@ void SimJob::on_message(const std::string& id, double now, const std::string& fr
     else if (const auto* r = std::get_if<gossip::JobStart>(&body))
       fmt::print(stderr, "{:.3f}:{}:job:record {} from {}\n", now, id, r->generation, from);
   }
+  if (std::holds_alternative<gossip::ShardUpdate>(body) || std::holds_alternative<gossip::ShardState>(body)) {
+    if (shards_) {
+      shards_->set_now(now);
+      shards_->on_message(id, from, body);
+    }
+    return;
+  }
   if (const auto* v = std::get_if<gossip::GenerationVote>(&body)) {
-    w.control->on_vote(now, from, *v, local(w), o);
+    w.control->on_vote(now, from, *v, local(id, w), o);
   } else if (const auto* r = std::get_if<gossip::JobStart>(&body)) {
     // A joiner takes a record only for a generation it promised (as the trainer does).
     if (!w.control->has_record() && w.control->promised() > r->generation) return;
@@ -108,7 +146,7 @@ void SimJob::on_tick(const std::string& id, double now, Sends& out) {
   now_ = now;
   auto& w = workers_.at(id);
   elastic::JobControl::Output o;
-  w.control->on_tick(now, local(w), o);
+  w.control->on_tick(now, local(id, w), o);
   apply(id, o, out);
 }
 
@@ -130,6 +168,13 @@ void SimJob::step(const std::function<bool(const std::string&)>& ready,
       ++report_.pulls;
       break;
     }
+  }
+  if (shards_) {
+    // Holders of a shard take their source's state once they can; async workers push without
+    // waiting for one another, each in the generation it has installed, unless paused by a vote.
+    shards_->take_over([&](const std::string& id) { return ready(id); }, reach);
+    for (const auto& [id, w] : workers_)
+      if (w.running && ready(id) && w.control->has_record() && !w.control->paused() && w.has_state) shards_->push(id);
   }
   // Each generation held by a running node steps if all its workers are in it, ready and connected.
   std::map<uint64_t, const gossip::JobStart*> held;
@@ -186,6 +231,12 @@ void SimJob::step(const std::function<bool(const std::string&)>& ready,
 
 void SimJob::check_settled(const std::vector<std::string>& running) {
   if (installed_.empty() || !report_.lost.empty()) return;
+  if (shards_)
+    for (const auto& id : running)
+      if (const auto& w = workers_.at(id); w.control->has_record() && w.control->record().generation == installed_.rbegin()->first) {
+        shards_->check_end(w.control->record());
+        break;
+      }
   const auto& [newest, workers] = *installed_.rbegin();
   std::vector<std::string> want = running;
   std::sort(want.begin(), want.end());

@@ -15,16 +15,19 @@
 //                    after a true loss (below), which the report shows
 //   no_false_loss    a duty holder says the job's state is lost (JobControl::Output::lost) only
 //                    when no running node holds it
+// and, with [job] shards, the shard protocol's (sims/shards.hpp).
 
 #include <cstdint>
 #include <cstdlib>
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "elastic/job_control.hpp"
+#include "sims/shards.hpp"
 
 namespace tepdist::sims {
 
@@ -34,6 +37,8 @@ struct JobScenario {
   int64_t batch = 32;      ///< per worker
   double step_ms = 50;     ///< a step's time when it can be taken
   elastic::Quorum quorum = elastic::Quorum::majority;
+  uint32_t shards = 0;   ///< > 0: an async job's shard protocol runs beside (sims/shards.hpp)
+  int replication = 2;   ///< its holders per shard
 };
 
 struct JobReport {
@@ -41,6 +46,7 @@ struct JobReport {
   uint64_t steps = 0, epochs = 0;
   uint64_t pulls = 0;        ///< state transfers to members behind or joining
   std::string lost;          ///< the job's state was lost (more faults than it survives): why
+  std::optional<ShardReport> shards;  ///< with [job] shards
 };
 
 class SimJob {
@@ -67,8 +73,10 @@ class SimJob {
   /// The end-of-run invariant over the nodes still running.
   void check_settled(const std::vector<std::string>& running);
 
-  const JobReport& report() const { return report_; }
-  const std::vector<std::string>& broken() const { return broken_; }
+  const JobReport& report() const;
+  const std::vector<std::string>& broken() const;
+  /// With shards: what the shard protocol sends, from each node, since the last call.
+  SimShards::Outbox take_shard_sends() { return shards_ ? shards_->take_outbox() : SimShards::Outbox{}; }
 
  private:
   struct Worker {
@@ -78,7 +86,7 @@ class SimJob {
     bool has_state = false;
     gossip::JobProgress progress;
   };
-  elastic::JobControl::Local local(const Worker& w) const { return {w.progress, w.has_state}; }
+  elastic::JobControl::Local local(const std::string& id, const Worker& w) const;
   std::unique_ptr<elastic::JobControl> fresh(const std::string& id, uint64_t boot) const;
   void apply(const std::string& id, elastic::JobControl::Output& out, Sends& sends);
   void fail(std::string why);
@@ -89,8 +97,9 @@ class SimJob {
   uint64_t newest_stepped_ = 0;
   uint64_t epoch_ = 0;
   std::vector<uint8_t> used_;  // per position of the current epoch
-  JobReport report_;
-  std::vector<std::string> broken_;
+  std::unique_ptr<SimShards> shards_;
+  mutable JobReport report_;
+  mutable std::vector<std::string> broken_;
   double now_ = 0;
   bool trace_ = std::getenv("TEPDIST_SIM_TRACE") != nullptr;  // job control's decisions on stderr
 };

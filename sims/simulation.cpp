@@ -206,6 +206,7 @@ class Sim {
       SimJob::Sends sends;
       job_->on_view(n.id, now_, n.swim->members(), sends);
       send_job(i, sends);
+      send_shards();
     }
   }
 
@@ -223,6 +224,23 @@ class Sim {
     }
   }
 
+  /// The async shard protocol's messages (sims/shards.hpp), from whichever node sent each. They
+  /// travel as over the real transport's TCP lane: in order between two nodes and not lost at
+  /// random; a partition loses what crosses it (a connection broken), as does a node not running.
+  void send_shards() {
+    for (auto& [sender, receiver, body] : job_->take_shard_sends()) {
+      ++messages_;
+      const int from = std::stoi(sender.substr(1)), to = std::stoi(receiver.substr(1));
+      if (static_cast<size_t>(to) >= nodes_.size() || dropped(from, to, 0.0)) continue;
+      const SimLink link = link_between(from, to);
+      std::normal_distribution<double> jitter(0.0, link.jitter_ms);
+      double at = now_ + std::max(0.05, link.latency_ms + (link.jitter_ms > 0 ? jitter(rng_) : 0.0));
+      auto& last = in_order_[{from, to}];
+      at = last = std::max(at, last);
+      push({at, 0, Action::Kind::deliver, to, 0, node_id(from), std::move(body), 0});
+    }
+  }
+
   /// Every step_ms: generations that can step do; every 500 ms each node's job control ticks.
   void job_round() {
     auto ready = [this](const std::string& id) {
@@ -236,12 +254,14 @@ class Sim {
       return true;
     };
     job_->step(ready, reach);
+    send_shards();
     if (++job_rounds_ % std::max<uint64_t>(1, static_cast<uint64_t>(500 / s_.job.step_ms)) == 0)
       for (size_t i = 0; i < nodes_.size(); ++i) {
         if (!nodes_[i].running || paused(nodes_[i])) continue;
         SimJob::Sends sends;
         job_->on_tick(nodes_[i].id, now_, sends);
         send_job(static_cast<int>(i), sends);
+        send_shards();
       }
     push({now_ + s_.job.step_ms, 0, Action::Kind::job, -1, 0, "", {}, 0});
   }
@@ -288,11 +308,13 @@ class Sim {
       push(std::move(a));
       return;
     }
-    if (std::holds_alternative<gossip::GenerationVote>(a.body) || std::holds_alternative<gossip::JobStart>(a.body)) {
+    if (std::holds_alternative<gossip::GenerationVote>(a.body) || std::holds_alternative<gossip::JobStart>(a.body) ||
+        std::holds_alternative<gossip::ShardUpdate>(a.body) || std::holds_alternative<gossip::ShardState>(a.body)) {
       if (!job_) return;
       SimJob::Sends sends;
       job_->on_message(n.id, now_, a.from, a.body, sends);
-      return send_job(a.node, sends);
+      send_job(a.node, sends);
+      return send_shards();
     }
     if (queues(n)) return enqueue(a.node, {now_, false, std::move(a.from), std::move(a.body)});
     if (watched(n.id)) watch("handled", n.id, a.from, a.body);
@@ -698,6 +720,7 @@ class Sim {
   std::string false_positive_;  // the last one, for the report
   uint64_t messages_ = 0, bytes_ = 0;
   std::unique_ptr<SimJob> job_;  // with [job]
+  std::map<std::pair<int, int>, double> in_order_;  // shard messages: the last delivery time per link
   std::vector<std::string> founders_;
   std::vector<uint64_t> founder_boots_;
   uint64_t job_rounds_ = 0;
@@ -758,9 +781,13 @@ std::string format_report(const Report& r, bool json) {
                         {"wall_s", r.wall_s},
                         {"peak_rss_mb", r.peak_rss_mb},
                         {"broken", r.broken}};
-    if (r.job)
+    if (r.job) {
       j["job"] = {{"generations", r.job->generations}, {"steps", r.job->steps}, {"epochs", r.job->epochs},
                   {"pulls", r.job->pulls}, {"lost", r.job->lost}};
+      if (const auto& sh = r.job->shards)
+        j["job"]["shards"] = {{"applied", sh->applied},     {"durable", sh->durable}, {"duplicates", sh->duplicates},
+                              {"takeovers", sh->takeovers}, {"lost", sh->lost}};
+    }
     return j.dump(2) + "\n";
   }
   std::string s = fmt::format("scenario {} seed {}: {} nodes, {} simulated s in {:.2f} s wall, peak {:.0f} MB\n",
@@ -787,6 +814,10 @@ std::string format_report(const Report& r, bool json) {
   if (r.job) {
     s += fmt::format("  job: {} generations installed, {} steps, {} epochs, {} state pulls\n", r.job->generations,
                      r.job->steps, r.job->epochs, r.job->pulls);
+    if (const auto& sh = r.job->shards)
+      s += fmt::format("  shards: {} updates applied, {} durable, {} resends already held, {} take-overs{}\n",
+                       sh->applied, sh->durable, sh->duplicates, sh->takeovers,
+                       sh->lost.empty() ? "" : ", lost: " + sh->lost);
     if (!r.job->lost.empty()) s += fmt::format("  job lost: {}\n", r.job->lost);
   }
   for (const auto& b : r.broken) s += fmt::format("  BROKEN {}\n", b);

@@ -688,6 +688,31 @@ TEST_CASE("async: of two workers under a majority quorum, the one handing over d
   CHECK(next.shard_sources == std::vector<std::string>{"w0", "w0"});
 }
 
+TEST_CASE("async: a shard no acker of the base generation holds is taken from an acker that missed its install",
+          "[elastic][job_control]") {
+  // Found by sims/scenarios/async_churn.toml: the holders of the base generation that hold a shard
+  // are gone or still fetching it, and a worker still in the generation before holds it.
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  JobStart r = net.nodes.at("w0").control->record();
+  r.shards = 2;
+  for (auto id : {"w0", "w1", "w2"}) net.nodes.at(id).control->adopt(r);
+  // Generation 2 reached w0 and w1 only; w2 missed its install and holds shard 1 as of generation 1.
+  JobStart second = r;
+  second.generation = 2;
+  for (auto id : {"w0", "w1"}) net.nodes.at(id).control->adopt(second);
+  net.nodes.at("w0").local.held_shards = {{0, 9}};
+  net.nodes.at("w2").local.held_shards = {{1, 4}};
+  net.down.insert("w1");
+  for (auto id : {"w0", "w2"}) net.set_view(id, {"w1"});
+  net.deliver_all();
+  const auto& next = net.nodes.at("w0").control->record();
+  REQUIRE(next.generation == 3);
+  CHECK(next.workers == std::vector<std::string>{"w0", "w2"});
+  CHECK(next.shard_sources == std::vector<std::string>{"w0", "w2"});
+}
+
 TEST_CASE("a proposal numbered near the top of the range is ignored, not promised", "[elastic][job_control]") {
   Net net;
   for (auto id : {"w0", "w1"}) net.add(id);
