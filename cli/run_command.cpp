@@ -28,6 +28,7 @@
 #include "cli/quickstart_config.hpp"
 #include "compute/io/checkpoint.hpp"
 #include "elastic/checkpoints.hpp"
+#include "elastic/progress.hpp"
 #include "compute/io/files.hpp"
 #include "elastic/coordination.hpp"
 #include "elastic/job.hpp"
@@ -377,9 +378,7 @@ int run_run_command(const RunArgs& args) {
     if (!found) return usage_error(fmt::format("--resume: {}", found.error()));
     for (const auto& why : found->passed_over) fmt::print(stderr, "--resume: passed over {}\n", why);
     const auto& at = found->state;
-    uint64_t left = 0;
-    if (at.job)
-      for (size_t i = 0; i + 2 < at.job->remaining.size(); i += 3) left += at.job->remaining[i + 2] - at.job->remaining[i + 1];
+    const uint64_t left = at.job ? elastic::span_total(elastic::spans_of(at.job->remaining)) : 0;
     if (at.job && at.job->mode != "sync") resumed_lists.emplace(at.step, left);
     fmt::print("resuming from {}: step {}, epoch {}{}\n", found->part.string(), at.step, at.epoch + 1,
                !at.job                  ? std::string()

@@ -18,7 +18,7 @@ elastic::JobControl::Local SimJob::local(const std::string& id, const Worker& w)
   return l;
 }
 
-const JobReport& SimJob::report() const {
+const JobReport& SimJob::report() {
   if (shards_) {
     report_.shards = shards_->report();
     if (report_.lost.empty() && !shards_->report().lost.empty()) report_.lost = "async " + shards_->report().lost;
@@ -26,7 +26,7 @@ const JobReport& SimJob::report() const {
   return report_;
 }
 
-const std::vector<std::string>& SimJob::broken() const {
+const std::vector<std::string>& SimJob::broken() {
   if (shards_)
     for (const auto& b : shards_->broken())
       if (std::find(broken_.begin(), broken_.end(), b) == broken_.end() && broken_.size() < 40) broken_.push_back(b);

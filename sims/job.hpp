@@ -73,8 +73,10 @@ class SimJob {
   /// The end-of-run invariant over the nodes still running.
   void check_settled(const std::vector<std::string>& running);
 
-  const JobReport& report() const;
-  const std::vector<std::string>& broken() const;
+  /// What the job did (with shards, the shard protocol's report in it).
+  const JobReport& report();
+  /// Broken invariants, the shard protocol's included.
+  const std::vector<std::string>& broken();
   /// With shards: what the shard protocol sends, from each node, since the last call.
   SimShards::Outbox take_shard_sends() { return shards_ ? shards_->take_outbox() : SimShards::Outbox{}; }
 
@@ -98,8 +100,8 @@ class SimJob {
   uint64_t epoch_ = 0;
   std::vector<uint8_t> used_;  // per position of the current epoch
   std::unique_ptr<SimShards> shards_;
-  mutable JobReport report_;
-  mutable std::vector<std::string> broken_;
+  JobReport report_;
+  std::vector<std::string> broken_;
   double now_ = 0;
   bool trace_ = std::getenv("TEPDIST_SIM_TRACE") != nullptr;  // job control's decisions on stderr
 };

@@ -37,7 +37,6 @@ struct Host {
   std::map<uint32_t, std::map<std::string, uint64_t>> cursors;
   // Left out of the generation: the (holder, shard) fetches this node still owes as their source.
   std::set<std::pair<std::string, uint32_t>> owed;
-  bool handing_over = false;
   bool ready = false;  // every shard held in this generation has its state (logged once)
   // Messages this node cannot take yet: for a shard being fetched, or of a generation it has not
   // installed. Bounded; taken again at each install and each transfer.
@@ -209,9 +208,8 @@ struct Host {
     }
     shards = std::move(kept);
     // Holding nothing in this generation, only copies for others to fetch: a leaver handing over.
-    handing_over = std::none_of(shards.begin(), shards.end(), [](const auto& e) { return e.second.holder; });
     owed.clear();
-    if (handing_over) {
+    if (std::none_of(shards.begin(), shards.end(), [](const auto& e) { return e.second.holder; })) {
       for (uint32_t s = 0; s < init->shards; ++s)
         if (plan->plan.sources[s] == init->self_id)
           for (const auto& h : plan->plan.placement[s]) owed.emplace(h, s);
@@ -282,46 +280,44 @@ struct Host {
   std::optional<Gather> gather;
   static constexpr int gather_tries = 10;  // asked every 2 s
 
+  /// The gathered shards, whole, into `out`; or what does not fit.
+  std::string assemble(ShardGather& out) const {
+    const size_t buffers = gather->got.begin()->second.optimizer.size();
+    out.values.resize(init->elements);
+    out.optimizer.assign(buffers, std::vector<float>(init->elements));
+    out.optimizer_steps = std::numeric_limits<int64_t>::max();
+    for (const auto& [s, snap] : gather->got) {
+      const auto r = elastic::shard_range(init->elements, init->shards, s);
+      const auto at = static_cast<ptrdiff_t>(r.begin);
+      if (snap.values.size() != r.size() || snap.optimizer.size() != buffers)
+        return fmt::format("shard {} came with {} values and {} optimiser buffers (expected {} and {})", s,
+                           snap.values.size(), snap.optimizer.size(), r.size(), buffers);
+      std::copy(snap.values.begin(), snap.values.end(), out.values.begin() + at);
+      for (size_t b = 0; b < buffers; ++b) {
+        if (snap.optimizer[b].size() != r.size())
+          return fmt::format("shard {}'s optimiser buffer {} holds {} values, not {}", s, b, snap.optimizer[b].size(),
+                             r.size());
+        std::copy(snap.optimizer[b].begin(), snap.optimizer[b].end(), out.optimizer[b].begin() + at);
+      }
+      out.optimizer_steps = std::min(out.optimizer_steps, snap.optimizer_steps);
+    }
+    // A worker's positions are in the checkpoint as far as every shard holds them.
+    for (const auto& [worker, c] : gather->cursors.begin()->second) {
+      uint64_t least = c;
+      for (const auto& [s, of_shard] : gather->cursors) {
+        const auto it = of_shard.find(worker);
+        least = std::min(least, it == of_shard.end() ? 0 : it->second);
+      }
+      out.cursors[worker] = least;
+    }
+    return {};
+  }
+
   void end_gather(std::string error) {
     auto out = std::make_shared<ShardGather>();
     out->id = gather->id;
-    out->error = std::move(error);
-    if (out->error.empty()) {
-      out->values.resize(init->elements);
-      out->optimizer_steps = std::numeric_limits<int64_t>::max();
-      const size_t buffers = gather->got.begin()->second.optimizer.size();
-      out->optimizer.assign(buffers, std::vector<float>(init->elements));
-      for (const auto& [s, snap] : gather->got) {
-        const auto r = elastic::shard_range(init->elements, init->shards, s);
-        if (snap.values.size() != r.size() || snap.optimizer.size() != buffers) {
-          out->error = fmt::format("shard {} came with {} values and {} optimiser buffers (expected {} and {})", s,
-                                   snap.values.size(), snap.optimizer.size(), r.size(), buffers);
-          break;
-        }
-        std::copy(snap.values.begin(), snap.values.end(), out->values.begin() + static_cast<ptrdiff_t>(r.begin));
-        for (size_t b = 0; b < buffers; ++b) {
-          if (snap.optimizer[b].size() != r.size()) {
-            out->error = fmt::format("shard {}'s optimiser buffer {} holds {} values, not {}", s, b,
-                                     snap.optimizer[b].size(), r.size());
-            break;
-          }
-          std::copy(snap.optimizer[b].begin(), snap.optimizer[b].end(),
-                    out->optimizer[b].begin() + static_cast<ptrdiff_t>(r.begin));
-        }
-        out->optimizer_steps = std::min(out->optimizer_steps, snap.optimizer_steps);
-        out->versions += snap.version;
-      }
-      if (!out->error.empty()) out->values.clear(), out->optimizer.clear();
-      // A worker's positions are in the checkpoint as far as every shard holds them.
-      for (const auto& [worker, c] : gather->cursors.begin()->second) {
-        uint64_t least = c;
-        for (const auto& [s, of_shard] : gather->cursors) {
-          const auto it = of_shard.find(worker);
-          least = std::min(least, it == of_shard.end() ? 0 : it->second);
-        }
-        out->cursors[worker] = least;
-      }
-    }
+    out->error = error.empty() ? assemble(*out) : std::move(error);
+    if (!out->error.empty()) out->values.clear(), out->optimizer.clear(), out->cursors.clear();  // nothing half-made
     gather.reset();
     const uint64_t id = out->id;
     caf::anon_send(init->trainer, gather_atom::value, id, std::shared_ptr<const ShardGather>(std::move(out)));
@@ -385,7 +381,7 @@ struct Host {
     if (to.empty()) return refuse(peer, u, "not a worker of the job");
     // Owed no more once sent: the transport delivers it before the node goes (a lost one would
     // be asked for again, from a node that may have gone: the next generation says so).
-    const bool was_owed = handing_over && owed.erase({peer, u.shard}) > 0;
+    const bool was_owed = owed.erase({peer, u.shard}) > 0;
     ShardTransfer t{init->job_id, u.shard, generation, 0, 0, {}};
     const auto it = shards.find(u.shard);
     if (it == shards.end() || !it->second.server) {

@@ -134,7 +134,6 @@ struct ShardGather {
   std::vector<float> values;
   std::vector<std::vector<float>> optimizer;
   int64_t optimizer_steps = 0;  ///< the fewest steps any shard's optimiser took
-  uint64_t versions = 0;        ///< summed over the shards
   /// Per worker, how far its positions are in these values: the least over the shards of the
   /// cursor its latest push applied there carried (a worker missing from any shard: 0).
   std::map<std::string, uint64_t> cursors;

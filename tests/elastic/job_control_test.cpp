@@ -54,10 +54,12 @@ struct Net {
     return n;
   }
 
-  /// Starts a job of the given workers at generation 1 on each of them.
-  void start(const std::vector<std::string>& ids) {
+  /// Starts a job of the given workers at generation 1 on each of them (an async one of `shards`
+  /// shards if not 0).
+  void start(const std::vector<std::string>& ids, uint32_t shards = 0) {
     JobStart r;
     r.job_id = 7;
+    r.shards = shards;
     r.submitter = "addr:submitter";
     r.generation = 1;
     for (const auto& id : ids) {
@@ -613,10 +615,7 @@ TEST_CASE("async: the install names each shard's source, the acker with its high
           "[elastic][job_control]") {
   Net net;
   for (auto id : {"w0", "w1", "w2", "w3"}) net.add(id);
-  net.start({"w0", "w1", "w2", "w3"});
-  JobStart r = net.nodes.at("w0").control->record();
-  r.shards = 4;
-  for (auto id : {"w0", "w1", "w2", "w3"}) net.nodes.at(id).control->adopt(r);
+  net.start({"w0", "w1", "w2", "w3"}, 4);
   // Shard 0: w0 at 7, w1 at 9. Shard 1: w1 and w2 at 5 (a tie: the lower id). Shard 2: only w3,
   // which dies. Shard 3: w2 alone.
   net.nodes.at("w0").local.held_shards = {{0, 7}};
@@ -636,10 +635,7 @@ TEST_CASE("async: a worker handing over before it leaves is the source of the sh
           "[elastic][job_control]") {
   Net net;
   for (auto id : {"w0", "w1", "w2"}) net.add(id);
-  net.start({"w0", "w1", "w2"});
-  JobStart r = net.nodes.at("w0").control->record();
-  r.shards = 3;
-  for (auto id : {"w0", "w1", "w2"}) net.nodes.at(id).control->adopt(r);
+  net.start({"w0", "w1", "w2"}, 3);
   // Replication 1: each shard on one worker. w2 leaves gracefully, naming what it holds.
   net.nodes.at("w0").local.held_shards = {{0, 7}};
   net.nodes.at("w1").local.held_shards = {{1, 6}};
@@ -671,10 +667,7 @@ TEST_CASE("async: of two workers under a majority quorum, the one handing over d
           "[elastic][job_control]") {
   Net net;
   for (auto id : {"w0", "w1"}) net.add(id);
-  net.start({"w0", "w1"});
-  JobStart r = net.nodes.at("w0").control->record();
-  r.shards = 2;
-  for (auto id : {"w0", "w1"}) net.nodes.at(id).control->adopt(r);
+  net.start({"w0", "w1"}, 2);
   for (auto id : {"w0", "w1"}) net.set_view(id, {});
   net.deliver_all();
   GenerationVote leaving{7, GenerationVote::Kind::evict, 1, 1, {"w0"}};  // the duty holder itself
@@ -694,12 +687,9 @@ TEST_CASE("async: a shard no acker of the base generation holds is taken from an
   // are gone or still fetching it, and a worker still in the generation before holds it.
   Net net;
   for (auto id : {"w0", "w1", "w2"}) net.add(id);
-  net.start({"w0", "w1", "w2"});
-  JobStart r = net.nodes.at("w0").control->record();
-  r.shards = 2;
-  for (auto id : {"w0", "w1", "w2"}) net.nodes.at(id).control->adopt(r);
+  net.start({"w0", "w1", "w2"}, 2);
   // Generation 2 reached w0 and w1 only; w2 missed its install and holds shard 1 as of generation 1.
-  JobStart second = r;
+  JobStart second = net.nodes.at("w0").control->record();
   second.generation = 2;
   for (auto id : {"w0", "w1"}) net.nodes.at(id).control->adopt(second);
   net.nodes.at("w0").local.held_shards = {{0, 9}};

@@ -254,8 +254,7 @@ class AsyncDriver final : public Driver {
                          optimizer.size());
       return;
     }
-    cut.state.job->remaining = unconsumed_positions(j, g.cursors);
-    if (!cut.state.job->remaining.empty()) cut.state.epoch = static_cast<int64_t>(cut.state.job->remaining.front());
+    set_unconsumed(j, g.cursors, cut.state);
     // The file is written from the model and optimiser: this worker's own values stand aside meanwhile.
     const std::vector<float> own(params.begin(), params.end());
     std::copy(g.values.begin(), g.values.end(), params.begin());

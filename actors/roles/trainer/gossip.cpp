@@ -180,8 +180,8 @@ class GossipDriver final : public Driver {
     cursors[j.start.workers[j.rank]] = consumed_;
     compute::TrainingState state{j.step, j.epoch, j.config.job.seed, {}};
     state.job = compute::TrainingState::Job{j.start.job_id, j.generation, "gossip", 0, j.own_samples * j.world,
-                                            j.start.reference_batch, unconsumed_positions(j, cursors)};
-    if (!state.job->remaining.empty()) state.epoch = static_cast<int64_t>(state.job->remaining.front());  // its epoch
+                                            j.start.reference_batch};
+    set_unconsumed(j, cursors, state);
     j.checkpoints.write(j, *j.model, *j.optimizer, state, began);
   }
 

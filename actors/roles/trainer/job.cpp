@@ -410,7 +410,7 @@ void Checkpoints::write(const Job& j, compute::Model& model, compute::Optimizer&
                      saved->string(), seconds_between(began, Clock::now()) * 1000);
 }
 
-std::vector<uint64_t> unconsumed_positions(const Job& j, const std::map<std::string, uint64_t>& cursors) {
+void set_unconsumed(const Job& j, const std::map<std::string, uint64_t>& cursors, compute::TrainingState& state) {
   const auto& r = j.start;
   std::vector<elastic::Spans> rests;
   for (size_t w = 0; w < r.workers.size() && w < r.spans.size(); ++w) {
@@ -418,7 +418,9 @@ std::vector<uint64_t> unconsumed_positions(const Job& j, const std::map<std::str
     rests.push_back(elastic::rest_after(elastic::spans_of(r.spans[w]), it == cursors.end() ? 0 : it->second));
   }
   // One list: every epoch's rest in position order.
-  return elastic::triples_of(elastic::resplit(rests, 1).front());
+  const auto left = elastic::resplit(rests, 1).front();
+  state.job->remaining = elastic::triples_of(left);
+  if (!left.empty()) state.epoch = static_cast<int64_t>(left.front().epoch);
 }
 
 std::expected<void, std::string> resume_positions(Job& j, const compute::TrainingState& state) {

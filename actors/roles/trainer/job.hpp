@@ -269,10 +269,11 @@ uint64_t checksum(std::span<const float> values);
 /// Sends, or says it could not: the peer's send queue is full ([cluster] send_queue_mb).
 bool send_to(Trainer* self, const std::string& address, gossip::Body body);
 
-/// Gossip and async checkpoints: the positions not consumed, as the checkpoint's `remaining`:
-/// the rest of each worker's list of the installed generation after its cursor (`cursors`,
-/// worker id to positions consumed; a worker not named counts as at 0, its whole list remaining).
-std::vector<uint64_t> unconsumed_positions(const Job& j, const std::map<std::string, uint64_t>& cursors);
+/// Gossip and async checkpoints: the positions not consumed into `state` (its job's `remaining`,
+/// and its epoch: that of the first of them): the rest of each worker's list of the installed
+/// generation after its cursor (`cursors`, worker id to positions consumed; a worker not named
+/// counts as at 0, its whole list remaining).
+void set_unconsumed(const Job& j, const std::map<std::string, uint64_t>& cursors, compute::TrainingState& state);
 
 /// Gossip and async, the first generation of a resumed job: the checkpoint's remaining positions
 /// re-split over this generation's workers, and the step and epoch it stood at. An error says
