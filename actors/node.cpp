@@ -140,7 +140,7 @@ int run_node(const NodeOptions& o) {
   }
   topts.listen_host = o.listen.substr(0, colon);
   topts.listen_port = static_cast<uint16_t>(std::atoi(o.listen.c_str() + colon + 1));
-  topts.identity = {o.config.cluster.cluster_id, o.name, o.region, o.secret, ""};
+  topts.identity = {o.config.cluster.cluster_id, o.name, o.region, o.secret, "", o.config.cluster.frames()};
   topts.limits.max_frame_bytes = static_cast<uint32_t>(o.config.cluster.max_frame_mb) << 20;
   topts.send_queue_bytes = static_cast<size_t>(o.config.cluster.send_queue_mb) << 20;
   topts.reconnect_max_ms = static_cast<uint64_t>(o.config.cluster.reconnect_max_ms);

@@ -10,7 +10,7 @@ namespace {
 gossip::TransportOptions client_options(const elastic::JobConfig& config, const std::string& secret,
                                         const std::string& id) {
   gossip::TransportOptions o;
-  o.identity = {config.cluster.cluster_id, id, "local", secret, ""};
+  o.identity = {config.cluster.cluster_id, id, "local", secret, "", config.cluster.frames()};
   o.limits.max_frame_bytes = static_cast<uint32_t>(config.cluster.max_frame_mb) << 20;
   return o;
 }

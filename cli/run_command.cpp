@@ -57,12 +57,11 @@ std::string generate_secret() {
   return s;
 }
 
-bool write_private_file(const fs::path& path, const std::string& text) {
-  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  if (fd < 0) return false;
-  ::fchmod(fd, 0600);  // also when the file was already there
-  const bool ok = ::write(fd, text.data(), text.size()) == static_cast<ssize_t>(text.size());
-  return ::close(fd) == 0 && ok;
+/// A file only this user may read (the secret, the cluster file that names it), exactly mode 0600
+/// whatever was there before, never written through a link.
+std::expected<void, std::string> write_private_file(const fs::path& path, const std::string& text) {
+  if (auto ok = compute::write_file_atomically(path, text, 0600); !ok) return std::unexpected(ok.error().message);
+  return {};
 }
 
 /// The node processes this launcher started; stopped (SIGTERM, then SIGKILL after a grace period)
@@ -431,15 +430,13 @@ int run_run_command(const RunArgs& args) {
   if (local > 0) {
     secret = generate_secret();
     const fs::path secret_file = fs::absolute(out / "secret");
-    if (!write_private_file(secret_file, secret + "\n"))
-      return runtime_error(fmt::format("cannot write {}", secret_file.string()));
+    if (auto ok = write_private_file(secret_file, secret + "\n"); !ok) return runtime_error(ok.error());
     const std::vector<std::string> cluster_keys = {fmt::format("cluster.secret_file=\"{}\"", secret_file.string()),
                                                    "cluster.secret=\"\"", "cluster.local_nodes=0"};
     auto node_config = elastic::parse_config(c.text, (out / "cluster.toml").string(), cluster_keys);
     if (!node_config) return runtime_error(node_config.error().message);
     const fs::path cluster_file = out / "cluster.toml";
-    if (!write_private_file(cluster_file, node_config->text))
-      return runtime_error(fmt::format("cannot write {}", cluster_file.string()));
+    if (auto ok = write_private_file(cluster_file, node_config->text); !ok) return runtime_error(ok.error());
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
     const int64_t threads = std::max<int64_t>(1, cores / local);
     std::vector<fs::path> ready, logs;
@@ -467,8 +464,8 @@ int run_run_command(const RunArgs& args) {
     std::string seed_list;
     for (const auto& a : seeds) seed_list += fmt::format("{}\"{}\"", seed_list.empty() ? "" : ", ", a);
     auto with_seeds = elastic::parse_config(node_config->text, cluster_file.string(), {{fmt::format("cluster.seeds=[{}]", seed_list)}});
-    if (!with_seeds || !write_private_file(cluster_file, with_seeds->text))
-      return runtime_error(fmt::format("cannot write {}", cluster_file.string()));
+    if (!with_seeds) return runtime_error(with_seeds.error().message);
+    if (auto ok = write_private_file(cluster_file, with_seeds->text); !ok) return runtime_error(ok.error());
     cluster = *with_seeds;
     if (c.elastic.restart == "on-failure")
       nodes.keep(c.elastic.restart_budget, seeds, [](const std::string& what) {
@@ -490,7 +487,10 @@ int run_run_command(const RunArgs& args) {
   auto submission = std::make_shared<actors::Submission>();
   submission->job.job_id = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  submission->job.config = c.text;
+  // The job as every node will hold it: without an inline secret (the nodes have their own).
+  auto shipped = elastic::text_for_nodes(c);
+  if (!shipped) return runtime_error(shipped.error().message);
+  submission->job.config = std::move(*shipped);
   submission->expected_workers = static_cast<size_t>(local);
   submission->join_timeout_s = c.cluster.join_timeout_s;
   // Rank 0 reports at least every log_every_steps; a step may wait step_timeout_s before the

@@ -184,11 +184,17 @@ const std::vector<Key>& keys() {
        -inf, inf, false, false, {}, assign<&J::cluster, &J::Cluster::cluster_id>},
       {{"cluster", "secret", KeyType::string, "\"\"",
         "The cluster secret every node proves it holds (HMAC-SHA256 challenge-response; it never crosses the "
-        "wire). Prefer secret_file."},
+        "wire, and jobs travel without it), at least 16 bytes. Prefer secret_file."},
        -inf, inf, false, false, {}, assign<&J::cluster, &J::Cluster::secret>},
       {{"cluster", "secret_file", KeyType::string, "\"\"",
-        "A file holding the cluster secret; refused unless its mode is 0600 or stricter."},
+        "A file holding the cluster secret (at least 16 bytes); refused unless its mode is 0600 or stricter."},
        -inf, inf, false, false, {}, assign<&J::cluster, &J::Cluster::secret_file>},
+      {{"cluster", "encrypt", KeyType::boolean, "true",
+        "Every frame after the handshake carries an AES-256-GCM tag under keys of that connection alone "
+        "(ephemeral X25519, so a recorded session stays closed to a later holder of the secret); true: the "
+        "frames are also encrypted, false: authenticated only (integrity and order, readable on the path). "
+        "Every node of a cluster must say the same; a node that differs is refused in the handshake."},
+       -inf, inf, false, false, {}, assign<&J::cluster, &J::Cluster::encrypt>},
       {{"cluster", "max_frame_mb", KeyType::integer, "64",
         "Largest frame a node accepts, MiB; a longer length prefix closes the connection. 1 to 1024."},
        1, 1024, false, false, {}, assign<&J::cluster, &J::Cluster::max_frame_mb>},
@@ -713,11 +719,25 @@ gossip::swim::Config JobConfig::Membership::swim() const {
   return c;
 }
 
+namespace {
+
+/// A secret an attacker could guess offline from one recorded handshake is no secret.
+ConfigResult<std::string> long_enough(std::string secret, const std::string& where) {
+  if (secret.size() < min_secret_bytes)
+    return std::unexpected(ConfigError{fmt::format(
+        "{}: the cluster secret is {} bytes; at least {} are needed (for example: head -c 32 /dev/urandom | "
+        "base64 > secret && chmod 600 secret)",
+        where, secret.size(), min_secret_bytes)});
+  return secret;
+}
+
+}  // namespace
+
 ConfigResult<std::string> load_secret(const JobConfig::Cluster& cluster) {
   if (cluster.secret_file.empty()) {
     if (cluster.secret.empty())
       return std::unexpected(ConfigError{"no cluster secret: set [cluster] secret_file (mode 0600) or secret"});
-    return cluster.secret;
+    return long_enough(cluster.secret, "[cluster] secret");
   }
   struct stat st{};
   if (::stat(cluster.secret_file.c_str(), &st) != 0)
@@ -730,7 +750,14 @@ ConfigResult<std::string> load_secret(const JobConfig::Cluster& cluster) {
   std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   while (!secret.empty() && (secret.back() == '\n' || secret.back() == '\r')) secret.pop_back();
   if (secret.empty()) return std::unexpected(ConfigError{fmt::format("{}: the cluster secret file is empty", cluster.secret_file)});
-  return secret;
+  return long_enough(std::move(secret), cluster.secret_file);
+}
+
+ConfigResult<std::string> text_for_nodes(const JobConfig& config) {
+  const std::vector<std::string> no_secret = {"cluster.secret=\"\""};
+  auto shipped = parse_config(config.text, config.source, no_secret);
+  if (!shipped) return std::unexpected(shipped.error());
+  return std::move(shipped->text);
 }
 
 std::string local_node_name(int64_t i) { return fmt::format("node-{:02d}", i); }

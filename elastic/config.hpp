@@ -18,6 +18,7 @@
 
 #include "compute/optimizer.hpp"
 #include "compute/presets.hpp"
+#include "gossip/transport/frame_seal.hpp"
 #include "gossip/swim/config.hpp"
 #include "gossip/transport/link_emulator.hpp"
 
@@ -69,6 +70,7 @@ struct JobConfig {
     std::string cluster_id = "tepdist";
     std::string secret;       ///< the cluster secret itself (prefer secret_file)
     std::string secret_file;  ///< a file holding the secret; must not be readable by group or others
+    bool encrypt = true;      ///< frames after the handshake: encrypted (AES-256-GCM), else authenticated only
     int64_t max_frame_mb = 64;
     int64_t send_queue_mb = 64;
     int64_t reconnect_max_ms = 2000;
@@ -76,6 +78,10 @@ struct JobConfig {
     double join_timeout_s = 30;      ///< tepdist run: how long the submitter waits to see the cluster
     std::vector<std::string> seeds;  ///< tepdist run without local nodes: where to join
     std::string results_dir = "tepdist-results";  ///< a node's: where rank 0 saves jobs whose submitter is gone
+    /// How this cluster's frames are sealed after the handshake.
+    gossip::FrameProtection frames() const {
+      return encrypt ? gossip::FrameProtection::encrypted : gossip::FrameProtection::authenticated;
+    }
     friend bool operator==(const Cluster&, const Cluster&) = default;
   } cluster;
   /// Settings of one node, from its [nodes.NAME] table (later issues add keys here).
@@ -167,6 +173,10 @@ struct KeyInfo {
   std::string_view doc;           ///< unit, range and meaning
 };
 
+/// The document as a job carries it to the nodes (and they to each other): `text` with an inline
+/// [cluster] secret removed. Every node proves its own secret; none is shipped.
+ConfigResult<std::string> text_for_nodes(const JobConfig& config);
+
 /// The name `tepdist run` gives its local node i: node-00, node-01, ...
 std::string local_node_name(int64_t i);
 
@@ -181,8 +191,12 @@ std::string schema_markdown();
 
 namespace tepdist::elastic {
 
+/// The shortest cluster secret accepted.
+constexpr size_t min_secret_bytes = 16;
+
 /// The cluster secret: [cluster] secret, or the contents of secret_file (trailing newline
-/// dropped), which must exist and be readable by its owner only. Errors name the file.
+/// dropped), which must exist and be readable by its owner only, and hold at least
+/// min_secret_bytes. Errors name the file.
 ConfigResult<std::string> load_secret(const JobConfig::Cluster& cluster);
 
 }  // namespace tepdist::elastic

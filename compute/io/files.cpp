@@ -4,6 +4,9 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <sys/stat.h>
+
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -26,12 +29,19 @@ struct Fd {
 
 }  // namespace
 
-Result<void> write_file_atomically(const std::filesystem::path& path, std::string_view contents) {
+Result<void> write_file_atomically(const std::filesystem::path& path, std::string_view contents, unsigned mode) {
   const std::filesystem::path dir = path.has_parent_path() ? path.parent_path() : ".";
-  const std::filesystem::path tmp = fmt::format("{}.tmp.{}", path.string(), ::getpid());
+  static std::atomic<uint64_t> serial{0};
+  const std::filesystem::path tmp = fmt::format("{}.tmp.{}.{}", path.string(), ::getpid(), serial++);
   {
-    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644)};
+    Fd f{::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, mode & 0777)};
     if (f.fd < 0) return io_error(tmp, "cannot create");
+    // The umask may have taken bits away; the mode asked for is the mode the file gets.
+    if (::fchmod(f.fd, static_cast<mode_t>(mode & 0777)) != 0) {
+      auto err = io_error(tmp, "cannot set the file's mode");
+      ::unlink(tmp.c_str());
+      return err;
+    }
     const char* p = contents.data();
     size_t left = contents.size();
     while (left > 0) {

@@ -16,7 +16,7 @@
 namespace tepdist::gossip {
 namespace {
 
-constexpr uint32_t protocol_version = 1;
+constexpr uint32_t protocol_version = 2;  // 2: ephemeral keys and sealed frames
 constexpr size_t proof_bytes = 32;
 
 void append(std::vector<uint8_t>& out, const void* data, size_t n) {
@@ -64,23 +64,50 @@ Handshake::Handshake(Role role, Identity self, Nonce nonce)
       nonce_(nonce),
       state_(role == Role::initiator ? State::await_challenge : State::await_hello) {}
 
-std::vector<uint8_t> Handshake::proof(const std::string& initiator, const std::string& responder, const Nonce& ni,
-                                      const Nonce& nr, const char* label) const {
-  std::vector<uint8_t> transcript;
-  constexpr std::string_view tag = "tepdist-auth-v1";
-  append(transcript, tag.data(), tag.size());
-  append(transcript, self_.cluster_id.data(), self_.cluster_id.size());
-  append(transcript, initiator.data(), initiator.size());
-  append(transcript, responder.data(), responder.size());
-  append(transcript, ni.data(), ni.size());
-  append(transcript, nr.data(), nr.size());
-  append(transcript, label, std::strlen(label));
+std::vector<uint8_t> Handshake::transcript() const {
+  const bool initiator = role_ == Role::initiator;
+  const auto& ni = initiator ? nonce_ : peer_nonce_;
+  const auto& nr = initiator ? peer_nonce_ : nonce_;
+  const auto& ei = initiator ? ephemeral_.public_key() : peer_ephemeral_;
+  const auto& er = initiator ? peer_ephemeral_ : ephemeral_.public_key();
+  const uint8_t lane = initiator ? lane_ : peer_lane_;
+  const uint8_t protection = static_cast<uint8_t>(self_.frames);
+  std::vector<uint8_t> t;
+  auto text = [&](const std::string& v) { append(t, v.data(), v.size()); };
+  constexpr std::string_view tag = "tepdist-auth-v2";
+  append(t, tag.data(), tag.size());
+  text(self_.cluster_id);
+  text(initiator ? self_.node_id : peer_id_);
+  text(initiator ? peer_id_ : self_.node_id);
+  text(initiator ? self_.region : peer_region_);
+  text(initiator ? peer_region_ : self_.region);
+  text(initiator ? self_.listen_address : peer_listen_address_);
+  append(t, &lane, 1);
+  append(t, &protection, 1);
+  append(t, ni.data(), ni.size());
+  append(t, nr.data(), nr.size());
+  append(t, ei.data(), ei.size());
+  append(t, er.data(), er.size());
+  return t;
+}
+
+std::vector<uint8_t> Handshake::proof(const std::vector<uint8_t>& transcript, const char* label) const {
+  std::vector<uint8_t> message = transcript;
+  append(message, label, std::strlen(label));
   std::vector<uint8_t> mac(EVP_MAX_MD_SIZE);
   unsigned len = 0;
-  HMAC(EVP_sha256(), self_.secret.data(), static_cast<int>(self_.secret.size()), transcript.data(), transcript.size(),
+  HMAC(EVP_sha256(), self_.secret.data(), static_cast<int>(self_.secret.size()), message.data(), message.size(),
        mac.data(), &len);
   mac.resize(len);
   return mac;
+}
+
+std::optional<std::string> Handshake::agree(const std::vector<uint8_t>& transcript) {
+  auto shared = ephemeral_.agree(peer_ephemeral_);
+  if (!shared) return shared.error();
+  keys_ = derive_session_keys(*shared, transcript);
+  OPENSSL_cleanse(shared->data(), shared->size());
+  return std::nullopt;
 }
 
 Handshake::Step Handshake::refuse(std::string why) {
@@ -91,6 +118,7 @@ Handshake::Step Handshake::refuse(std::string why) {
 }
 
 OutFrame Handshake::hello(uint8_t lane) {
+  lane_ = lane;
   return frame_of([&](capnp::MallocMessageBuilder& mb) {
     auto h = mb.initRoot<wire::Hello>();
     h.setVersion(protocol_version);
@@ -100,6 +128,8 @@ OutFrame Handshake::hello(uint8_t lane) {
     h.setListenAddress(self_.listen_address);
     h.setLane(lane);
     h.setNonce(kj::arrayPtr(nonce_.data(), nonce_.size()));
+    h.setEphemeral(kj::arrayPtr(ephemeral_.public_key().data(), ephemeral_.public_key().size()));
+    h.setProtection(static_cast<uint8_t>(self_.frames));
   });
 }
 
@@ -124,8 +154,17 @@ Handshake::Step Handshake::on_frame(std::vector<uint64_t> body) {
         peer_listen_address_ = h.getListenAddress();
         peer_lane_ = h.getLane();
         if (peer_lane_ > 1) return refuse(fmt::format("unknown lane {}", peer_lane_));
+        if (h.getProtection() != static_cast<uint8_t>(self_.frames))
+          return refuse(fmt::format("frame protection mismatch: the peer's frames are {}, this node's {} "
+                                    "([cluster] encrypt must be the same on every node)",
+                                    h.getProtection() <= 2 ? protection_name(static_cast<FrameProtection>(h.getProtection()))
+                                                           : "unknown",
+                                    protection_name(self_.frames)));
+        if (!copy_nonce(h.getEphemeral(), peer_ephemeral_)) return refuse("malformed ephemeral key");
         state_ = State::await_proof;
-        const auto mac = proof(peer_id_, self_.node_id, peer_nonce_, nonce_, "responder");
+        const auto t = transcript();
+        if (auto bad = agree(t)) return refuse(*bad);
+        const auto mac = proof(t, "responder");
         Step s;
         s.send = frame_of([&](capnp::MallocMessageBuilder& mb) {
           auto c = mb.initRoot<wire::Challenge>();
@@ -133,6 +172,7 @@ Handshake::Step Handshake::on_frame(std::vector<uint64_t> body) {
           c.setRegion(self_.region);
           c.setNonce(kj::arrayPtr(nonce_.data(), nonce_.size()));
           c.setProof(kj::arrayPtr(mac.data(), mac.size()));
+          c.setEphemeral(kj::arrayPtr(ephemeral_.public_key().data(), ephemeral_.public_key().size()));
         });
         return s;
       }
@@ -143,11 +183,14 @@ Handshake::Step Handshake::on_frame(std::vector<uint64_t> body) {
         peer_id_ = c.getNodeId();
         if (peer_id_ == self_.node_id) return refuse("the peer claims this node's own id");
         peer_region_ = c.getRegion();
-        const auto expected = proof(self_.node_id, peer_id_, nonce_, peer_nonce_, "responder");
+        if (!copy_nonce(c.getEphemeral(), peer_ephemeral_)) return refuse("malformed ephemeral key");
+        const auto t = transcript();
+        const auto expected = proof(t, "responder");
         const auto got = c.getProof();
         if (got.size() != proof_bytes || CRYPTO_memcmp(got.begin(), expected.data(), proof_bytes) != 0)
           return refuse("the peer does not hold the cluster secret (wrong secret)");
-        const auto mac = proof(self_.node_id, peer_id_, nonce_, peer_nonce_, "initiator");
+        if (auto bad = agree(t)) return refuse(*bad);
+        const auto mac = proof(t, "initiator");
         state_ = State::done;
         Step s;
         s.done = true;
@@ -157,7 +200,7 @@ Handshake::Step Handshake::on_frame(std::vector<uint64_t> body) {
         return s;
       }
       case State::await_proof: {
-        const auto expected = proof(peer_id_, self_.node_id, peer_nonce_, nonce_, "initiator");
+        const auto expected = proof(transcript(), "initiator");
         const auto got = reader.getRoot<wire::Proof>().getProof();
         if (got.size() != proof_bytes || CRYPTO_memcmp(got.begin(), expected.data(), proof_bytes) != 0)
           return refuse("wrong proof: the peer does not hold the cluster secret, or replayed an old handshake");

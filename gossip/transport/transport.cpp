@@ -33,6 +33,13 @@ constexpr size_t scratch_bytes = 64 * 1024;
 constexpr uint32_t max_handshake_frame_bytes = 4096;
 // ...nor hold more than this many connections in the handshake at once.
 constexpr size_t max_pending_handshakes = 64;
+// A lane hands libuv at most this many bytes whose writes have not completed: the rest waits in
+// the lane's queue, unsealed, and goes on as writes complete. Sealing is work on the loop thread, so a
+// burst of tensors is sealed as the socket drains, not all at once ahead of a membership probe.
+constexpr size_t max_unwritten_bytes = 4u << 20;
+// Sealed frames' memory is kept for the next ones, up to this many buffers of at most this size.
+constexpr size_t seal_pool_buffers = 4;
+constexpr size_t seal_pool_max_bytes = 16u << 20;
 
 double unix_ms_now() {
   return std::chrono::duration<double, std::milli>(std::chrono::system_clock::now().time_since_epoch()).count();
@@ -115,9 +122,13 @@ struct Transport::Impl {
     std::string label;     // for logs: the address dialled, or the remote ip:port
     bool authenticated = false, closing = false;
     int open_handles = 0;
+    size_t writing_bytes = 0;  // handed to libuv, write callback not yet run (written or not)
     // Frame reader: a 4-byte header, then a body read straight into word-aligned memory.
     uint8_t header[frame_header_bytes]{};
+    uint8_t frame_header[frame_header_bytes]{};  // the header of the frame being read
     size_t header_have = 0;
+    // Once authenticated (unless the frames are plain): this connection's two directions.
+    std::optional<FrameSealer> sealer, opener;
     std::vector<uint64_t> body;
     size_t body_bytes = 0, body_have = 0;
     bool in_body = false;
@@ -158,7 +169,9 @@ struct Transport::Impl {
   struct WriteReq {
     uv_write_t req{};
     Impl* impl;
+    Conn* conn;  // alive until its write callbacks have run (libuv runs them before the close's)
     OutFrame frame;
+    FrameSealer::Sealed sealed;  // the frame as written, when the connection seals its frames
     std::string address;  // lane_key: whose queued bytes it gives back
     size_t counted;
     uint64_t sent_ns;
@@ -187,12 +200,13 @@ struct Transport::Impl {
     uint64_t sent_ns;
   };
   std::mutex mutex;  // guards inbox, queued_bytes and stopping
-  std::condition_variable drained;  // notified when a peer's queue empties
+  std::condition_variable drained;  // notified when a peer's queue shrinks (senders waiting for room, drain)
   std::vector<Pending> inbox;
   std::unordered_map<std::string, size_t> queued_bytes;  // by lane_key
   bool stopping = false;
 
   // Loop thread only.
+  std::vector<SealBuffer> seal_pool;
   std::unordered_map<std::string, std::unique_ptr<Peer>> peers;
   std::unordered_set<Conn*> conns;
 
@@ -274,8 +288,10 @@ struct Transport::Impl {
         c->header_have = 0;
         WireLimits limits = opt.limits;
         if (!c->authenticated) limits.max_frame_bytes = std::min(limits.max_frame_bytes, max_handshake_frame_bytes);
+        else if (c->opener) limits.max_frame_bytes += frame_tag_bytes;
         auto length = frame_length(c->header, limits);
         if (!length) return fail(c, length.error().message);
+        std::memcpy(c->frame_header, c->header, frame_header_bytes);
         c->body.assign(*length / sizeof(uint64_t), 0);
         c->body_bytes = *length;
         c->body_have = 0;
@@ -294,13 +310,19 @@ struct Transport::Impl {
     std::vector<uint64_t> body = std::move(c->body);
     c->body = {};
     if (!c->authenticated) return handshake_step(c, std::move(body));
+    const size_t wire_bytes = c->body_bytes;
+    if (c->opener) {
+      auto opened = c->opener->open(c->frame_header, {reinterpret_cast<uint8_t*>(body.data()), c->body_bytes});
+      if (!opened) return fail(c, opened.error());
+      body.resize(*opened / sizeof(uint64_t));
+    }
     auto message = decode(std::move(body), opt.limits);
     if (!message) return fail(c, "bad frame: " + message.error().message);
     if (message->cluster_id != opt.identity.cluster_id)
       return fail(c, "frame for cluster '" + message->cluster_id + "'");
     if (c->peer && c->peer->metrics.frames_in) {
       c->peer->metrics.frames_in->add();
-      c->peer->metrics.bytes_in->add(frame_header_bytes + c->body_bytes);
+      c->peer->metrics.bytes_in->add(frame_header_bytes + wire_bytes);
     }
     if (events.on_message) events.on_message(c->handshake.peer_id(), c->peer ? c->peer->address : "", std::move(*message));
   }
@@ -317,6 +339,11 @@ struct Transport::Impl {
     }
     if (!step.done) return;
     c->authenticated = true;
+    // Every frame from here on is sealed (the Proof above went out before this).
+    if (c->handshake.protection() != FrameProtection::plain) {
+      c->sealer.emplace(c->handshake.protection(), c->handshake.send_key());
+      c->opener.emplace(c->handshake.protection(), c->handshake.receive_key());
+    }
     uv_timer_stop(&c->handshake_timer);
     Peer* p = c->outbound ? c->peer : &peer(c->handshake.peer_listen_address(), static_cast<Lane>(c->handshake.peer_lane()));
     c->peer = p;
@@ -451,19 +478,41 @@ struct Transport::Impl {
       c->peer->metrics.frames_out->add();
       c->peer->metrics.bytes_out->add(frame.bytes());
     }
-    auto* w = new WriteReq{{}, this, std::move(frame), key, counted, sent_ns, latency, {}};
-    for (const auto& piece : w->frame.pieces())
+    auto* w = new WriteReq{{}, this, c, std::move(frame), {}, key, counted, sent_ns, latency, {}};
+    // Sealed here, on the loop thread, in the order frames reach the socket: the counter the
+    // receiver expects is the write order on this connection, whatever queue a frame came from.
+    if (c->authenticated && c->sealer) {
+      SealBuffer reuse;
+      if (!seal_pool.empty()) {
+        reuse = std::move(seal_pool.back());
+        seal_pool.pop_back();
+      }
+      w->sealed = c->sealer->seal(w->frame, std::move(reuse));
+    }
+    for (const auto& piece : c->authenticated && c->sealer ? w->sealed.pieces : w->frame.pieces())
       w->bufs.push_back(uv_buf_init(const_cast<char*>(static_cast<const char*>(piece.data)),
                                     static_cast<unsigned>(piece.size)));
     w->req.data = w;
+    c->writing_bytes += w->frame.bytes();
     const int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&c->tcp), w->bufs.data(),
-                            static_cast<unsigned>(w->bufs.size()), [](uv_write_t* r, int) {
+                            static_cast<unsigned>(w->bufs.size()), [](uv_write_t* r, int status) {
                               auto* w = static_cast<WriteReq*>(r->data);
                               if (w->latency) w->latency->observe(static_cast<double>(uv_hrtime() - w->sent_ns) / 1e6);
-                              w->impl->give_back(w->address, w->counted);
+                              Impl* impl = w->impl;
+                              w->conn->writing_bytes -= w->frame.bytes();
+                              impl->give_back(w->address, w->counted);
+                              if (auto& b = w->sealed.storage; b.data && b.capacity <= seal_pool_max_bytes &&
+                                                               impl->seal_pool.size() < seal_pool_buffers)
+                                impl->seal_pool.push_back(std::move(b));
+                              const std::string key = std::move(w->address);
                               delete w;
+                              // Room again under max_unwritten_bytes: the lane goes on.
+                              if (status == 0 && !key.empty())
+                                if (const auto it = impl->peers.find(key); it != impl->peers.end() && it->second->timer)
+                                  impl->pump(*it->second);
                             });
     if (rc != 0) {
+      c->writing_bytes -= w->frame.bytes();
       give_back(key, counted);
       delete w;
       fail(c, std::string("write: ") + uv_strerror(rc));
@@ -476,7 +525,7 @@ struct Transport::Impl {
     std::lock_guard lock(mutex);
     auto& q = queued_bytes[key];
     q -= std::min(q, counted);
-    if (q == 0) drained.notify_all();
+    drained.notify_all();
     // The gauge is the bulk lane's, by peer address: membership's frames are small and few.
     if (opt.metrics && is_bulk_key(key))
       opt.metrics->gauge("send_queue_bytes", {{"peer", key}}, "bytes waiting to be written").set(static_cast<double>(q));
@@ -501,13 +550,15 @@ struct Transport::Impl {
     }
     const double now = now_ms();
     // (NaN, unscheduled, compares false: the frame waits.)
-    while (!p.queue.empty() && p.queue.front().release_ms <= now) {
+    while (!p.queue.empty() && p.queue.front().release_ms <= now && p.conn->writing_bytes < max_unwritten_bytes) {
       Outgoing o = std::move(p.queue.front());
       p.queue.pop_front();
       write(p.conn, std::move(o.frame), p.key, o.counted, o.sent_ns);
       if (!p.conn) return;  // the write failed and closed it
     }
-    if (!p.queue.empty() && !std::isnan(p.queue.front().release_ms)) arm(p, p.queue.front().release_ms - now);
+    // Released frames held back by max_unwritten_bytes go on from the write callback.
+    if (!p.queue.empty() && !std::isnan(p.queue.front().release_ms) && p.queue.front().release_ms > now)
+      arm(p, p.queue.front().release_ms - now);
   }
 
   void arm(Peer& p, double delay_ms) {
@@ -649,16 +700,18 @@ std::expected<std::string, std::string> Transport::start() {
   return address;
 }
 
-bool Transport::send(const std::string& address, const Message& message) {
+bool Transport::send(const std::string& address, const Message& message, std::chrono::milliseconds wait) {
   Impl& i = *impl_;
   OutFrame frame = encode(message);
   const size_t bytes = frame.bytes();
   const Lane lane = lane_of(message.body);
   {
-    std::lock_guard lock(i.mutex);
+    std::unique_lock lock(i.mutex);
     if (i.stopping || !i.started) return false;
-    auto& queued = i.queued_bytes[lane_key(address, lane)];
-    if (queued + bytes > i.opt.send_queue_bytes && queued > 0) return false;
+    auto& queued = i.queued_bytes[lane_key(address, lane)];  // (a reference into the map stays valid)
+    const auto room = [&] { return i.stopping || queued == 0 || queued + bytes <= i.opt.send_queue_bytes; };
+    if (!room() && (wait.count() <= 0 || !i.drained.wait_for(lock, wait, room))) return false;
+    if (i.stopping) return false;
     queued += bytes;
     if (i.opt.metrics && lane == Lane::bulk)
       i.opt.metrics->gauge("send_queue_bytes", {{"peer", address}}, "bytes waiting to be written").set(static_cast<double>(queued));

@@ -13,8 +13,10 @@
 // its Hello, so replies ride the same connection. Every connection starts with the handshake
 // (gossip/transport/handshake.hpp) and nothing else is read until it succeeds. TCP_NODELAY is set.
 // A failed connection is retried with capped exponential back-off while frames wait for it.
-// Frames are a 4-byte length plus a Cap'n Proto message; a frame whose length or content is
-// hostile closes that connection, with a log line naming the peer and the reason, and nothing else.
+// Frames are a 4-byte length plus a Cap'n Proto message; after the handshake each also carries
+// an AES-GCM tag under the connection's keys and a counter assigned as it is written (encrypted
+// by default; gossip/transport/frame_seal.hpp). A frame whose length, tag or content is hostile
+// closes that connection, with a log line naming the peer and the reason, and nothing else.
 //
 // Link emulation. With a network model, each frame is held until the link emulator releases it
 // (bandwidth, latency, jitter, partitions), then written; frames to one peer stay in order.
@@ -73,9 +75,11 @@ class Transport {
 
   /// Binds, starts the loop thread and returns the bound "host:port", or why it could not.
   std::expected<std::string, std::string> start();
-  /// Queues message for the node listening at address. Thread-safe. Returns false, sending
-  /// nothing, when that peer already has send_queue_bytes waiting: the caller backs off.
-  bool send(const std::string& address, const Message& message);
+  /// Queues message for the node listening at address. Thread-safe. When that peer's lane already
+  /// has send_queue_bytes waiting, waits up to `wait` for room (no wait by default), then returns
+  /// false, sending nothing: the caller backs off.
+  bool send(const std::string& address, const Message& message,
+            std::chrono::milliseconds wait = std::chrono::milliseconds(0));
   /// Closes every connection and joins the loop thread. Idempotent; the destructor calls it.
   void stop();
   /// Waits until every frame queued so far has been written (or dropped with its connection), at

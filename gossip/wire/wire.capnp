@@ -20,6 +20,9 @@ struct Hello {
                            # reuses this connection for what it sends to that address
   lane @6 :UInt8;          # 0 bulk (jobs, tensors), 1 membership: each pair of nodes keeps one
                            # connection per lane, so probes never queue behind tensors
+  ephemeral @7 :Data;      # 32 bytes: a fresh X25519 public key; the frames' keys come from it
+  protection @8 :UInt8;    # how frames after the handshake are sealed: 0 plain, 1 authenticated,
+                           # 2 encrypted; both ends must agree
 }
 
 struct Challenge {
@@ -28,6 +31,7 @@ struct Challenge {
   nonce @1 :Data;          # 32 random bytes, fresh per connection
   proof @2 :Data;          # HMAC(secret, transcript, "responder")
   region @3 :Text;
+  ephemeral @4 :Data;      # 32 bytes: the responder's fresh X25519 public key
 }
 
 struct Proof {

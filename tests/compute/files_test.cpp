@@ -1,3 +1,4 @@
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <zlib.h>
@@ -210,6 +211,36 @@ TEST_CASE("atomic writes replace the file whole and leave no temporary behind", 
   auto r = write_file_atomically(dir.path / "no" / "such" / "dir", "x");
   REQUIRE_FALSE(r.has_value());
   CHECK(r.error().code == Errc::io);
+}
+
+TEST_CASE("a private file gets exactly its mode, over a looser file or a planted link, never through the link",
+          "[compute][files]") {
+  TempDir dir;
+  const auto group_or_others = fs::perms::group_all | fs::perms::others_all;
+  // A file that was there before, readable by everyone: afterwards it is the owner's only.
+  const auto loose = dir.path / "secret";
+  std::ofstream(loose) << "old";
+  fs::permissions(loose, fs::perms::all);
+  REQUIRE(write_file_atomically(loose, "new", 0600).has_value());
+  CHECK(slurp(loose) == "new");
+  CHECK((fs::status(loose).permissions() & group_or_others) == fs::perms::none);
+  // A link planted where the file goes: the link is replaced; what it pointed to is untouched.
+  const auto target = dir.path / "elsewhere";
+  std::ofstream(target) << "someone else's";
+  const auto link = dir.path / "cluster.toml";
+  fs::create_symlink(target, link);
+  REQUIRE(write_file_atomically(link, "private", 0600).has_value());
+  CHECK_FALSE(fs::is_symlink(link));
+  CHECK(slurp(link) == "private");
+  CHECK(slurp(target) == "someone else's");
+  CHECK((fs::status(link).permissions() & group_or_others) == fs::perms::none);
+  // Even under a umask that would take the owner's bits, the mode asked for is the mode.
+  const mode_t old = ::umask(0277);
+  const auto r = write_file_atomically(dir.path / "masked", "x", 0600);
+  ::umask(old);
+  REQUIRE(r.has_value());
+  CHECK((fs::status(dir.path / "masked").permissions() & fs::perms::owner_all) ==
+        (fs::perms::owner_read | fs::perms::owner_write));
 }
 
 TEST_CASE("safetensors export and import round-trip the parameters", "[compute][safetensors]") {

@@ -208,13 +208,13 @@ TEST_CASE("network links and partitions are checked field by field", "[elastic][
 
 TEST_CASE("the cluster secret comes from a file only its owner can read", "[elastic][config][secret]") {
   const std::string path = std::filesystem::temp_directory_path() / ("tepdist-secret-" + std::to_string(::getpid()));
-  std::ofstream(path) << "hunter2\n";
+  std::ofstream(path) << "hunter2 hunter2 hunter2\n";
   JobConfig::Cluster c;
   c.secret_file = path;
   std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
   auto secret = load_secret(c);
   REQUIRE(secret.has_value());
-  CHECK(*secret == "hunter2");
+  CHECK(*secret == "hunter2 hunter2 hunter2");
   std::filesystem::permissions(path, std::filesystem::perms::group_read, std::filesystem::perm_options::add);
   auto loose = load_secret(c);
   REQUIRE_FALSE(loose.has_value());
@@ -223,8 +223,44 @@ TEST_CASE("the cluster secret comes from a file only its owner can read", "[elas
   CHECK_FALSE(load_secret(c).has_value());
   CHECK_FALSE(load_secret(JobConfig::Cluster{}).has_value());
   JobConfig::Cluster inline_secret;
-  inline_secret.secret = "abc";
-  CHECK(load_secret(inline_secret).value() == "abc");
+  inline_secret.secret = "sixteen bytes ok";
+  CHECK(load_secret(inline_secret).value() == "sixteen bytes ok");
+}
+
+TEST_CASE("the job text the nodes get holds no inline secret, and every other setting", "[elastic][config][secret]") {
+  const std::string secret = "an inline secret that must stay here";
+  const std::vector<std::string> overrides = {"cluster.secret=\"" + secret + "\"", "job.epochs=3"};
+  auto c = parse_config("[job]\nmode = \"sync\"\n[cluster]\nsecret = \"written in the file too\"\n", "job.toml", overrides);
+  REQUIRE(c);
+  REQUIRE(c->text.find(secret) != std::string::npos);  // the launcher's own copy has it
+  auto shipped = text_for_nodes(*c);
+  REQUIRE(shipped);
+  CHECK(shipped->find(secret) == std::string::npos);
+  CHECK(shipped->find("written in the file too") == std::string::npos);
+  auto back = parse_config(*shipped, "shipped");
+  REQUIRE(back);
+  CHECK(back->cluster.secret.empty());
+  back->cluster.secret = c->cluster.secret;
+  CHECK(back->same_settings(*c));
+}
+
+TEST_CASE("a cluster secret shorter than 16 bytes is refused, saying how long it is and where it came from",
+          "[elastic][config][secret]") {
+  JobConfig::Cluster inline_secret;
+  inline_secret.secret = "fifteen bytes!!";
+  auto short_inline = load_secret(inline_secret);
+  REQUIRE_FALSE(short_inline);
+  CHECK_THAT(short_inline.error().message, Catch::Contains("[cluster] secret") && Catch::Contains("15 bytes") &&
+                                               Catch::Contains("at least 16"));
+  const std::string path = std::filesystem::temp_directory_path() / ("tepdist-short-" + std::to_string(::getpid()));
+  std::ofstream(path) << "hunter2\n";
+  std::filesystem::permissions(path, std::filesystem::perms::owner_read | std::filesystem::perms::owner_write);
+  JobConfig::Cluster from_file;
+  from_file.secret_file = path;
+  auto short_file = load_secret(from_file);
+  std::filesystem::remove(path);
+  REQUIRE_FALSE(short_file);
+  CHECK_THAT(short_file.error().message, Catch::Contains(path) && Catch::Contains("7 bytes"));
 }
 
 TEST_CASE("configs/async.toml and configs/gossip.toml load and say their modes", "[elastic][config]") {

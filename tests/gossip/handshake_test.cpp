@@ -1,9 +1,16 @@
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
 #include <catch2/catch.hpp>
 #include <cstring>
+#include <functional>
+#include <memory>
 
 #include "gossip/transport/handshake.hpp"
+#include "gossip/wire/wire.capnp.h"
 
 using namespace tepdist::gossip;
+namespace wire = tepdist::wire;
 
 namespace {
 
@@ -102,4 +109,103 @@ TEST_CASE("a peer claiming the node's own id is refused (no reflected proofs)", 
   const auto o = run(id("b"), id("b"));
   REQUIRE(o.responder_end.refused);
   CHECK_THAT(*o.responder_end.refused, Catch::Contains("own id"));
+}
+
+namespace {
+
+/// A Hello as a man in the middle would rewrite it: copied field by field, with `edit` applied.
+template <class Edit>
+std::vector<uint64_t> rewritten_hello(const OutFrame& hello, Edit edit) {
+  const auto words = body_of(hello);
+  capnp::FlatArrayMessageReader reader({reinterpret_cast<const capnp::word*>(words.data()), words.size()});
+  capnp::MallocMessageBuilder mb;
+  mb.setRoot(reader.getRoot<wire::Hello>());
+  edit(mb.getRoot<wire::Hello>());
+  const auto flat = capnp::messageToFlatArray(mb);
+  return {reinterpret_cast<const uint64_t*>(flat.begin()), reinterpret_cast<const uint64_t*>(flat.end())};
+}
+
+}  // namespace
+
+TEST_CASE("both ends derive the same frame keys, one per direction, fresh per connection", "[gossip][auth][seal]") {
+  auto handshake = [] {
+    auto i = std::make_unique<Handshake>(Handshake::Role::initiator, id("a"), fresh_nonce());
+    auto r = std::make_unique<Handshake>(Handshake::Role::responder, id("b"), fresh_nonce());
+    auto challenge = r->on_frame(body_of(i->hello()));
+    auto finish = i->on_frame(body_of(*challenge.send));
+    REQUIRE(r->on_frame(body_of(*finish.send)).done);
+    return std::pair{std::move(i), std::move(r)};
+  };
+  const auto [i, r] = handshake();
+  CHECK(i->send_key() == r->receive_key());
+  CHECK(i->receive_key() == r->send_key());
+  CHECK(i->send_key() != i->receive_key());
+  const auto [i2, r2] = handshake();
+  CHECK(i2->send_key() != i->send_key());  // same secret, same ids: other keys
+}
+
+TEST_CASE("a Hello whose region, listen address, lane or ephemeral key is rewritten on the path fails the proofs",
+          "[gossip][auth][seal]") {
+  using Edit = std::function<void(wire::Hello::Builder)>;
+  const std::vector<std::pair<const char*, Edit>> edits{
+      {"region", [](wire::Hello::Builder h) { h.setRegion("elsewhere"); }},
+      {"listen address", [](wire::Hello::Builder h) { h.setListenAddress("10.0.0.66:1"); }},
+      {"lane", [](wire::Hello::Builder h) { h.setLane(1); }},
+      {"ephemeral key", [](wire::Hello::Builder h) {
+         const EphemeralKey mine;  // the attacker's own
+         h.setEphemeral(kj::arrayPtr(mine.public_key().data(), mine.public_key().size()));
+       }}};
+  for (const auto& [what, edit] : edits) {
+    INFO(what);
+    Handshake i(Handshake::Role::initiator, id("a"), fresh_nonce());
+    Handshake r(Handshake::Role::responder, id("b"), fresh_nonce());
+    auto challenge = r.on_frame(rewritten_hello(i.hello(), edit));
+    REQUIRE(challenge.send);  // the responder cannot tell...
+    auto finish = i.on_frame(body_of(*challenge.send));
+    REQUIRE(finish.refused);  // ...but the initiator's check of its proof fails
+    CHECK_FALSE(finish.done);
+  }
+}
+
+TEST_CASE("an ephemeral key of low order or the wrong size is refused", "[gossip][auth][seal]") {
+  for (const size_t size : {size_t{32}, size_t{31}}) {
+    Handshake i(Handshake::Role::initiator, id("a"), fresh_nonce());
+    Handshake r(Handshake::Role::responder, id("b"), fresh_nonce());
+    const std::vector<uint8_t> zero(size, 0);  // the all-zero point: every shared secret would be zero
+    auto step = r.on_frame(rewritten_hello(i.hello(), [&](wire::Hello::Builder h) {
+      h.setEphemeral(kj::arrayPtr(zero.data(), zero.size()));
+    }));
+    REQUIRE(step.refused);
+    CHECK_FALSE(step.send);
+  }
+}
+
+TEST_CASE("sealed frames open in order under the matching key only", "[gossip][seal]") {
+  FrameKey key{}, other{};
+  key[0] = 1;
+  other[0] = 2;
+  for (const auto p : {FrameProtection::encrypted, FrameProtection::authenticated}) {
+    INFO(protection_name(p));
+    FrameSealer writer(p, key), reader(p, key), stranger(p, other);
+    const auto m1 = encode({"a", 1, "c1", Ping{1, {}}}).flatten();
+    const auto m2 = encode({"a", 1, "c1", Ping{2, {}}}).flatten();
+    const auto s1 = writer.seal_flat(m1), s2 = writer.seal_flat(m2);
+    auto open = [](FrameSealer& f, std::vector<uint8_t> sealed) -> std::expected<std::vector<uint8_t>, std::string> {
+      auto n = f.open(sealed.data(), {sealed.data() + frame_header_bytes, sealed.size() - frame_header_bytes});
+      if (!n) return std::unexpected(n.error());
+      return std::vector<uint8_t>(sealed.begin() + frame_header_bytes, sealed.begin() + frame_header_bytes + *n);
+    };
+    CHECK_FALSE(open(stranger, s1));
+    FrameSealer in_order(p, key), out_of_order(p, key);
+    CHECK_FALSE(open(out_of_order, s2));  // frame 1 where frame 0 is due
+    auto o1 = open(in_order, s1);
+    REQUIRE(o1);
+    CHECK(std::equal(o1->begin(), o1->end(), m1.begin() + 4));
+    auto o2 = open(in_order, s2);
+    REQUIRE(o2);
+    CHECK(std::equal(o2->begin(), o2->end(), m2.begin() + 4));
+    auto cut = s1;
+    cut[0] -= 8;  // the length prefix is authenticated too
+    CHECK_FALSE(open(reader, cut));
+  }
 }

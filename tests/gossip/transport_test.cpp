@@ -11,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
+#include <algorithm>
 #include <mutex>
 
 #include "gossip/transport/transport.hpp"
@@ -71,6 +72,39 @@ int connect_raw(const std::string& address) {
   REQUIRE(::connect(fd, reinterpret_cast<sockaddr*>(&sa), sizeof sa) == 0);
   return fd;
 }
+
+/// A raw socket that completes a real handshake with the transport at address: a peer holding the
+/// secret, speaking frames by hand.
+struct RawPeer {
+  int fd;
+  Handshake hs;
+  explicit RawPeer(const std::string& address, FrameProtection frames = FrameProtection::encrypted)
+      : fd(connect_raw(address)),
+        hs(Handshake::Role::initiator, {"c1", "raw", "local", "s3cret", "127.0.0.1:9", frames}, fresh_nonce()) {
+    write_all(hs.hello().flatten());
+    auto step = hs.on_frame(read_frame());
+    REQUIRE(step.done);
+    write_all(step.send->flatten());
+  }
+  ~RawPeer() { ::close(fd); }
+  void write_all(const std::vector<uint8_t>& bytes) {
+    REQUIRE(::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
+  }
+  std::vector<uint64_t> read_frame() {
+    uint8_t header[4];
+    REQUIRE(::recv(fd, header, 4, MSG_WAITALL) == 4);
+    uint32_t n;
+    std::memcpy(&n, header, 4);
+    std::vector<uint64_t> body(n / 8);
+    REQUIRE(::recv(fd, body.data(), n, MSG_WAITALL) == static_cast<ssize_t>(n));
+    return body;
+  }
+  bool closed_by_peer() {
+    char c;
+    return ::read(fd, &c, 1) == 0;
+  }
+};
+
 
 }  // namespace
 
@@ -267,37 +301,99 @@ TEST_CASE("an authenticated peer that sends a hostile frame loses its connection
   Transport b(options("b"), rb.events()), a(options("a"), {});
   const auto addr_b = b.start();
   REQUIRE(a.start().has_value());
-  const int fd = connect_raw(*addr_b);
-  auto write_all = [&](const std::vector<uint8_t>& bytes) {
-    REQUIRE(::write(fd, bytes.data(), bytes.size()) == static_cast<ssize_t>(bytes.size()));
-  };
-  auto read_frame = [&] {
-    uint8_t header[4];
-    REQUIRE(::recv(fd, header, 4, MSG_WAITALL) == 4);
-    uint32_t n;
-    std::memcpy(&n, header, 4);
-    std::vector<uint64_t> body(n / 8);
-    REQUIRE(::recv(fd, body.data(), n, MSG_WAITALL) == static_cast<ssize_t>(n));
-    return body;
-  };
-  // A real handshake from the raw socket: this peer holds the secret.
-  Handshake hs(Handshake::Role::initiator, {"c1", "raw", "local", "s3cret", "127.0.0.1:9"}, fresh_nonce());
-  write_all(hs.hello().flatten());
-  auto step = hs.on_frame(read_frame());
-  REQUIRE(step.done);
-  write_all(step.send->flatten());
-  // Then a frame of a kind from the future: the codec refuses it and b closes this connection.
-  auto frame = encode({"raw", 1, "c1", Ping{1, {}}}).flatten();
+  RawPeer raw(*addr_b);  // a real handshake from a raw socket: this peer holds the secret
+  // Then a frame of a kind from the future, sealed as this connection's keys want it: it passes
+  // the tag, the codec refuses it, and b closes this connection.
+  FrameSealer sealer(raw.hs.protection(), raw.hs.send_key());
+  raw.write_all(sealer.seal_flat(encode({"raw", 1, "c1", Ping{1, {}}}).flatten()));
+  auto frame = encode({"raw", 1, "c1", Ping{2, {}}}).flatten();
   const uint16_t future = 99;
   std::memcpy(frame.data() + 4 + 8 + 8 + 8, &future, 2);  // the Envelope's union discriminant
-  write_all(frame);
-  char c;
-  CHECK(::read(fd, &c, 1) == 0);  // closed
-  ::close(fd);
+  raw.write_all(sealer.seal_flat(frame));
+  CHECK(raw.closed_by_peer());
   REQUIRE(rb.wait([&] { return !rb.down.empty(); }));
+  CHECK(rb.messages.size() == 1);  // the well-formed one came through
   CHECK(rb.down[0] == "raw");
-  CHECK(rb.messages.empty());
   // Everyone else is still served.
   REQUIRE(a.send(*addr_b, ping(3)));
-  REQUIRE(rb.wait([&] { return rb.messages.size() == 1; }));
+  REQUIRE(rb.wait([&] { return rb.messages.size() == 2; }));
+}
+
+
+TEST_CASE("after the handshake, a frame altered, replayed or unsealed on the path ends that connection",
+          "[gossip][transport][seal]") {
+  Recorder rb;
+  Transport b(options("b"), rb.events());
+  const auto addr_b = b.start();
+  REQUIRE(addr_b);
+  const auto frame = encode({"raw", 1, "c1", Ping{7, {}}}).flatten();
+  SECTION("one bit flipped in the body") {
+    RawPeer raw(*addr_b);
+    FrameSealer sealer(raw.hs.protection(), raw.hs.send_key());
+    auto sealed = sealer.seal_flat(frame);
+    sealed[12] ^= 0x01;
+    raw.write_all(sealed);
+    CHECK(raw.closed_by_peer());
+  }
+  SECTION("a frame recorded and sent again") {
+    RawPeer raw(*addr_b);
+    FrameSealer sealer(raw.hs.protection(), raw.hs.send_key());
+    const auto sealed = sealer.seal_flat(frame);
+    raw.write_all(sealed);
+    REQUIRE(rb.wait([&] { return rb.messages.size() == 1; }));
+    raw.write_all(sealed);
+    CHECK(raw.closed_by_peer());
+  }
+  SECTION("a frame in the clear, as before sealing (an injection without the keys)") {
+    RawPeer raw(*addr_b);
+    raw.write_all(frame);
+    CHECK(raw.closed_by_peer());
+  }
+  SECTION("a frame sealed under a key of another connection") {
+    RawPeer raw(*addr_b), other(*addr_b);
+    FrameSealer sealer(other.hs.protection(), other.hs.send_key());
+    raw.write_all(sealer.seal_flat(frame));
+    CHECK(raw.closed_by_peer());
+  }
+  REQUIRE(rb.wait([&] { return !rb.down.empty() || !rb.refused.empty(); }));
+  CHECK(rb.messages.size() <= 1);
+}
+
+TEST_CASE("encrypted frames do not show the message on the wire, authenticated ones do, and both check",
+          "[gossip][transport][seal]") {
+  for (const auto frames : {FrameProtection::encrypted, FrameProtection::authenticated}) {
+    Recorder rb;
+    auto o = options("b");
+    o.identity.frames = frames;
+    Transport b(o, rb.events());
+    const auto addr_b = b.start();
+    REQUIRE(addr_b);
+    RawPeer raw(*addr_b, frames);
+    // A recognisable payload: a member id of 40 'Q's.
+    const std::string marker(40, 'Q');
+    const auto flat = encode({marker, 1, "c1", Ping{9, {}}}).flatten();
+    FrameSealer sealer(frames, raw.hs.send_key());
+    const auto sealed = sealer.seal_flat(flat);
+    CHECK(sealed.size() == flat.size() + frame_tag_bytes);
+    const bool visible = std::search(sealed.begin(), sealed.end(), marker.begin(), marker.end()) != sealed.end();
+    CHECK(visible == (frames == FrameProtection::authenticated));
+    raw.write_all(sealed);
+    REQUIRE(rb.wait([&] { return rb.messages.size() == 1; }));
+    CHECK(rb.messages[0].first == "raw");
+    CHECK(std::get<Ping>(rb.messages[0].second.body).seq_no == 9);
+  }
+}
+
+TEST_CASE("nodes whose frame protection differs are refused in the handshake, saying why",
+          "[gossip][transport][seal]") {
+  Recorder ra, rb;
+  auto oa = options("a");
+  oa.identity.frames = FrameProtection::authenticated;
+  Transport b(options("b"), rb.events()), a(oa, ra.events());
+  const auto addr_b = b.start();
+  REQUIRE(a.start());
+  REQUIRE(a.send(*addr_b, ping(1)));
+  REQUIRE(rb.wait([&] { return !rb.refused.empty(); }));
+  CHECK(rb.refused[0].find("frame protection mismatch") != std::string::npos);
+  CHECK(rb.messages.empty());
 }

@@ -68,7 +68,7 @@ TEST_CASE("three nodes connect, authenticate and agree on the coordinator, then 
 
 TEST_CASE("a node with the wrong secret is refused and joins nobody", "[integration][node]") {
   Cluster c;
-  c.write_secret("other", "a guess");
+  c.write_secret("other", "a guess at the secret");
   Child n1(c.node("n1"));
   const auto ready = n1.wait_for("node_ready");
   REQUIRE(ready);
