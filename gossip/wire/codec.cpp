@@ -295,33 +295,116 @@ struct Encoder {
   }
 };
 
+/// By Body index, which is also the Envelope union's order.
+constexpr const char* kind_names[] = {"ping",         "ack",          "ping_req",    "join",           "leave",
+                                      "state_sync",   "tensor_chunk", "param_pull",  "param_push",     "control",
+                                      "metrics",      "job_start",    "ring_chunk",  "job_report",     "shard_update",
+                                      "shard_state",  "gossip_average", "generation_vote", "state_pull", "state_piece",
+                                      "leave_request", "shard_transfer"};
+
+const char* union_name(wire::Envelope::Which kind) {
+  const auto i = static_cast<size_t>(kind);
+  return i < std::size(kind_names) ? kind_names[i] : "unknown";
+}
+
 // ---- Cap'n Proto readers -> C++ values (inside one try block: readers throw on bad data) ----
 
-Member get_member(wire::Member::Reader r) {
-  Member m;
-  m.id = r.getId();
-  m.address = r.getAddress();
-  m.incarnation = r.getIncarnation();
-  const auto state = r.getState();
-  if (state > wire::Member::State::LEFT)
-    throw WireError{WireErrc::unknown_kind, fmt::format("member {} has unknown state {}", m.id, static_cast<int>(state))};
-  m.state = static_cast<Member::State>(state);
-  m.region = r.getRegion();
-  for (auto role : r.getRoles()) m.roles.emplace_back(role);
-  m.accuser = r.getAccuser();
-  m.boot_id = r.getBootId();
-  return m;
-}
+/// What one frame may decode into. Cap'n Proto bounds the words a reader touches, but a list of
+/// zero-sized structs costs one word of that budget per element and decodes into a whole record
+/// each: a 63 MiB frame became 16.5 million members (2.9 GB). So every list and text is counted
+/// here before anything is allocated for it: against its own cap (what the protocol can need),
+/// and against the frame's decode budget (decode_budget_bytes: a few times the frame's own size).
+class Reading {
+ public:
+  explicit Reading(size_t budget_bytes) : left_(budget_bytes) {}
+
+  /// A list of at most `cap` elements, each decoded into a T: checked and paid for up front.
+  template <class T, class List>
+  List list(List l, size_t cap, std::string_view what) {
+    if (l.size() > cap)
+      throw WireError{WireErrc::over_limit, fmt::format("{} lists {} entries (at most {})", what, l.size(), cap)};
+    charge(size_t{l.size()} * sizeof(T), what);
+    return l;
+  }
+
+  std::string text(capnp::Text::Reader t, size_t cap, std::string_view what) {
+    if (t.size() > cap)
+      throw WireError{WireErrc::over_limit, fmt::format("{} is {} bytes (at most {})", what, t.size(), cap)};
+    charge(t.size(), what);
+    return std::string(t.cStr(), t.size());
+  }
+  std::string name(capnp::Text::Reader t, std::string_view what) { return text(t, wire_caps::name_bytes, what); }
+
+  std::vector<std::string> names(capnp::List<capnp::Text>::Reader l, size_t cap, std::string_view what) {
+    std::vector<std::string> out;
+    out.reserve(list<std::string>(l, cap, what).size());
+    for (auto t : l) out.push_back(name(t, what));
+    return out;
+  }
+
+  template <class T, class List>
+  std::vector<T> numbers(List l, size_t cap, std::string_view what) {
+    std::vector<T> out;
+    out.reserve(list<T>(l, cap, what).size());
+    for (auto v : l) out.push_back(v);
+    return out;
+  }
+
+  Member member(wire::Member::Reader r) {
+    Member m;
+    m.id = name(r.getId(), "a member's id");
+    m.address = name(r.getAddress(), "a member's address");
+    m.incarnation = r.getIncarnation();
+    const auto state = r.getState();
+    if (state > wire::Member::State::LEFT)
+      throw WireError{WireErrc::unknown_kind, fmt::format("member {} has unknown state {}", m.id, static_cast<int>(state))};
+    m.state = static_cast<Member::State>(state);
+    m.region = name(r.getRegion(), "a member's region");
+    m.roles = names(r.getRoles(), wire_caps::roles, "a member's roles");
+    m.accuser = name(r.getAccuser(), "a member's accuser");
+    m.boot_id = r.getBootId();
+    return m;
+  }
+
+  std::vector<Member> members(capnp::List<wire::Member>::Reader l, std::string_view what) {
+    std::vector<Member> out;
+    out.reserve(list<Member>(l, wire_caps::members, what).size());
+    for (auto m : l) out.push_back(member(m));
+    return out;
+  }
+
+  template <class List>
+  std::vector<std::pair<std::string, uint64_t>> cursors(List l, size_t cap, std::string_view what) {
+    std::vector<std::pair<std::string, uint64_t>> out;
+    out.reserve(list<std::pair<std::string, uint64_t>>(l, cap, what).size());
+    for (auto c : l) out.emplace_back(name(c.getWorker(), what), c.getConsumed());
+    return out;
+  }
+
+  template <class List>
+  std::vector<std::pair<uint32_t, uint64_t>> held(List l, std::string_view what) {
+    std::vector<std::pair<uint32_t, uint64_t>> out;
+    out.reserve(list<std::pair<uint32_t, uint64_t>>(l, wire_caps::shards, what).size());
+    for (auto h : l) out.emplace_back(h.getShard(), h.getVersion());
+    return out;
+  }
+
+ private:
+  void charge(size_t bytes, std::string_view what) {
+    if (bytes > left_)
+      throw WireError{WireErrc::over_limit,
+                      fmt::format("{} would decode into more than the frame's budget allows ({} bytes left)", what, left_)};
+    left_ -= bytes;
+  }
+
+  size_t left_;
+
+ public:
+  size_t left() const { return left_; }
+};
 
 JobProgress get_progress(wire::JobProgress::Reader r) {
   return JobProgress{r.getStep(), r.getEpoch(), r.getPosition(), r.getSamples()};
-}
-
-std::vector<Member> get_members(capnp::List<wire::Member>::Reader list) {
-  std::vector<Member> out;
-  out.reserve(list.size());
-  for (auto m : list) out.push_back(get_member(m));
-  return out;
 }
 
 TensorChunk get_chunk(wire::TensorChunk::Reader r, const std::shared_ptr<const void>& owner) {
@@ -334,7 +417,7 @@ TensorChunk get_chunk(wire::TensorChunk::Reader r, const std::shared_ptr<const v
   if (data.size() % sizeof(float) != 0)
     throw WireError{WireErrc::malformed, fmt::format("tensor data of {} bytes is not whole floats", data.size())};
   // Data blobs start on a word boundary inside the (word-aligned) frame, so floats can be viewed
-  // in place.
+  // in place (no copy: nothing to charge against the decode budget).
   c.data = {reinterpret_cast<const float*>(data.begin()), data.size() / sizeof(float)};
   if (c.offset > c.total || c.data.size() > c.total - c.offset)
     throw WireError{WireErrc::malformed, fmt::format("tensor chunk [{}, +{}) outside a tensor of {}", c.offset,
@@ -343,35 +426,35 @@ TensorChunk get_chunk(wire::TensorChunk::Reader r, const std::shared_ptr<const v
   return c;
 }
 
-Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner) {
+Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner, Reading& in) {
   switch (e.which()) {
     case wire::Envelope::PING: {
       auto r = e.getPing();
-      return Ping{r.getSeqNo(), get_members(r.getUpdates())};
+      return Ping{r.getSeqNo(), in.members(r.getUpdates(), "a ping's updates")};
     }
     case wire::Envelope::ACK: {
       auto r = e.getAck();
-      return Ack{r.getSeqNo(), get_members(r.getUpdates())};
+      return Ack{r.getSeqNo(), in.members(r.getUpdates(), "an ack's updates")};
     }
     case wire::Envelope::PING_REQ: {
       auto r = e.getPingReq();
-      return PingReq{r.getSeqNo(), get_member(r.getTarget()), get_members(r.getUpdates())};
+      return PingReq{r.getSeqNo(), in.member(r.getTarget()), in.members(r.getUpdates(), "a ping-req's updates")};
     }
-    case wire::Envelope::JOIN: return Join{get_member(e.getJoin().getMember())};
-    case wire::Envelope::LEAVE: return Leave{get_member(e.getLeave().getMember())};
+    case wire::Envelope::JOIN: return Join{in.member(e.getJoin().getMember())};
+    case wire::Envelope::LEAVE: return Leave{in.member(e.getLeave().getMember())};
     case wire::Envelope::STATE_SYNC: {
       auto r = e.getStateSync();
-      StateSync s{get_members(r.getMembers()), r.getReply(), r.getEpochUnixMs()};
-      for (auto h : r.getShards()) {
-        ShardHolders holders{h.getShard(), {}};
-        for (auto id : h.getHolders()) holders.holders.emplace_back(id);
-        s.shards.push_back(std::move(holders));
-      }
+      StateSync s{in.members(r.getMembers(), "a state sync's members"), r.getReply(), r.getEpochUnixMs()};
+      const auto shards = in.list<ShardHolders>(r.getShards(), wire_caps::shards, "a state sync's shards");
+      s.shards.reserve(shards.size());
+      for (auto h : shards)
+        s.shards.push_back({h.getShard(), in.names(h.getHolders(), wire_caps::holders, "a shard's holders")});
       if (r.getHasJob()) {
         auto j = r.getJob();
-        JobStatus job{j.getJobId(), j.getMode(), j.getGeneration(), j.getPhase(), get_progress(j.getProgress())};
-        for (auto c : j.getWorkers()) job.workers.emplace_back(c.getWorker(), c.getConsumed());
-        for (auto h : j.getHeldShards()) job.held_shards.emplace_back(h.getShard(), h.getVersion());
+        JobStatus job{j.getJobId(), in.name(j.getMode(), "a status's mode"), j.getGeneration(),
+                      in.name(j.getPhase(), "a status's phase"), get_progress(j.getProgress())};
+        job.workers = in.cursors(j.getWorkers(), wire_caps::members, "a status's workers");
+        job.held_shards = in.held(j.getHeldShards(), "a status's held shards");
         s.job = std::move(job);
       }
       return s;
@@ -391,16 +474,23 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       if (command > wire::Control::Command::RING_CHECK_ANSWER)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown control command {}", static_cast<int>(command))};
       const auto arg = r.getArgument();
-      return Control{r.getCoordinator(), r.getCoordinatorIncarnation(), static_cast<Control::Command>(command),
-                     r.getJobId(), std::vector<uint8_t>(arg.begin(), arg.end())};
+      if (arg.size() > Control::max_argument)
+        throw WireError{WireErrc::over_limit, fmt::format("a control argument of {} bytes (at most {})", arg.size(),
+                                                          Control::max_argument)};
+      return Control{in.name(r.getCoordinator(), "a control's coordinator"), r.getCoordinatorIncarnation(),
+                     static_cast<Control::Command>(command), r.getJobId(), std::vector<uint8_t>(arg.begin(), arg.end())};
     }
     case wire::Envelope::JOB_START: {
       auto r = e.getJobStart();
-      JobStart j{r.getJobId(),       r.getConfig(), r.getSubmitter(), {}, {}, r.getCoordinator(),
-                 r.getCoordinatorBootId(), r.getSubmitterId()};
-      for (auto w : r.getWorkers()) j.workers.emplace_back(w);
-      for (auto a : r.getAddresses()) j.addresses.emplace_back(a);
-      for (auto b : r.getWorkerBootIds()) j.worker_boot_ids.push_back(b);
+      JobStart j{r.getJobId(),
+                 in.text(r.getConfig(), wire_caps::config_bytes, "a job's config"),
+                 in.name(r.getSubmitter(), "a job's submitter"),
+                 in.names(r.getWorkers(), wire_caps::members, "a job's workers"),
+                 in.names(r.getAddresses(), wire_caps::members, "a job's addresses"),
+                 in.name(r.getCoordinator(), "a job's coordinator"),
+                 r.getCoordinatorBootId(),
+                 in.name(r.getSubmitterId(), "a job's submitter id")};
+      j.worker_boot_ids = in.numbers<uint64_t>(r.getWorkerBootIds(), wire_caps::members, "a job's boot ids");
       if (!j.addresses.empty() && j.workers.size() != j.addresses.size())
         throw WireError{WireErrc::malformed, fmt::format("job start names {} workers but {} addresses", j.workers.size(),
                                                          j.addresses.size())};
@@ -409,12 +499,13 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
                                                          j.worker_boot_ids.size())};
       j.generation = r.getGeneration();
       j.resume = get_progress(r.getResume());
-      for (auto d : r.getDonors()) j.donors.emplace_back(d);
+      j.donors = in.names(r.getDonors(), wire_caps::members, "a job's donors");
       j.previous_world = r.getPreviousWorld();
       j.reference_batch = r.getReferenceBatch();
-      for (auto list : r.getSpans()) {
-        auto& spans = j.spans.emplace_back();
-        for (auto v : list.getSpans()) spans.push_back(v);
+      const auto span_lists = in.list<std::vector<uint64_t>>(r.getSpans(), wire_caps::members, "a job's span lists");
+      j.spans.reserve(span_lists.size());
+      for (auto list : span_lists) {
+        auto& spans = j.spans.emplace_back(in.numbers<uint64_t>(list.getSpans(), wire_caps::span_values, "a worker's spans"));
         if (spans.size() % 3 != 0)
           throw WireError{WireErrc::malformed, "job start spans are not (epoch, begin, end) triples"};
         for (size_t k = 0; k < spans.size(); k += 3)
@@ -426,9 +517,9 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
         throw WireError{WireErrc::malformed, fmt::format("job start names {} workers but {} span lists",
                                                          j.workers.size(), j.spans.size())};
       j.shards = r.getShards();
-      for (auto w : r.getPreviousWorkers()) j.previous_workers.emplace_back(w);
-      for (auto b : r.getPreviousBootIds()) j.previous_boot_ids.push_back(b);
-      for (auto s : r.getShardSources()) j.shard_sources.emplace_back(s);
+      j.previous_workers = in.names(r.getPreviousWorkers(), wire_caps::members, "a job's previous workers");
+      j.previous_boot_ids = in.numbers<uint64_t>(r.getPreviousBootIds(), wire_caps::members, "a job's previous boot ids");
+      j.shard_sources = in.names(r.getShardSources(), wire_caps::shards, "a job's shard sources");
       if (!j.shard_sources.empty() && j.shard_sources.size() != j.shards)
         throw WireError{WireErrc::malformed, fmt::format("job start names sources of {} shards; the job has {}",
                                                          j.shard_sources.size(), j.shards)};
@@ -443,13 +534,13 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       if (kind > wire::GenerationVote::Kind::BACK)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown generation vote kind {}", static_cast<int>(kind))};
       GenerationVote v{r.getJobId(), static_cast<GenerationVote::Kind>(kind), r.getNumber(), r.getBase()};
-      for (auto w : r.getWorkers()) v.workers.emplace_back(w);
+      v.workers = in.names(r.getWorkers(), wire_caps::members, "a vote's workers");
       v.progress = get_progress(r.getProgress());
       v.has_state = r.getHasState();
       v.boot_id = r.getBootId();
-      v.reason = r.getReason();
-      for (auto c : r.getCursors()) v.cursors.emplace_back(c.getWorker(), c.getConsumed());
-      for (auto h : r.getHeldShards()) v.held_shards.emplace_back(h.getShard(), h.getVersion());
+      v.reason = in.text(r.getReason(), wire_caps::reason_bytes, "a vote's reason");
+      v.cursors = in.cursors(r.getCursors(), wire_caps::members, "a vote's cursors");
+      v.held_shards = in.held(r.getHeldShards(), "a vote's held shards");
       return v;
     }
     case wire::Envelope::STATE_PULL: {
@@ -462,19 +553,13 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     }
     case wire::Envelope::SHARD_TRANSFER: {
       auto r = e.getShardTransfer();
-      const auto marks = r.getMarks();
-      if (marks.size() > ShardTransfer::max_marks)
-        throw WireError{WireErrc::malformed, fmt::format("a shard transfer with {} marks (at most {})", marks.size(),
-                                                         ShardTransfer::max_marks)};
+      const auto marks = in.list<ShardTransfer::Mark>(r.getMarks(), ShardTransfer::max_marks, "a shard transfer's marks");
       ShardTransfer t{r.getJobId(), r.getShard(), r.getGeneration(), r.getVersion(), r.getOptimizerSteps(),
                       get_chunk(r.getChunk(), owner)};
-      for (auto m : marks) t.marks.push_back({std::string(m.getWorker()), m.getBoot(), m.getSeq()});
-      t.refused = r.getRefused();
-      const auto cursors = r.getCursors();
-      if (cursors.size() > ShardTransfer::max_marks)
-        throw WireError{WireErrc::malformed, fmt::format("a shard transfer with {} cursors (at most {})", cursors.size(),
-                                                         ShardTransfer::max_marks)};
-      for (auto c : cursors) t.cursors.emplace_back(std::string(c.getWorker()), c.getConsumed());
+      t.marks.reserve(marks.size());
+      for (auto m : marks) t.marks.push_back({in.name(m.getWorker(), "a mark's worker"), m.getBoot(), m.getSeq()});
+      t.refused = in.text(r.getRefused(), wire_caps::reason_bytes, "a shard transfer's refusal");
+      t.cursors = in.cursors(r.getCursors(), ShardTransfer::max_marks, "a shard transfer's cursors");
       return t;
     }
     case wire::Envelope::LEAVE_REQUEST: {
@@ -482,7 +567,8 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       const auto kind = r.getKind();
       if (kind > wire::LeaveRequest::Kind::DONE)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown leave request kind {}", static_cast<int>(kind))};
-      return LeaveRequest{r.getNode(), static_cast<LeaveRequest::Kind>(kind), r.getDetail()};
+      return LeaveRequest{in.name(r.getNode(), "a leave request's node"), static_cast<LeaveRequest::Kind>(kind),
+                          in.text(r.getDetail(), wire_caps::reason_bytes, "a leave request's detail")};
     }
     case wire::Envelope::RING_CHUNK: {
       auto r = e.getRingChunk();
@@ -500,7 +586,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
                        r.getTestAccuracy(), r.getTestLoss(),
                        r.getTrainSeconds(), r.getSamples(),
                        r.getBytesSent(),    r.getChecksum(),
-                       r.getError(),        r.getEvalSeconds(),
+                       in.text(r.getError(), wire_caps::reason_bytes, "a job report's error"), r.getEvalSeconds(),
                        r.getComputeSeconds(), r.getStaleRejected(),
                        r.getUpdatesApplied(), r.getExchanges(),
                        r.getStalenessSum()};
@@ -511,7 +597,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       if (kind > wire::ShardUpdate::Kind::FETCH)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown shard update kind {}", static_cast<int>(kind))};
       return ShardUpdate{r.getJobId(),  r.getShard(), static_cast<ShardUpdate::Kind>(kind), r.getVersion(),
-                         r.getLr(),     get_chunk(r.getChunk(), owner), std::string(r.getOrigin()),
+                         r.getLr(),     get_chunk(r.getChunk(), owner), in.name(r.getOrigin(), "a shard update's origin"),
                          r.getBoot(),   r.getSeq(),   r.getResend(),
                          r.getGeneration(), r.getConsumed()};
     }
@@ -532,9 +618,14 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     }
     case wire::Envelope::METRICS: {
       MetricsSnapshot s;
-      for (auto m : e.getMetrics().getEntries()) {
-        MetricsSnapshot::Metric metric{m.getName(), {}, m.getValue()};
-        for (auto l : m.getLabels()) metric.labels.emplace_back(l.getKey(), l.getValue());
+      const auto entries =
+          in.list<MetricsSnapshot::Metric>(e.getMetrics().getEntries(), wire_caps::metrics, "a metrics snapshot's entries");
+      s.entries.reserve(entries.size());
+      for (auto m : entries) {
+        MetricsSnapshot::Metric metric{in.name(m.getName(), "a metric's name"), {}, m.getValue()};
+        const auto labels = in.list<std::pair<std::string, std::string>>(m.getLabels(), wire_caps::labels, "a metric's labels");
+        metric.labels.reserve(labels.size());
+        for (auto l : labels) metric.labels.emplace_back(in.name(l.getKey(), "a label"), in.name(l.getValue(), "a label"));
         s.entries.push_back(std::move(metric));
       }
       return s;
@@ -543,9 +634,46 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
   throw WireError{WireErrc::unknown_kind, fmt::format("unknown message kind {}", static_cast<int>(e.which()))};
 }
 
-/// The received words; tensor chunks share ownership of them.
+/// The largest frame body a message of this kind may come in. Membership and control messages are
+/// small by nature (a state sync grows with the view: 65,536 members fit in 16 MiB); only the kinds
+/// that carry a tensor may use the whole configured frame.
+uint32_t kind_limit(wire::Envelope::Which kind, uint32_t configured) {
+  switch (kind) {
+    case wire::Envelope::PING:
+    case wire::Envelope::ACK:
+    case wire::Envelope::PING_REQ:
+    case wire::Envelope::JOIN:
+    case wire::Envelope::LEAVE: return wire_caps::probe_frame_bytes;
+    case wire::Envelope::STATE_SYNC: return max_membership_frame_bytes;
+    case wire::Envelope::PARAM_PULL:
+    case wire::Envelope::CONTROL:
+    case wire::Envelope::STATE_PULL:
+    case wire::Envelope::LEAVE_REQUEST:
+    case wire::Envelope::JOB_REPORT: return wire_caps::control_frame_bytes;
+    case wire::Envelope::JOB_START:
+    case wire::Envelope::GENERATION_VOTE:
+    case wire::Envelope::METRICS: return wire_caps::record_frame_bytes;
+    case wire::Envelope::TENSOR_CHUNK:
+    case wire::Envelope::PARAM_PUSH:
+    case wire::Envelope::RING_CHUNK:
+    case wire::Envelope::SHARD_UPDATE:
+    case wire::Envelope::SHARD_STATE:
+    case wire::Envelope::GOSSIP_AVERAGE:
+    case wire::Envelope::STATE_PIECE:
+    case wire::Envelope::SHARD_TRANSFER: return configured;
+  }
+  return 0;  // a kind this build does not know: get_body refuses it
+}
+
+/// The received words; tensor chunks and the message share ownership of them. The last owner to
+/// let go releases the frame's charge with its account (on whatever thread that is).
 struct Received {
   std::vector<uint64_t> words;
+  std::shared_ptr<FrameAccount> account;
+  size_t charged = 0;  // what the transport charged for the words, plus what decoding allocated
+  ~Received() {
+    if (account) account->release(charged);
+  }
   kj::ArrayPtr<const capnp::word> view() const {
     return {reinterpret_cast<const capnp::word*>(words.data()), words.size()};
   }
@@ -609,9 +737,12 @@ WireResult<Message> decode_bytes(std::span<const uint8_t> body, const WireLimits
   return decode(std::move(words), limits);
 }
 
-WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits) {
+WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits, std::shared_ptr<FrameAccount> account,
+                           size_t charged) {
   auto received = std::make_shared<Received>();
   received->words = std::move(body);
+  received->account = std::move(account);
+  received->charged = charged;
   capnp::ReaderOptions options;
   // Reading the message may touch each word at most a few times over: a bound on the work a hostile
   // frame can cause (Cap'n Proto counts list and struct pointers against it).
@@ -623,11 +754,24 @@ WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits)
     if (reader.getEnd() != words.end())
       return std::unexpected(WireError{WireErrc::malformed, "bytes after the end of the message"});
     const auto e = reader.getRoot<wire::Envelope>();
+    const size_t frame_bytes = received->words.size() * sizeof(uint64_t);
+    if (const uint32_t limit = std::min(kind_limit(e.which(), limits.max_frame_bytes), limits.max_frame_bytes);
+        limit != 0 && frame_bytes > limit)
+      return std::unexpected(WireError{WireErrc::too_large, fmt::format("a {} frame of {} bytes (at most {} for its kind)",
+                                                                         union_name(e.which()), frame_bytes, limit)});
+    const size_t budget = decode_budget_bytes(frame_bytes);
+    Reading in(budget);
     Message m;
-    m.sender = e.getSender();
+    m.sender = in.name(e.getSender(), "the sender");
     m.incarnation = e.getIncarnation();
-    m.cluster_id = e.getClusterId();
-    m.body = get_body(e, received);
+    m.cluster_id = in.name(e.getClusterId(), "the cluster id");
+    m.body = get_body(e, received, in);
+    if (received->account) {
+      const size_t decoded = budget - in.left();
+      received->account->charge(decoded);
+      received->charged += decoded;
+    }
+    m.frame = std::move(received);
     return m;
   } catch (const WireError& error) {
     return std::unexpected(error);
@@ -639,13 +783,8 @@ WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits)
 }
 
 const char* kind_name(const Body& body) {
-  static constexpr const char* names[] = {"ping",         "ack",        "ping_req",   "join",    "leave",  "state_sync",
-                                          "tensor_chunk", "param_pull", "param_push", "control", "metrics",
-                                          "job_start",    "ring_chunk", "job_report", "shard_update", "shard_state",
-                                          "gossip_average", "generation_vote", "state_pull", "state_piece", "leave_request",
-                                          "shard_transfer"};
-  static_assert(std::size(names) == std::variant_size_v<Body>);
-  return names[body.index()];
+  static_assert(std::size(kind_names) == std::variant_size_v<Body>);
+  return kind_names[body.index()];
 }
 
 bool is_membership(const Body& b) {

@@ -1,8 +1,9 @@
 #pragma once
 // Messages to frames and back. A frame on a stream is a 4-byte little-endian length and a Cap'n
 // Proto message of that many bytes (segment table, then segments). Decoding treats every byte as
-// hostile: sizes, nesting and traversal are bounded, and anything malformed becomes a WireError,
-// never an exception or a crash.
+// hostile: sizes, nesting and traversal are bounded, each kind has its own frame limit, every list
+// and text is checked against its cap and the frame's decode budget before it is allocated, and
+// anything malformed becomes a WireError, never an exception or a crash.
 
 #include <capnp/message.h>
 
@@ -40,6 +41,33 @@ struct WireLimits {
 
 constexpr size_t frame_header_bytes = 4;
 
+/// Caps on what one decoded message may hold, from what the protocol needs: a frame over them is
+/// refused (over_limit) before anything is allocated for it.
+namespace wire_caps {
+constexpr size_t members = 65536;             ///< a view, a list of workers, cursors, boot ids
+constexpr size_t shards = 1u << 20;           ///< shards of a job, as listed in placements and votes
+constexpr size_t holders = 64;                ///< holders of one shard (replication)
+constexpr size_t roles = 64;                  ///< roles of one member
+constexpr size_t span_values = 3 * 65536;     ///< one worker's position spans, (epoch, begin, end) each
+constexpr size_t metrics = 65536, labels = 64;
+constexpr size_t name_bytes = 1024;           ///< ids, addresses, regions, roles, modes, metric names
+constexpr size_t reason_bytes = 64u << 10;    ///< errors, refusals, details
+constexpr size_t config_bytes = 1u << 20;     ///< a job's TOML text
+/// Per-kind frame limits (the body's bytes): probes and joins, control messages, job records and
+/// votes. The kinds that carry a tensor may use the whole configured frame.
+constexpr uint32_t probe_frame_bytes = 1u << 20;
+constexpr uint32_t control_frame_bytes = 256u << 10;
+constexpr uint32_t record_frame_bytes = 4u << 20;
+}  // namespace wire_caps
+
+/// The largest frame of any membership kind (a state sync of wire_caps::members members): the
+/// limit of a membership lane, whatever the configured frame size.
+constexpr uint32_t max_membership_frame_bytes = 16u << 20;
+
+/// What a frame of this many bytes may decode into, in bytes of lists and texts (tensors are viewed
+/// in place and cost nothing): a few times the frame, so no frame amplifies into more.
+constexpr size_t decode_budget_bytes(size_t frame_bytes) { return 8 * frame_bytes + (64u << 10); }
+
 /// A frame ready to write: header, segment table and segments, as pieces to hand to writev. It
 /// owns the builder and whatever the message's tensors reference, until it is destroyed.
 class OutFrame {
@@ -72,9 +100,24 @@ OutFrame encode(const Message& message);
 /// or too_large / truncated.
 WireResult<uint32_t> frame_length(const uint8_t header[frame_header_bytes], const WireLimits& limits);
 
+/// Where the memory of received frames is counted (the transport's receive budgets): charge() is
+/// told what decoding a frame allocated, release() the frame's whole charge once the message and
+/// every tensor viewing the frame are gone. release() may come from any thread, after the decode
+/// call returned, and must not throw.
+class FrameAccount {
+ public:
+  virtual ~FrameAccount() = default;
+  virtual void charge(size_t bytes) noexcept = 0;
+  virtual void release(size_t bytes) noexcept = 0;
+};
+
 /// Decodes a frame body (the bytes after the length prefix, read into 8-byte words so tensors
-/// can be viewed in place). Received tensor chunks view the body, which they keep alive.
-WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits = {});
+/// can be viewed in place). Received tensor chunks view the body, and the message holds it
+/// (Message::frame), both keeping it alive. With an account, `charged` bytes are already counted
+/// for the body; decoding adds what its lists and texts take, and the sum is released when the body
+/// is freed, an error included.
+WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits = {},
+                           std::shared_ptr<FrameAccount> account = {}, size_t charged = 0);
 
 /// The same, from bytes (tests and fuzzing): a copy into words first.
 WireResult<Message> decode_bytes(std::span<const uint8_t> body, const WireLimits& limits = {});

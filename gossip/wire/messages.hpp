@@ -152,6 +152,7 @@ struct Control {
   /// (text, at most max_reason bytes are read).
   std::vector<uint8_t> argument;
   static constexpr size_t max_reason = 512;
+  static constexpr size_t max_argument = 4096;  ///< longer arguments are refused on decode
   friend bool operator==(const Control&, const Control&) = default;
 };
 
@@ -349,7 +350,13 @@ struct Message {
   uint64_t incarnation = 0;
   std::string cluster_id;
   Body body;
-  friend bool operator==(const Message&, const Message&) = default;
+  /// A received message's frame, held while any copy of the message lives: the transport counts
+  /// it against the sender's receive budget until then (back-pressure). Empty for messages built
+  /// here; not part of the value (==).
+  std::shared_ptr<const void> frame = {};
+  friend bool operator==(const Message& a, const Message& b) {
+    return a.sender == b.sender && a.incarnation == b.incarnation && a.cluster_id == b.cluster_id && a.body == b.body;
+  }
 };
 
 /// The kind's name for logs and metrics ("ping", "tensor_chunk", ...).

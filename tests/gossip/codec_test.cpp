@@ -178,3 +178,101 @@ TEST_CASE("garbage, truncated frames and unknown kinds become errors, never cras
     CHECK(r.error().code == WireErrc::malformed);
   }
 }
+
+namespace {
+
+/// A message's one list of one (empty) member rewritten, as a hostile peer would, into `count`
+/// members of zero words each: Cap'n Proto reads each as a default Member, and the frame keeps its size.
+std::vector<uint8_t> with_empty_members(const Body& body, uint32_t count) {
+  auto bytes = encode(envelope(body)).flatten();
+  auto* words = reinterpret_cast<uint64_t*>(bytes.data() + frame_header_bytes + 8);  // past the segment table
+  const size_t n = (bytes.size() - frame_header_bytes - 8) / 8;
+  // The composite list's tag (a struct pointer whose offset is the count: 1 element of 3 data
+  // words and 5 pointers) and the list pointer to it (element size 7, composite, of 8 words).
+  const uint64_t tag = (uint64_t{1} << 2) | (uint64_t{3} << 32) | (uint64_t{5} << 48);
+  bool tag_found = false, pointer_found = false;
+  for (size_t i = 0; i < n; ++i) {
+    if (words[i] == tag) {
+      words[i] = uint64_t{count} << 2;  // count elements of no data and no pointers
+      tag_found = true;
+    } else if ((words[i] & 3) == 1 && ((words[i] >> 32) & 7) == 7 && (words[i] >> 35) == 8) {
+      words[i] &= 0xffffffffull | (uint64_t{7} << 32);  // a list of 0 words in all
+      pointer_found = true;
+    }
+  }
+  REQUIRE(tag_found);
+  REQUIRE(pointer_found);
+  return std::vector<uint8_t>(bytes.begin() + frame_header_bytes, bytes.end());
+}
+
+/// A state sync of one empty member, padded with honest shard records to about `bytes`, so that
+/// Cap'n Proto's traversal limit (4 reads a word) lets a long list through.
+StateSync padded_sync(size_t bytes) {
+  StateSync s{{Member{}}, false, 0};
+  for (uint32_t i = 0; i * 1000 < bytes; ++i) s.shards.push_back({i, {std::string(1000, 'p')}});
+  return s;
+}
+
+}  // namespace
+
+TEST_CASE("a frame of empty list entries is refused before it is decoded, by its cap or by the frame's budget",
+          "[gossip][wire][limits]") {
+  SECTION("16.5 million members in a 63 MiB frame (2.9 GB decoded before the caps): over its kind's limit") {
+    auto r = decode_bytes(with_empty_members(padded_sync(63u << 20), 16'500'000));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == WireErrc::too_large);
+    CHECK_THAT(r.error().message, Catch::Contains("state_sync frame"));
+  }
+  SECTION("2 million members in a frame within that limit: over the cap on any list of members") {
+    auto r = decode_bytes(with_empty_members(padded_sync(15u << 20), 2'000'000));
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == WireErrc::over_limit);
+    CHECK_THAT(r.error().message, Catch::Contains("a state sync's members") && Catch::Contains("2000000"));
+  }
+  SECTION("60,000 members: under the cap, but far more than a frame of 130 KB can honestly hold") {
+    // Padded with honest content so that Cap'n Proto's traversal limit (4 reads a word) lets the
+    // list through: the decode budget is what stops it.
+    const auto body = with_empty_members(padded_sync(128'000), 60'000);
+    CHECK(body.size() > 128'000);
+    auto r = decode_bytes(body);
+    REQUIRE_FALSE(r.has_value());
+    CHECK(r.error().code == WireErrc::over_limit);
+    CHECK_THAT(r.error().message, Catch::Contains("budget"));
+  }
+  SECTION("a handful: what a real ping carries still decodes") {
+    auto r = decode_bytes(with_empty_members(Ping{1, {Member{}}}, 3));
+    REQUIRE(r.has_value());
+    CHECK(std::get<Ping>(r->body).updates.size() == 3);
+  }
+}
+
+TEST_CASE("a view of 60,000 members decodes: the caps leave room for the clusters membership serves",
+          "[gossip][wire][limits]") {
+  StateSync s;
+  for (int i = 0; i < 60'000; ++i) s.members.push_back(member("node-" + std::to_string(i)));
+  const auto decoded = round_trip(envelope(s));
+  CHECK(std::get<StateSync>(decoded.body).members.size() == 60'000);
+}
+
+TEST_CASE("each kind has its own frame limit: a ping may not be a tensor's size", "[gossip][wire][limits]") {
+  Ping big{1, {}};
+  for (int i = 0; big.updates.size() < 12'000; ++i) big.updates.push_back(member(std::string(64, 'a' + i % 26)));
+  const auto bytes = encode(envelope(big)).flatten();
+  REQUIRE(bytes.size() > wire_caps::probe_frame_bytes);
+  auto r = decode_bytes(std::span(bytes).subspan(frame_header_bytes));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == WireErrc::too_large);
+  CHECK_THAT(r.error().message, Catch::Contains("ping frame"));
+  // A tensor chunk of the same size is fine.
+  std::vector<float> t(bytes.size() / sizeof(float), 0.25f);
+  const auto chunk = round_trip(envelope(TensorChunk{1, 0, 0, t.size(), t, nullptr}));
+  CHECK(std::get<TensorChunk>(chunk.body).data.size() == t.size());
+}
+
+TEST_CASE("texts over their cap are refused: an id is a name, not a megabyte", "[gossip][wire][limits]") {
+  const auto bytes = encode(envelope(Join{member(std::string(wire_caps::name_bytes + 1, 'x'))})).flatten();
+  auto r = decode_bytes(std::span(bytes).subspan(frame_header_bytes));
+  REQUIRE_FALSE(r.has_value());
+  CHECK(r.error().code == WireErrc::over_limit);
+  CHECK_THAT(r.error().message, Catch::Contains("a member's id"));
+}
