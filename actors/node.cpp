@@ -143,6 +143,8 @@ int run_node(const NodeOptions& o) {
   topts.identity = {o.config.cluster.cluster_id, o.name, o.region, o.secret, "", o.config.cluster.frames()};
   topts.limits.max_frame_bytes = static_cast<uint32_t>(o.config.cluster.max_frame_mb) << 20;
   topts.send_queue_bytes = static_cast<size_t>(o.config.cluster.send_queue_mb) << 20;
+  topts.receive_queue_bytes = static_cast<size_t>(o.config.cluster.receive_queue_mb) << 20;
+  topts.receive_total_bytes = static_cast<size_t>(o.config.cluster.receive_total_mb) << 20;
   topts.reconnect_max_ms = static_cast<uint64_t>(o.config.cluster.reconnect_max_ms);
   topts.network = o.config.network.model;
   topts.epoch_unix_ms = incarnation;  // until membership carries the cluster epoch

@@ -202,6 +202,16 @@ const std::vector<Key>& keys() {
         "Bytes queued for one peer before senders are told to back off, MiB; bounds memory when a peer is "
         "slow. 1 to 4096."},
        1, 4096, false, false, {}, assign<&J::cluster, &J::Cluster::send_queue_mb>},
+      {{"cluster", "receive_queue_mb", KeyType::integer, "128",
+        "Received frames from one connection still held anywhere in the node (messages not yet handled, "
+        "tensors still in use) before it is read from no more until they are released, MiB: the sender's "
+        "queue fills and it waits (back-pressure). At least max_frame_mb. 1 to 65536."},
+       1, 65536, false, false, {}, assign<&J::cluster, &J::Cluster::receive_queue_mb>},
+      {{"cluster", "receive_total_mb", KeyType::integer, "1024",
+        "The same for all connections together, MiB: over it, the connections holding more than an even "
+        "share wait, and frames being read are admitted only within it. With receive_queue_mb, what the "
+        "wire can make a node hold (docs/architecture.md). At least max_frame_mb. 1 to 65536."},
+       1, 65536, false, false, {}, assign<&J::cluster, &J::Cluster::receive_total_mb>},
       {{"cluster", "reconnect_max_ms", KeyType::integer, "2000",
         "Cap of the exponential back-off between reconnection attempts (from 50 ms, doubling), ms."},
        50, 600000, false, false, {}, assign<&J::cluster, &J::Cluster::reconnect_max_ms>},
@@ -650,6 +660,12 @@ std::expected<JobConfig, ConfigError> validate(const toml::value& root, const st
   if (c.optimizer.schedule.min_lr > c.optimizer.schedule.base_lr)
     return std::unexpected(ConfigError{fmt::format("{}: optimizer.min_lr ({}) is above optimizer.lr ({})", name,
                                                    c.optimizer.schedule.min_lr, c.optimizer.schedule.base_lr)});
+  for (const auto& [key, mb] : {std::pair{"receive_queue_mb", c.cluster.receive_queue_mb},
+                                 std::pair{"receive_total_mb", c.cluster.receive_total_mb}})
+    if (mb < c.cluster.max_frame_mb)
+      return std::unexpected(ConfigError{fmt::format("{}: cluster.{} ({}) is below cluster.max_frame_mb ({}): a frame "
+                                                     "that large could never be received",
+                                                     name, key, mb, c.cluster.max_frame_mb)});
   if (c.optimizer.options.nesterov && c.optimizer.options.momentum <= 0)
     return std::unexpected(ConfigError{fmt::format("{}: optimizer.nesterov needs optimizer.momentum > 0", name)});
   return c;

@@ -73,6 +73,8 @@ struct JobConfig {
     bool encrypt = true;      ///< frames after the handshake: encrypted (AES-256-GCM), else authenticated only
     int64_t max_frame_mb = 64;
     int64_t send_queue_mb = 64;
+    int64_t receive_queue_mb = 128;   ///< per connection: received frames held before reading waits
+    int64_t receive_total_mb = 1024;  ///< all connections together
     int64_t reconnect_max_ms = 2000;
     int64_t local_nodes = 0;         ///< tepdist run: node processes to start on loopback
     double join_timeout_s = 30;      ///< tepdist run: how long the submitter waits to see the cluster

@@ -31,8 +31,26 @@ constexpr size_t scratch_bytes = 64 * 1024;
 // Before a peer has proven it holds the secret it may send only handshake frames, which are a few
 // hundred bytes: a stranger cannot make the node allocate more than this per connection...
 constexpr uint32_t max_handshake_frame_bytes = 4096;
-// ...nor hold more than this many connections in the handshake at once.
-constexpr size_t max_pending_handshakes = 64;
+// ...nor hold more than this many connections in the handshake at once, nor more than this many
+// from one address (a local cluster of 64 nodes dials one seed on 2 lanes each: 128 from 127.0.0.1).
+// A connection that finds its address's slots, or all of them, taken takes the slot of the oldest
+// one from its address (or from the address holding the most), preferring one that has not sent its
+// Hello: a flood evicts its own, and a joiner, whose handshake is one round trip, gets through.
+constexpr size_t max_pending_handshakes = 512;
+constexpr size_t max_pending_per_address = 160;
+// An inbound connection sends its Hello at once or is closed: a stranger holds a slot this long.
+constexpr uint64_t hello_timeout_ms = 1000;
+// Authenticated inbound connections beyond this many are closed as they come (a 64-node cluster
+// needs 2 x 63).
+constexpr size_t max_inbound_connections = 1024;
+// A frame's body is allocated as its bytes arrive: at most this much ahead of them, then doubling,
+// so an announced length reserves nothing until it is sent.
+constexpr size_t initial_body_bytes = 4u << 20;
+// The membership lane's receive budgets: per connection two of its largest frames, and the node's.
+constexpr size_t membership_receive_bytes = 2 * size_t{max_membership_frame_bytes};
+constexpr size_t membership_receive_total_bytes = 256u << 20;
+// Refusals and closings of strangers' connections are logged at most once a second.
+constexpr uint64_t refusal_log_interval_ms = 1000;
 // A lane hands libuv at most this many bytes whose writes have not completed: the rest waits in
 // the lane's queue, unsealed, and goes on as writes complete. Sealing is work on the loop thread, so a
 // burst of tensors is sealed as the socket drains, not all at once ahead of a membership probe.
@@ -60,6 +78,55 @@ enum class Lane : uint8_t { bulk = 0, membership = 1 };
 Lane lane_of(const Body& b) { return is_membership(b) ? Lane::membership : Lane::bulk; }
 
 const char* lane_name(Lane lane) { return lane == Lane::bulk ? "bulk" : "membership"; }
+
+/// The node's receive accounting, per lane, shared with every received frame's charge (which may
+/// outlive the transport: a message can sit in an actor's mailbox after the loop has stopped).
+///
+/// A frame is admitted at its header only when the node can hold it: its announced length is
+/// reserved against the lane's total while it is read (the buffer itself grows only as bytes come),
+/// and an admitted frame is always read to its end. Once complete it is charged, with what decoding
+/// allocated, to its connection until the last copy of the message is gone (on any thread). A
+/// connection whose frames alive exceed its budget, or exceed an even share of the lane's total
+/// while the total is over, waits at its next frame boundary: reading stops, TCP pushes back, and
+/// the sender's queue fills. So only the connections that hold a backlog wait, a quiet one (the
+/// coordinator's, with the next install) never does, and the two lanes never wait for each other.
+struct Ledger {
+  struct LaneTotal {
+    std::atomic<size_t> held{0};  // frames delivered and alive, with what they decoded into
+    size_t budget = 0;            // of held, node-wide (loop thread, set at start)
+    size_t reserved = 0;          // announced lengths of frames being read (loop thread)
+    size_t connections = 0;       // authenticated connections of the lane (loop thread)
+  };
+  LaneTotal lanes[2];
+  std::atomic<int> paused{0};  // connections waiting for frames to be released
+  std::mutex mutex;
+  uv_async_t* wake = nullptr;  // guarded by mutex; null once the loop is gone
+
+  /// Frames were released or reservations ended: paused readers may go on.
+  void poke() {
+    if (paused.load(std::memory_order_relaxed) == 0) return;
+    std::lock_guard lock(mutex);
+    if (wake) uv_async_send(wake);
+  }
+};
+
+/// One authenticated connection's frames alive anywhere.
+struct Credit final : FrameAccount {
+  Credit(std::shared_ptr<Ledger> l, Lane lane, size_t b) : ledger(std::move(l)), lane_index(static_cast<size_t>(lane)), budget(b) {}
+  void charge(size_t bytes) noexcept override {
+    held.fetch_add(bytes, std::memory_order_relaxed);
+    ledger->lanes[lane_index].held.fetch_add(bytes, std::memory_order_relaxed);
+  }
+  void release(size_t bytes) noexcept override {
+    held.fetch_sub(bytes, std::memory_order_relaxed);
+    ledger->lanes[lane_index].held.fetch_sub(bytes, std::memory_order_relaxed);
+    ledger->poke();
+  }
+  const std::shared_ptr<Ledger> ledger;
+  const size_t lane_index;
+  const size_t budget;  // of held
+  std::atomic<size_t> held{0};
+};
 
 /// Where a peer's lane is filed: its queue, its queued bytes. A bulk lane's key is the address.
 std::string lane_key(const std::string& address, Lane lane) {
@@ -129,9 +196,19 @@ struct Transport::Impl {
     size_t header_have = 0;
     // Once authenticated (unless the frames are plain): this connection's two directions.
     std::optional<FrameSealer> sealer, opener;
-    std::vector<uint64_t> body;
-    size_t body_bytes = 0, body_have = 0;
+    std::vector<uint64_t> body;  // grows as the body arrives (initial_body_bytes, then doubling)
+    size_t body_bytes = 0, body_have = 0;  // announced, received
     bool in_body = false;
+    bool hello_seen = false;  // inbound: a first frame came (before it, the hello timeout runs)
+    uint64_t accepted_ms = 0;  // inbound: loop time of the accept (which pending slot is oldest)
+    std::string remote_host;   // inbound: the remote address without the port
+    // Receive accounting, from the handshake's end (gossip/transport: Ledger).
+    std::shared_ptr<Credit> credit;
+    size_t reserved = 0;         // the frame being read: its length, reserved in the lane's total
+    bool paused = false;         // waiting at a frame boundary for frames to be released
+    uint32_t waiting_length = 0; // paused: the length the header waiting for admission announced
+    std::vector<char> leftover;  // paused: bytes read past that header, not yet looked at
+    size_t stall_mark = 0;       // body_have at the last stall check
     char scratch[scratch_bytes];
 
     Conn(Impl* i, bool out, Handshake hs) : impl(i), outbound(out), handshake(std::move(hs)) {}
@@ -206,6 +283,21 @@ struct Transport::Impl {
   bool stopping = false;
 
   // Loop thread only.
+  std::shared_ptr<Ledger> ledger = std::make_shared<Ledger>();
+  uv_async_t resume{};  // Ledger::poke: frames were released somewhere
+  /// At most one line a second, saying how many it held back.
+  struct Limiter {
+    uint64_t next_ms = 0;
+    size_t held_back = 0;
+    std::optional<size_t> admit(uint64_t now_ms) {
+      if (now_ms < next_ms) {
+        ++held_back;
+        return std::nullopt;
+      }
+      next_ms = now_ms + refusal_log_interval_ms;
+      return std::exchange(held_back, 0);
+    }
+  } refusal_log, stranger_log;  // refused in the handshake; closed before it ended
   std::vector<SealBuffer> seal_pool;
   std::unordered_map<std::string, std::unique_ptr<Peer>> peers;
   std::unordered_set<Conn*> conns;
@@ -233,14 +325,27 @@ struct Transport::Impl {
     return c;
   }
 
+  /// An outbound connection has handshake_timeout_ms to connect and authenticate. An inbound one
+  /// must send its Hello within hello_timeout_ms (a peer sends it at once), then has the rest.
   void start_handshake_clock(Conn* c) {
-    uv_timer_start(
-        &c->handshake_timer,
-        [](uv_timer_t* t) {
-          auto* c = static_cast<Conn*>(t->data);
-          c->impl->fail(c, "handshake timed out");
-        },
-        opt.handshake_timeout_ms, 0);
+    uv_timer_start(&c->handshake_timer, handshake_clock_fired,
+                   c->outbound ? opt.handshake_timeout_ms : std::min(hello_timeout_ms, opt.handshake_timeout_ms), 0);
+  }
+
+  static void handshake_clock_fired(uv_timer_t* t) {
+    auto* c = static_cast<Conn*>(t->data);
+    Impl* impl = c->impl;
+    if (c->outbound) return impl->fail(c, "handshake timed out");
+    if (!c->hello_seen) return impl->fail(c, fmt::format("no Hello within {} ms", hello_timeout_ms));
+    const uint64_t spent = uv_now(&impl->loop) - c->accepted_ms;
+    if (spent >= impl->opt.handshake_timeout_ms) return impl->fail(c, "handshake timed out");
+    uv_timer_start(t, handshake_clock_fired, impl->opt.handshake_timeout_ms - spent, 0);
+  }
+
+  size_t inbound_authenticated() const {
+    return static_cast<size_t>(std::count_if(conns.begin(), conns.end(), [](const Conn* c) {
+      return c->authenticated && !c->outbound && !c->closing;
+    }));
   }
 
   void start_reading(Conn* c) {
@@ -250,14 +355,18 @@ struct Transport::Impl {
       const unsigned timeout = tcp_user_timeout_ms;
       setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &timeout, sizeof timeout);
     }
+    read_on(c);
+  }
+
+  void read_on(Conn* c) {
     uv_read_start(
         reinterpret_cast<uv_stream_t*>(&c->tcp),
         [](uv_handle_t* h, size_t, uv_buf_t* buf) {
           auto* c = static_cast<Conn*>(h->data);
-          const size_t left = c->body_bytes - c->body_have;
-          if (c->in_body && left >= scratch_bytes) {  // big bodies land in place, no extra copy
+          if (c->in_body && c->body_bytes - c->body_have >= scratch_bytes) {  // big bodies land in place
+            c->impl->make_room(c);
             buf->base = reinterpret_cast<char*>(c->body.data()) + c->body_have;
-            buf->len = left;
+            buf->len = c->body.size() * sizeof(uint64_t) - c->body_have;
           } else {
             buf->base = c->scratch;
             buf->len = scratch_bytes;
@@ -265,16 +374,17 @@ struct Transport::Impl {
         },
         [](uv_stream_t* s, ssize_t n, const uv_buf_t* buf) {
           auto* c = static_cast<Conn*>(s->data);
+          Impl* impl = c->impl;
           if (n < 0) {
-            c->impl->fail(c, n == UV_EOF ? "closed by the peer" : uv_strerror(static_cast<int>(n)), false);
+            impl->fail(c, n == UV_EOF ? "closed by the peer" : uv_strerror(static_cast<int>(n)), false);
             return;
           }
           if (buf->base != c->scratch) {
             c->body_have += static_cast<size_t>(n);
-            if (c->body_have == c->body_bytes) c->impl->frame_complete(c);
+            if (c->body_have == c->body_bytes) impl->frame_complete(c);
             return;
           }
-          c->impl->on_bytes(c, c->scratch, static_cast<size_t>(n));
+          impl->on_bytes(c, c->scratch, static_cast<size_t>(n));
         });
   }
 
@@ -288,16 +398,24 @@ struct Transport::Impl {
         c->header_have = 0;
         WireLimits limits = opt.limits;
         if (!c->authenticated) limits.max_frame_bytes = std::min(limits.max_frame_bytes, max_handshake_frame_bytes);
-        else if (c->opener) limits.max_frame_bytes += frame_tag_bytes;
+        else {
+          // A membership lane carries membership kinds only, whose largest is a state sync.
+          if (lane_of(*c) == Lane::membership)
+            limits.max_frame_bytes = std::min(limits.max_frame_bytes, max_membership_frame_bytes);
+          if (c->opener) limits.max_frame_bytes += frame_tag_bytes;
+        }
         auto length = frame_length(c->header, limits);
         if (!length) return fail(c, length.error().message);
         std::memcpy(c->frame_header, c->header, frame_header_bytes);
-        c->body.assign(*length / sizeof(uint64_t), 0);
-        c->body_bytes = *length;
-        c->body_have = 0;
-        c->in_body = true;
+        if (c->credit && !admit(c, *length)) {
+          c->waiting_length = *length;
+          c->leftover.assign(p, p + n);
+          return pause(c);
+        }
+        begin_body(c, *length);
       } else {
-        const size_t take = std::min(c->body_bytes - c->body_have, n);
+        make_room(c);
+        const size_t take = std::min(c->body.size() * sizeof(uint64_t) - c->body_have, n);
         std::memcpy(reinterpret_cast<char*>(c->body.data()) + c->body_have, p, take);
         c->body_have += take, p += take, n -= take;
         if (c->body_have == c->body_bytes) frame_complete(c);
@@ -305,21 +423,52 @@ struct Transport::Impl {
     }
   }
 
+  void begin_body(Conn* c, uint32_t length) {
+    c->body_bytes = length;
+    c->body_have = 0;
+    c->in_body = true;
+    resize_body(c, std::min<size_t>(length, initial_body_bytes));
+  }
+
+  /// The body buffer at `bytes`: a whole number of words, at least what has arrived.
+  static void resize_body(Conn* c, size_t bytes) { c->body.resize(bytes / sizeof(uint64_t)); }
+
+  /// Room for at least one more byte of the body: doubles it, up to the announced length.
+  void make_room(Conn* c) {
+    const size_t have = c->body.size() * sizeof(uint64_t);
+    if (c->body_have < have) return;
+    resize_body(c, std::min(c->body_bytes, std::max(2 * have, size_t{scratch_bytes})));
+  }
+
+  /// The lane a connection serves: the one its Hello named.
+  static Lane lane_of(const Conn& c) {
+    return c.outbound ? c.peer->lane : static_cast<Lane>(c.handshake.peer_lane());
+  }
+
   void frame_complete(Conn* c) {
     c->in_body = false;
+    c->hello_seen = true;
     std::vector<uint64_t> body = std::move(c->body);
     c->body = {};
     if (!c->authenticated) return handshake_step(c, std::move(body));
     const size_t wire_bytes = c->body_bytes;
+    end_reservation(c);
     if (c->opener) {
       auto opened = c->opener->open(c->frame_header, {reinterpret_cast<uint8_t*>(body.data()), c->body_bytes});
       if (!opened) return fail(c, opened.error());
       body.resize(*opened / sizeof(uint64_t));
     }
-    auto message = decode(std::move(body), opt.limits);
+    // From here the frame is charged to its connection, and the charge goes with it: released when
+    // its last user lets go (a decoding error included).
+    const size_t charged = body.capacity() * sizeof(uint64_t);
+    c->credit->charge(charged);
+    auto message = decode(std::move(body), opt.limits, c->credit, charged);
     if (!message) return fail(c, "bad frame: " + message.error().message);
     if (message->cluster_id != opt.identity.cluster_id)
       return fail(c, "frame for cluster '" + message->cluster_id + "'");
+    // The membership lane is never read behind tensors: nothing else may come on it.
+    if (lane_of(*c) == Lane::membership && !is_membership(message->body))
+      return fail(c, std::string("a ") + kind_name(message->body) + " frame on the membership lane");
     if (c->peer && c->peer->metrics.frames_in) {
       c->peer->metrics.frames_in->add();
       c->peer->metrics.bytes_in->add(frame_header_bytes + wire_bytes);
@@ -327,24 +476,103 @@ struct Transport::Impl {
     if (events.on_message) events.on_message(c->handshake.peer_id(), c->peer ? c->peer->address : "", std::move(*message));
   }
 
+  // ---- receive budgets (back-pressure; see Ledger) ----
+
+  /// Whether the frame whose header c has just read may be read now; if so, its length is reserved.
+  bool admit(Conn* c, uint32_t length) {
+    const Credit& k = *c->credit;
+    auto& lane = ledger->lanes[k.lane_index];
+    const size_t held = k.held.load(std::memory_order_relaxed);
+    // A frame larger than the budget still comes in once nothing else of c's is held.
+    if (held > 0 && held + length > k.budget) return false;
+    const size_t total = lane.held.load(std::memory_order_relaxed);
+    if (total > lane.budget && held > lane.budget / std::max<size_t>(1, lane.connections)) return false;
+    // Frames being read: what the lane can hold besides, and always one.
+    if (lane.reserved > 0 && lane.reserved + length > lane.budget) return false;
+    lane.reserved += length;
+    c->reserved = length;
+    return true;
+  }
+
+  void end_reservation(Conn* c) {
+    if (!c->reserved) return;
+    ledger->lanes[c->credit->lane_index].reserved -= c->reserved;
+    c->reserved = 0;
+    ledger->poke();
+  }
+
+  void pause(Conn* c) {
+    uv_read_stop(reinterpret_cast<uv_stream_t*>(&c->tcp));
+    c->paused = true;
+    ledger->paused.fetch_add(1);
+    if (opt.metrics)
+      opt.metrics->counter("receive_paused_total", {}, "times reading from a peer waited for its frames to be consumed").add();
+    log().debug("receive_paused peer={} lane={} held={} budget={}", c->handshake.peer_id(), lane_name(lane_of(*c)),
+                c->credit->held.load(), c->credit->budget);
+    // Something may have been released between the last look and now: look again then.
+    ledger->poke();
+  }
+
+  /// Frames were released: every paused connection whose waiting frame is now admitted goes on.
+  void resume_readers() {
+    std::vector<Conn*> waiting;
+    for (Conn* c : conns)
+      if (c->paused) waiting.push_back(c);
+    for (Conn* c : waiting) {
+      if (!conns.count(c) || c->closing || !c->paused || !admit(c, c->waiting_length)) continue;
+      c->paused = false;
+      ledger->paused.fetch_sub(1);
+      begin_body(c, c->waiting_length);
+      const std::vector<char> rest = std::move(c->leftover);
+      c->leftover = {};
+      on_bytes(c, rest.data(), rest.size());
+      if (!c->closing && !c->paused) read_on(c);
+    }
+  }
+
+  /// Post-authentication: a frame of which no byte comes for a whole interval, while this node
+  /// reads, is a peer holding a reservation it does not use.
+  void start_stall_clock(Conn* c) {
+    uv_timer_start(
+        &c->handshake_timer,
+        [](uv_timer_t* t) {
+          auto* c = static_cast<Conn*>(t->data);
+          if (c->in_body && !c->paused && c->body_have == c->stall_mark)
+            return c->impl->fail(c, fmt::format("a frame of {} bytes stalled at {} for {} ms", c->body_bytes,
+                                                c->body_have, c->impl->opt.frame_stall_timeout_ms));
+          c->stall_mark = c->body_have;
+        },
+        opt.frame_stall_timeout_ms, opt.frame_stall_timeout_ms);
+  }
+
   void handshake_step(Conn* c, std::vector<uint64_t> body) {
     auto step = c->handshake.on_frame(std::move(body));
     if (step.send) write(c, std::move(*step.send), "", 0);
     if (c->closing) return;  // the write failed and closed it
     if (step.refused) {
-      log().warn("peer_refused peer={} reason=\"{}\"", c->label, *step.refused);
-        if (events.on_refused) events.on_refused(c->label, *step.refused);
       if (opt.metrics) opt.metrics->counter("connections_refused_total", {}, "connections refused in the handshake").add();
+      // A stranger can be refused a thousand times a second: said once a second, with a count.
+      // (Refusals of connections this node dialled are all told: they say why it cannot join.)
+      if (const auto more = c->outbound ? std::optional<size_t>(0) : refusal_log.admit(uv_now(&loop))) {
+        log().warn("peer_refused peer={} reason=\"{}\"{}", c->label, *step.refused,
+                   *more ? fmt::format(" refused_since_last={}", *more) : "");
+        if (events.on_refused) events.on_refused(c->label, *step.refused);
+      }
       return fail(c, *step.refused, false);
     }
     if (!step.done) return;
+    if (!c->outbound && inbound_authenticated() >= max_inbound_connections)
+      return fail(c, fmt::format("more than {} inbound connections", max_inbound_connections));
     c->authenticated = true;
     // Every frame from here on is sealed (the Proof above went out before this).
     if (c->handshake.protection() != FrameProtection::plain) {
       c->sealer.emplace(c->handshake.protection(), c->handshake.send_key());
       c->opener.emplace(c->handshake.protection(), c->handshake.receive_key());
     }
-    uv_timer_stop(&c->handshake_timer);
+    const Lane lane = lane_of(*c);
+    c->credit = std::make_shared<Credit>(ledger, lane, lane == Lane::bulk ? opt.receive_queue_bytes : membership_receive_bytes);
+    ++ledger->lanes[static_cast<size_t>(lane)].connections;
+    start_stall_clock(c);
     Peer* p = c->outbound ? c->peer : &peer(c->handshake.peer_listen_address(), static_cast<Lane>(c->handshake.peer_lane()));
     c->peer = p;
     p->id = c->handshake.peer_id();
@@ -374,9 +602,21 @@ struct Transport::Impl {
   void fail(Conn* c, const std::string& reason, bool warn = true) {
     if (c->closing) return;
     c->closing = true;
-    if (warn) log().warn("connection_closed peer={} reason=\"{}\"", c->label, reason);
+    // Strangers' connections are logged at the refusals' rate (a flood would flood the log).
+    if (warn && (c->authenticated || c->outbound)) log().warn("connection_closed peer={} reason=\"{}\"", c->label, reason);
+    else if (warn)
+      if (const auto more = stranger_log.admit(uv_now(&loop)))
+        log().warn("connection_closed peer={} reason=\"{}\"{}", c->label, reason,
+                   *more ? fmt::format(" refused_since_last={}", *more) : "");
     Peer* p = c->peer;
     conns.erase(c);
+    if (c->credit) {
+      end_reservation(c);
+      --ledger->lanes[c->credit->lane_index].connections;
+      if (c->paused) ledger->paused.fetch_sub(1);
+      c->paused = false;
+      c->body = {};
+    }
     if (p && p->connecting == c) {
       p->connecting = nullptr;
       // Never reached (refused, unreachable, timed out): tell once, so a joiner can say why.
@@ -441,16 +681,30 @@ struct Transport::Impl {
 
   void accept() {
     Conn* c = new_conn(false);
-    size_t pending = 0;
-    for (Conn* other : conns) pending += !other->authenticated && !other->outbound;
-    if (pending > max_pending_handshakes) {
-      uv_accept(reinterpret_cast<uv_stream_t*>(&listener), reinterpret_cast<uv_stream_t*>(&c->tcp));
-      c->label = peer_name(&c->tcp);
-      return fail(c, "too many connections in the handshake");
-    }
     if (uv_accept(reinterpret_cast<uv_stream_t*>(&listener), reinterpret_cast<uv_stream_t*>(&c->tcp)) != 0)
       return fail(c, "accept failed");
     c->label = peer_name(&c->tcp);
+    c->remote_host = c->label.substr(0, c->label.rfind(':'));
+    c->accepted_ms = uv_now(&loop);
+    std::unordered_map<std::string, std::vector<Conn*>> pending;
+    size_t count = 0;
+    for (Conn* other : conns)
+      if (other != c && !other->authenticated && !other->outbound && !other->closing) {
+        pending[other->remote_host].push_back(other);
+        ++count;
+      }
+    const auto mine = pending.find(c->remote_host);
+    auto from = mine != pending.end() && mine->second.size() >= max_pending_per_address ? mine : pending.end();
+    if (from == pending.end() && count >= max_pending_handshakes)
+      from = std::max_element(pending.begin(), pending.end(),
+                              [](const auto& a, const auto& b) { return a.second.size() < b.second.size(); });
+    if (from != pending.end()) {
+      // The one to give up its slot: silent ones first, then the oldest.
+      Conn* victim = *std::min_element(from->second.begin(), from->second.end(), [](const Conn* a, const Conn* b) {
+        return std::pair(a->hello_seen, a->accepted_ms) < std::pair(b->hello_seen, b->accepted_ms);
+      });
+      fail(victim, "its handshake slot went to a newer connection (every slot was taken)");
+    }
     start_reading(c);
     start_handshake_clock(c);
   }
@@ -642,8 +896,16 @@ struct Transport::Impl {
                [](uv_handle_t* h) { delete reinterpret_cast<uv_timer_t*>(h); });
       p->timer = nullptr;
     }
+    forget_resume();
     uv_close(reinterpret_cast<uv_handle_t*>(&listener), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&wake), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&resume), nullptr);
+  }
+
+  /// Frames released after this (messages outliving the transport) poke nothing.
+  void forget_resume() {
+    std::lock_guard lock(ledger->mutex);
+    ledger->wake = nullptr;
   }
 };
 
@@ -662,11 +924,20 @@ std::expected<std::string, std::string> Transport::start() {
   uv_loop_init(&i.loop);
   i.loop.data = &i;
   uv_async_init(&i.loop, &i.wake, [](uv_async_t* h) { static_cast<Impl*>(h->loop->data)->drain_inbox(); });
+  uv_async_init(&i.loop, &i.resume, [](uv_async_t* h) { static_cast<Impl*>(h->loop->data)->resume_readers(); });
+  i.ledger->lanes[static_cast<size_t>(Lane::bulk)].budget = i.opt.receive_total_bytes;
+  i.ledger->lanes[static_cast<size_t>(Lane::membership)].budget = membership_receive_total_bytes;
+  {
+    std::lock_guard lock(i.ledger->mutex);
+    i.ledger->wake = &i.resume;
+  }
   uv_tcp_init(&i.loop, &i.listener);
   i.listener.data = &i;
   auto fail_start = [&](const std::string& why) -> std::expected<std::string, std::string> {
+    i.forget_resume();
     uv_close(reinterpret_cast<uv_handle_t*>(&i.listener), nullptr);
     uv_close(reinterpret_cast<uv_handle_t*>(&i.wake), nullptr);
+    uv_close(reinterpret_cast<uv_handle_t*>(&i.resume), nullptr);
     uv_run(&i.loop, UV_RUN_DEFAULT);
     uv_loop_close(&i.loop);
     i.stopped = true;

@@ -42,6 +42,16 @@ struct TransportOptions {
   uint16_t listen_port = 0;        ///< 0: any free port; start() returns the one bound
   WireLimits limits;
   size_t send_queue_bytes = 64u << 20;  ///< per peer: send() refuses beyond this (back-pressure)
+  /// Receive back-pressure (bulk lane; membership has fixed budgets of its own): a connection whose
+  /// received frames still alive anywhere in the node (messages not yet handled, tensors still
+  /// viewed) exceed receive_queue_bytes is not read from until they are released; nor is one over
+  /// an even share of receive_total_bytes while the node's total is over it. Frames being read are
+  /// admitted within receive_total_bytes too.
+  size_t receive_queue_bytes = 128u << 20;
+  size_t receive_total_bytes = 1024u << 20;
+  /// A frame of which no byte comes for this long, while this node reads, closes its connection
+  /// (it holds a share of receive_total_bytes).
+  uint64_t frame_stall_timeout_ms = 30000;
   uint64_t reconnect_initial_ms = 50;
   uint64_t reconnect_max_ms = 2000;
   uint64_t handshake_timeout_ms = 5000;

@@ -296,3 +296,13 @@ TEST_CASE("per-node settings live in [nodes.NAME] tables, checked, overridable, 
   CHECK_THAT(parse_error("[network]\nregions = [\"a\"]\n"), Catch::Contains("[nodes.node-00] region"));
   CHECK_THAT(parse_error("", {"nodes.region=eu"}), Catch::Contains("expected nodes.NAME.KEY=value"));
 }
+
+TEST_CASE("a receive budget below the largest frame is refused, naming both keys", "[elastic][config]") {
+  const std::vector<std::string> overrides = {"cluster.max_frame_mb=256"};
+  auto c = parse_config("[job]\nmode = \"sync\"\n", "job.toml", overrides);
+  REQUIRE_FALSE(c);
+  CHECK_THAT(c.error().message, Catch::Contains("cluster.receive_queue_mb (128)") &&
+                                    Catch::Contains("cluster.max_frame_mb (256)"));
+  const std::vector<std::string> both = {"cluster.max_frame_mb=256", "cluster.receive_queue_mb=256"};
+  CHECK(parse_config("[job]\nmode = \"sync\"\n", "job.toml", both));
+}

@@ -78,10 +78,10 @@ int connect_raw(const std::string& address) {
 struct RawPeer {
   int fd;
   Handshake hs;
-  explicit RawPeer(const std::string& address, FrameProtection frames = FrameProtection::encrypted)
+  explicit RawPeer(const std::string& address, FrameProtection frames = FrameProtection::encrypted, uint8_t lane = 0)
       : fd(connect_raw(address)),
         hs(Handshake::Role::initiator, {"c1", "raw", "local", "s3cret", "127.0.0.1:9", frames}, fresh_nonce()) {
-    write_all(hs.hello().flatten());
+    write_all(hs.hello(lane).flatten());
     auto step = hs.on_frame(read_frame());
     REQUIRE(step.done);
     write_all(step.send->flatten());
@@ -396,4 +396,194 @@ TEST_CASE("nodes whose frame protection differs are refused in the handshake, sa
   REQUIRE(rb.wait([&] { return !rb.refused.empty(); }));
   CHECK(rb.refused[0].find("frame protection mismatch") != std::string::npos);
   CHECK(rb.messages.empty());
+}
+
+namespace {
+
+Message tensor_message(uint64_t step, const std::shared_ptr<std::vector<float>>& t) {
+  return {"a", 1, "c1", TensorChunk{step, 0, 0, t->size(), *t, t}};
+}
+
+/// Keeps every message it is handed until told to let go, as a busy actor's mailbox would.
+struct Hoarder {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<Message> held;
+  std::vector<uint64_t> steps;
+  TransportEvents events() {
+    return {[this](const std::string&, const std::string&, Message m) {
+      {
+        std::lock_guard lock(mutex);
+        steps.push_back(std::get<TensorChunk>(m.body).step);
+        held.push_back(std::move(m));
+      }
+      changed.notify_all();
+    }};
+  }
+  size_t seen() {
+    std::lock_guard lock(mutex);
+    return steps.size();
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a receiver that holds what it got stops reading at its budget, and reads on once it lets go",
+          "[gossip][transport][backpressure]") {
+  Hoarder hoard;
+  auto ob = options("b");
+  ob.receive_queue_bytes = 1u << 20;
+  auto oa = options("a");
+  oa.send_queue_bytes = 1u << 20;
+  Transport b(ob, hoard.events()), a(oa, {});
+  const auto addr_b = b.start();
+  REQUIRE(addr_b);
+  REQUIRE(a.start());
+  auto tensor = std::make_shared<std::vector<float>>(65536);  // 256 KiB a frame
+  constexpr size_t total = 256;                               // 64 MiB: more than the sockets hold
+  size_t sent = 0;
+  // Until a's queue stays full for a whole second: b has stopped reading.
+  while (sent < total && a.send(*addr_b, tensor_message(sent, tensor), 1s)) ++sent;
+  REQUIRE(sent < total);
+  // b holds its budget's worth (1 MiB, and the frame that crossed it), not what the sockets had.
+  const size_t before = hoard.seen();
+  CHECK(before <= 5);
+  CHECK(before >= 3);
+  std::unique_lock lock(hoard.mutex);
+  hoard.held.clear();  // released on this thread: the transport is woken to read on
+  REQUIRE(hoard.changed.wait_for(lock, 10s, [&] { return hoard.steps.size() > before; }));
+  for (size_t i = 0; i < hoard.steps.size(); ++i) CHECK(hoard.steps[i] == i);
+}
+
+TEST_CASE("messages let go as they come flow through a small budget, in order", "[gossip][transport][backpressure]") {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::vector<uint64_t> steps;
+  std::vector<Message> held;
+  auto ob = options("b");
+  ob.receive_queue_bytes = 1u << 20;
+  // Holds the last two messages at any time, letting the oldest go when a new one comes (a consumer
+  // that held more than its budget this way, waiting for the next message, would wait forever).
+  Transport b(ob, {[&](const std::string&, const std::string&, Message m) {
+                std::lock_guard lock(mutex);
+                steps.push_back(std::get<TensorChunk>(m.body).step);
+                held.push_back(std::move(m));
+                if (held.size() > 2) held.erase(held.begin());
+                changed.notify_all();
+              }});
+  auto oa = options("a");
+  oa.send_queue_bytes = 1u << 20;
+  Transport a(oa, {});
+  const auto addr_b = b.start();
+  REQUIRE(addr_b);
+  REQUIRE(a.start());
+  auto tensor = std::make_shared<std::vector<float>>(65536);
+  constexpr size_t total = 128;
+  for (size_t i = 0; i < total; ++i) REQUIRE(a.send(*addr_b, tensor_message(i, tensor), 10s));
+  std::unique_lock lock(mutex);
+  REQUIRE(changed.wait_for(lock, 30s, [&] { return steps.size() == total; }));
+  for (size_t i = 0; i < total; ++i) CHECK(steps[i] == i);
+}
+
+TEST_CASE("a frame announced but not sent holds its share of the node only until it stalls",
+          "[gossip][transport][backpressure]") {
+  Recorder rb;
+  auto ob = options("b");
+  ob.receive_total_bytes = 8u << 20;
+  ob.frame_stall_timeout_ms = 300;
+  Transport b(ob, rb.events()), a(options("a"), {});
+  const auto addr_b = b.start();
+  REQUIRE(addr_b);
+  REQUIRE(a.start());
+  RawPeer stall(*addr_b);
+  // A ping, then in the same write 6 MiB announced and 8 bytes of it: once the ping is delivered,
+  // the node has admitted the big frame (6 MiB of its 8 reserved) and waits for the rest.
+  FrameSealer sealer(stall.hs.protection(), stall.hs.send_key());
+  auto bytes = sealer.seal_flat(encode({"raw", 1, "c1", Ping{1, {}}}).flatten());
+  const uint32_t announced = (6u << 20) + frame_tag_bytes;
+  bytes.resize(bytes.size() + 4 + 8, 0);
+  std::memcpy(bytes.data() + bytes.size() - 12, &announced, 4);
+  stall.write_all(bytes);
+  REQUIRE(rb.wait([&] { return rb.messages.size() == 1; }));
+  // A 4 MiB frame from a real peer does not fit beside it: it waits until the stalled connection is
+  // closed, and then comes in.
+  auto tensor = std::make_shared<std::vector<float>>(1u << 20);
+  REQUIRE(a.send(*addr_b, tensor_message(1, tensor)));
+  REQUIRE(rb.wait([&] { return rb.messages.size() == 2; }));
+  CHECK(rb.down == std::vector<std::string>{"raw"});
+  CHECK(stall.closed_by_peer());
+}
+
+TEST_CASE("strangers holding every handshake slot do not keep a peer out", "[gossip][transport][slots]") {
+  Recorder rb;
+  auto ob = options("b");
+  ob.handshake_timeout_ms = 60000;  // the strangers' slots would stay taken for the whole test
+  Transport b(ob, rb.events()), a(options("a"), {});
+  const auto addr_b = b.start();
+  REQUIRE(addr_b);
+  REQUIRE(a.start());
+  // 300 strangers (more than one address may hold) send a Hello, get the challenge, and never
+  // prove anything.
+  std::vector<int> strangers;
+  for (int i = 0; i < 300; ++i) {
+    strangers.push_back(connect_raw(*addr_b));
+    Handshake h(Handshake::Role::initiator, {"c1", "stranger-" + std::to_string(i), "local", "a guess", "127.0.0.1:9"},
+                fresh_nonce());
+    const auto hello = h.hello().flatten();
+    REQUIRE(::write(strangers.back(), hello.data(), hello.size()) == static_cast<ssize_t>(hello.size()));
+  }
+  REQUIRE(a.send(*addr_b, ping(1)));
+  CHECK(rb.wait([&] { return rb.messages.size() == 1; }, 10s));
+  for (int fd : strangers) ::close(fd);
+}
+
+TEST_CASE("a connection that sends no Hello is closed after a second, however long the handshake may take",
+          "[gossip][transport][slots]") {
+  auto ob = options("b");
+  ob.handshake_timeout_ms = 60000;
+  Transport b(ob, {});
+  const auto addr_b = b.start();
+  REQUIRE(addr_b);
+  const int fd = connect_raw(*addr_b);
+  timeval guard{10, 0};  // a test that hangs is worse than one that fails
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &guard, sizeof guard);
+  char c;
+  const auto t0 = std::chrono::steady_clock::now();
+  CHECK(::read(fd, &c, 1) == 0);
+  CHECK(std::chrono::steady_clock::now() - t0 < 5s);
+  ::close(fd);
+}
+
+TEST_CASE("64 nodes' transports on one address reach one seed at once, on both lanes", "[gossip][transport][slots]") {
+  Recorder rb;
+  Transport seed(options("seed"), rb.events());
+  const auto addr = seed.start();
+  REQUIRE(addr);
+  std::vector<std::unique_ptr<Transport>> nodes;
+  for (int i = 0; i < 64; ++i) {
+    nodes.push_back(std::make_unique<Transport>(options("node-" + std::to_string(i)), TransportEvents{}));
+    REQUIRE(nodes.back()->start());
+  }
+  auto small = std::make_shared<std::vector<float>>(4);
+  for (auto& n : nodes) {
+    REQUIRE(n->send(*addr, ping(1)));
+    REQUIRE(n->send(*addr, tensor_message(1, small)));
+  }
+  const bool all = rb.wait([&] { return rb.messages.size() == 128; }, 30s);
+  INFO(rb.messages.size() << " messages, " << rb.up.size() << " up, " << rb.down.size() << " down");
+  REQUIRE(all);
+}
+
+TEST_CASE("a tensor on the membership lane ends that connection", "[gossip][transport][lanes]") {
+  Recorder rb;
+  Transport b(options("b"), rb.events());
+  const auto addr_b = b.start();
+  REQUIRE(addr_b);
+  RawPeer raw(*addr_b, FrameProtection::encrypted, 1);
+  FrameSealer sealer(raw.hs.protection(), raw.hs.send_key());
+  raw.write_all(sealer.seal_flat(encode({"raw", 1, "c1", Ping{1, {}}}).flatten()));
+  std::vector<float> t(16, 1.0f);
+  raw.write_all(sealer.seal_flat(encode({"raw", 1, "c1", TensorChunk{1, 0, 0, t.size(), t, nullptr}}).flatten()));
+  CHECK(raw.closed_by_peer());
+  CHECK(rb.messages.size() == 1);
 }
