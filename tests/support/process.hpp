@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <ctime>
@@ -103,11 +104,26 @@ class Child {
 
   void signal(int sig) { ::kill(pid_, sig); }
 
-  /// Waits for the exit; returns the exit status, or 128 + signal.
+  /// Waits for the exit, reading what the child writes meanwhile (a child blocked on a full pipe
+  /// would never exit); returns the exit status, or 128 + signal.
   int wait() {
     int status = 0;
-    ::waitpid(pid_, &status, 0);
+    while (!eof_) {
+      const pid_t done = ::waitpid(pid_, &status, WNOHANG);
+      if (done == pid_ || (done < 0 && errno != EINTR)) {
+        reaped_ = true;
+        break;
+      }
+      // Wakes for output, or after 50 ms to look at the exit again (a grandchild may hold the pipe).
+      while (read_some(50)) {
+      }
+    }
+    // The child closed its output: nothing more to read while it ends.
+    while (!reaped_ && ::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
     reaped_ = true;
+    while (read_some(0)) {
+    }
     return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
   }
 
@@ -117,6 +133,7 @@ class Child {
     if (::poll(&p, 1, timeout_ms) <= 0) return false;
     char chunk[4096];
     const ssize_t n = ::read(out_, chunk, sizeof chunk);
+    if (n == 0) eof_ = true;
     if (n <= 0) return false;
     buffer_.append(chunk, static_cast<size_t>(n));
     return true;
@@ -125,6 +142,7 @@ class Child {
   pid_t pid_ = -1;
   int out_ = -1;
   bool reaped_ = false;
+  bool eof_ = false;  // the child (and all that share its output) closed the pipe
   std::string buffer_;
   size_t scanned_ = 0;
 };
