@@ -83,11 +83,14 @@ int run_node(const NodeOptions& o) {
   // Fault injection, for tests and bench/chaos.sh: SIGUSR2 to a worker node crashes its trainer
   // role, which its supervisor restarts; SIGRTMIN hangs it (its thread blocks for three times the job's
   // step_timeout_s) while membership, on its own thread, goes on answering: a worker alive to
-  // membership that blocks the ring. (A submitter, which may live in a user's program, leaves both
-  // alone.)
+  // membership that blocks the ring; SIGRTMIN+1 crashes the router, which the node cannot do
+  // without: it exits non-zero (a launcher's restart policy brings it back). (A submitter, which may
+  // live in a user's program, leaves all three alone.)
+  const int crash_router_signal = SIGRTMIN + 1;
   if (!o.submission) {
     sigaddset(&signals, SIGUSR2);
     sigaddset(&signals, SIGRTMIN);
+    sigaddset(&signals, crash_router_signal);
   }
   // A program may run several nodes one after another (tepdist::Trainer runs one submitter per
   // epoch): the caller's mask comes back when this returns (declared first, so after teardown),
@@ -243,11 +246,19 @@ int run_node(const NodeOptions& o) {
   if (!o.submission) init.on_leave_request = on_leave_request;
   caf::anon_send(router_actor, init_atom::value, init);
 
-  // The supervisor's end wakes the main thread through SIGUSR1.
-  auto watcher = sys.spawn([&, sup](caf::event_based_actor* self) -> caf::behavior {
+  // The supervisor's end, or the router's, wakes the main thread through SIGUSR1. The router runs
+  // membership and carries every frame to the roles; it holds no state a restart could bring back
+  // that the others would still trust (its view, its incarnation), so a node without it stops, and
+  // comes back, if at all, as a restarted node with a new boot id.
+  auto watcher = sys.spawn([&, sup, router = router_actor](caf::event_based_actor* self) -> caf::behavior {
     self->monitor(sup);
-    self->set_down_handler([&](const caf::down_msg& d) {
-      end_with(1, d.reason ? sys.render(d.reason) : "supervisor stopped");
+    self->monitor(router);
+    self->set_down_handler([&, router_address = router.address()](const caf::down_msg& d) {
+      if (d.source == router_address)
+        end_with(1, fmt::format("the router (membership and every frame) stopped: {}",
+                                d.reason ? sys.render(d.reason) : "without a reason"));
+      else
+        end_with(1, d.reason ? sys.render(d.reason) : "supervisor stopped");
     });
     return {[](get_atom) {}};
   });
@@ -267,8 +278,12 @@ int run_node(const NodeOptions& o) {
     asker->request(caf::actor(sup), std::chrono::seconds(2), get_atom::value, role_atom::value, std::string("trainer"))
         .receive(f, [](const caf::error&) {});
   };
-  for (sigwait(&signals, &sig); sig == SIGUSR2 || sig == SIGRTMIN; sigwait(&signals, &sig)) {
-    if (sig == SIGUSR2) {
+  for (sigwait(&signals, &sig); sig == SIGUSR2 || sig == SIGRTMIN || sig == crash_router_signal;
+       sigwait(&signals, &sig)) {
+    if (sig == crash_router_signal) {
+      node_events().warn("fault_injected id={} what=\"SIGRTMIN+1: the router crashes\"", id);
+      asker->send_exit(router_actor, caf::sec::runtime_error);
+    } else if (sig == SIGUSR2) {
       node_events().warn("fault_injected id={} what=\"SIGUSR2: the trainer role crashes\"", id);
       with_trainer([&](const caf::actor& trainer) { asker->send_exit(trainer, caf::sec::runtime_error); });
     } else {

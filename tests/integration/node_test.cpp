@@ -106,3 +106,20 @@ TEST_CASE("a node says why it cannot start: port taken, loose secret file", "[in
   CHECK(careless.wait() == 2);
   CHECK_THAT(careless.all(), Catch::Contains("0600") && Catch::Contains(loose.string()));
 }
+
+TEST_CASE("a node whose router fails stops, non-zero, saying so, and its peer sees it go", "[integration][node]") {
+  Cluster c;
+  Child n1(c.node("n1"));
+  const auto ready = n1.wait_for("node_ready");
+  REQUIRE(ready);
+  Child n2(c.node("n2", {"--join", field(*ready, "address")}));
+  REQUIRE(n1.wait_for("view members=2"));
+  // The fault: n2's router throws. Without it n2 could not answer a probe while keeping its port.
+  n2.signal(SIGRTMIN + 1);
+  REQUIRE(n2.wait_for("the router (membership and every frame) stopped"));
+  CHECK(n2.wait() == 1);
+  INFO(n1.all());
+  CHECK(n1.wait_for("member_dead id=n2", std::chrono::seconds(30)));
+  n1.signal(SIGTERM);
+  CHECK(n1.wait() == 0);
+}
