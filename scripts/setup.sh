@@ -9,7 +9,7 @@ packages=(
   libcaf-dev libcapnp-dev capnproto libuv1-dev libtoml11-dev
   libdnnl-dev ocl-icd-opencl-dev  # Debian's oneDNN CMake package insists on finding OpenCL
   catch2 libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libssl-dev zlib1g-dev
-  libbenchmark-dev clang libclang-rt-14-dev
+  libbenchmark-dev clang afl++  # AFL++: the fuzz targets in tests/fuzz
   dataset-fashion-mnist
 )
 
