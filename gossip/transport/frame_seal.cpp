@@ -134,33 +134,49 @@ FrameSealer::Sealed FrameSealer::seal_pieces(std::span<const OutFrame::Piece> in
 }
 
 std::expected<size_t, std::string> FrameSealer::open(const uint8_t header[frame_header_bytes], std::span<uint8_t> body) {
-  TEPDIST_CHECK(protection_ != FrameProtection::plain);
   if (body.size() < frame_tag_bytes) return std::unexpected("a sealed frame shorter than its tag");
   const size_t message = body.size() - frame_tag_bytes;
+  begin(header);
+  update(body.first(message));
+  if (auto ok = finish(body.data() + message); !ok) return std::unexpected(ok.error());
+  return message;
+}
+
+void FrameSealer::begin(const uint8_t header[frame_header_bytes]) {
+  TEPDIST_CHECK(protection_ != FrameProtection::plain);
   uint8_t iv[12];
   nonce(iv);
   ++counter_;
-  EVP_CIPHER_CTX* ctx = cipher_->ctx;
   int n = 0;
-  if (EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, iv) != 1 ||
-      EVP_DecryptUpdate(ctx, nullptr, &n, header, frame_header_bytes) != 1)
+  if (EVP_DecryptInit_ex(cipher_->ctx, nullptr, nullptr, nullptr, iv) != 1 ||
+      EVP_DecryptUpdate(cipher_->ctx, nullptr, &n, header, frame_header_bytes) != 1)
     openssl_failed("AES-GCM frame setup");
-  // Both in place: decryption writes the plaintext over the ciphertext.
-  uint8_t* data = body.data();
-  for (size_t done = 0; done < message;) {
-    const int chunk = static_cast<int>(std::min<size_t>(message - done, size_t{1} << 30));
+}
+
+void FrameSealer::update(std::span<uint8_t> bytes) {
+  uint8_t* data = bytes.data();
+  int n = 0;
+  for (size_t done = 0; done < bytes.size();) {
+    const int chunk = static_cast<int>(std::min<size_t>(bytes.size() - done, size_t{1} << 30));
+    // In place: decryption writes the plaintext over the ciphertext.
     const int ok = protection_ == FrameProtection::encrypted
-                       ? EVP_DecryptUpdate(ctx, data + done, &n, data + done, chunk)
-                       : EVP_DecryptUpdate(ctx, nullptr, &n, data + done, chunk);
+                       ? EVP_DecryptUpdate(cipher_->ctx, data + done, &n, data + done, chunk)
+                       : EVP_DecryptUpdate(cipher_->ctx, nullptr, &n, data + done, chunk);
     if (ok != 1) openssl_failed("AES-GCM decrypt");
     done += static_cast<size_t>(chunk);
   }
-  if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_SET_TAG, frame_tag_bytes, data + message) != 1)
+}
+
+std::expected<void, std::string> FrameSealer::finish(const uint8_t tag[frame_tag_bytes]) {
+  uint8_t expected[frame_tag_bytes];
+  std::memcpy(expected, tag, frame_tag_bytes);
+  if (EVP_CIPHER_CTX_ctrl(cipher_->ctx, EVP_CTRL_GCM_SET_TAG, frame_tag_bytes, expected) != 1)
     openssl_failed("AES-GCM tag");
   uint8_t rest[16];
-  if (EVP_DecryptFinal_ex(ctx, rest, &n) != 1)
+  int n = 0;
+  if (EVP_DecryptFinal_ex(cipher_->ctx, rest, &n) != 1)
     return std::unexpected("a frame failed authentication (altered, injected, replayed or out of order)");
-  return message;
+  return {};
 }
 
 struct EphemeralKey::Pkey {

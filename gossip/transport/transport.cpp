@@ -196,8 +196,9 @@ struct Transport::Impl {
     size_t header_have = 0;
     // Once authenticated (unless the frames are plain): this connection's two directions.
     std::optional<FrameSealer> sealer, opener;
-    std::vector<uint64_t> body;  // grows as the body arrives (initial_body_bytes, then doubling)
+    FrameWords body;  // grows as the body arrives (initial_body_bytes, then doubling)
     size_t body_bytes = 0, body_have = 0;  // announced, received
+    size_t body_opened = 0;  // sealed frames: bytes already authenticated (and decrypted) in place
     bool in_body = false;
     bool hello_seen = false;  // inbound: a first frame came (before it, the hello timeout runs)
     uint64_t accepted_ms = 0;  // inbound: loop time of the accept (which pending slot is oldest)
@@ -381,6 +382,7 @@ struct Transport::Impl {
           }
           if (buf->base != c->scratch) {
             c->body_have += static_cast<size_t>(n);
+            open_arrived(c);
             if (c->body_have == c->body_bytes) impl->frame_complete(c);
             return;
           }
@@ -418,6 +420,7 @@ struct Transport::Impl {
         const size_t take = std::min(c->body.size() * sizeof(uint64_t) - c->body_have, n);
         std::memcpy(reinterpret_cast<char*>(c->body.data()) + c->body_have, p, take);
         c->body_have += take, p += take, n -= take;
+        open_arrived(c);
         if (c->body_have == c->body_bytes) frame_complete(c);
       }
     }
@@ -426,8 +429,23 @@ struct Transport::Impl {
   void begin_body(Conn* c, uint32_t length) {
     c->body_bytes = length;
     c->body_have = 0;
+    c->body_opened = 0;
     c->in_body = true;
     resize_body(c, std::min<size_t>(length, initial_body_bytes));
+    if (c->opener && length >= frame_tag_bytes) c->opener->begin(c->frame_header);
+  }
+
+  /// Authenticates (and decrypts) in place the body bytes that have arrived, up to the tag, while
+  /// they are still in cache: whole 16-byte blocks as they come, the rest at the end.
+  static void open_arrived(Conn* c) {
+    if (!c->opener || c->body_bytes < frame_tag_bytes) return;
+    const size_t message = c->body_bytes - frame_tag_bytes;
+    size_t upto = std::min(c->body_have, message);
+    if (upto < message) upto = c->body_opened + (upto - c->body_opened) / 16 * 16;
+    if (upto <= c->body_opened) return;
+    auto* bytes = reinterpret_cast<uint8_t*>(c->body.data());
+    c->opener->update({bytes + c->body_opened, upto - c->body_opened});
+    c->body_opened = upto;
   }
 
   /// The body buffer at `bytes`: a whole number of words, at least what has arrived.
@@ -448,15 +466,18 @@ struct Transport::Impl {
   void frame_complete(Conn* c) {
     c->in_body = false;
     c->hello_seen = true;
-    std::vector<uint64_t> body = std::move(c->body);
+    FrameWords body = std::move(c->body);
     c->body = {};
-    if (!c->authenticated) return handshake_step(c, std::move(body));
+    if (!c->authenticated) return handshake_step(c, std::vector<uint64_t>(body.begin(), body.end()));
     const size_t wire_bytes = c->body_bytes;
     end_reservation(c);
     if (c->opener) {
-      auto opened = c->opener->open(c->frame_header, {reinterpret_cast<uint8_t*>(body.data()), c->body_bytes});
-      if (!opened) return fail(c, opened.error());
-      body.resize(*opened / sizeof(uint64_t));
+      if (wire_bytes < frame_tag_bytes) return fail(c, "a sealed frame shorter than its tag");
+      const size_t message = wire_bytes - frame_tag_bytes;
+      TEPDIST_CHECK(c->body_opened == message);  // open_arrived saw every byte before the tag
+      if (auto ok = c->opener->finish(reinterpret_cast<const uint8_t*>(body.data()) + message); !ok)
+        return fail(c, ok.error());
+      body.resize(message / sizeof(uint64_t));
     }
     // From here the frame is charged to its connection, and the charge goes with it: released when
     // its last user lets go (a decoding error included).

@@ -668,7 +668,7 @@ uint32_t kind_limit(wire::Envelope::Which kind, uint32_t configured) {
 /// The received words; tensor chunks and the message share ownership of them. The last owner to
 /// let go releases the frame's charge with its account (on whatever thread that is).
 struct Received {
-  std::vector<uint64_t> words;
+  FrameWords words;
   std::shared_ptr<FrameAccount> account;
   size_t charged = 0;  // what the transport charged for the words, plus what decoding allocated
   ~Received() {
@@ -732,12 +732,12 @@ WireResult<uint32_t> frame_length(const uint8_t header[frame_header_bytes], cons
 WireResult<Message> decode_bytes(std::span<const uint8_t> body, const WireLimits& limits) {
   if (body.size() % sizeof(uint64_t) != 0)
     return std::unexpected(WireError{WireErrc::truncated, fmt::format("{} bytes is not whole words", body.size())});
-  std::vector<uint64_t> words(body.size() / sizeof(uint64_t));
+  FrameWords words(body.size() / sizeof(uint64_t));
   std::memcpy(words.data(), body.data(), body.size());
   return decode(std::move(words), limits);
 }
 
-WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits, std::shared_ptr<FrameAccount> account,
+WireResult<Message> decode(FrameWords body, const WireLimits& limits, std::shared_ptr<FrameAccount> account,
                            size_t charged) {
   auto received = std::make_shared<Received>();
   received->words = std::move(body);

@@ -41,6 +41,28 @@ struct WireLimits {
 
 constexpr size_t frame_header_bytes = 4;
 
+/// An allocator whose growth leaves new elements uninitialised: frame memory is written by the
+/// socket read before anything looks at it, and zeroing 2 MB a frame is a pass of its own.
+template <class T>
+struct uninitialized_allocator : std::allocator<T> {
+  template <class U>
+  struct rebind {
+    using other = uninitialized_allocator<U>;
+  };
+  using std::allocator<T>::allocator;
+  template <class U>
+  void construct(U* p) noexcept {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    ::new (static_cast<void*>(p)) U(std::forward<A>(a)...);
+  }
+};
+
+/// A received frame's body, in whole 8-byte words (so tensors can be viewed in place).
+using FrameWords = std::vector<uint64_t, uninitialized_allocator<uint64_t>>;
+
 /// Caps on what one decoded message may hold, from what the protocol needs: a frame over them is
 /// refused (over_limit) before anything is allocated for it.
 namespace wire_caps {
@@ -116,7 +138,7 @@ class FrameAccount {
 /// (Message::frame), both keeping it alive. With an account, `charged` bytes are already counted
 /// for the body; decoding adds what its lists and texts take, and the sum is released when the body
 /// is freed, an error included.
-WireResult<Message> decode(std::vector<uint64_t> body, const WireLimits& limits = {},
+WireResult<Message> decode(FrameWords body, const WireLimits& limits = {},
                            std::shared_ptr<FrameAccount> account = {}, size_t charged = 0);
 
 /// The same, from bytes (tests and fuzzing): a copy into words first.
