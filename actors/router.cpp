@@ -67,6 +67,8 @@ void apply(Router* self, gossip::swim::Output& out) {
       node_events().info("member_{} id={} address={} incarnation={} region={}", gossip::swim::event_name(e.kind), m.id,
                          m.address, m.incarnation, m.region);
     view_changed |= e.kind != Event::Kind::updated && e.kind != Event::Kind::refuted;
+    // What waits for a member gone for good will never be read: its queue's memory goes now.
+    if (e.kind == Event::Kind::dead || e.kind == Event::Kind::left) self->state.transport->forget(m.address);
   }
   if (view_changed) {
     log_view(self);

@@ -276,6 +276,7 @@ struct Transport::Impl {
     OutFrame frame;
     bool datagram;
     uint64_t sent_ns;
+    bool forget = false;  // no frame: forget(address) (in order with the sends around it)
   };
   std::mutex mutex;  // guards inbox, queued_bytes and stopping
   std::condition_variable drained;  // notified when a peer's queue shrinks (senders waiting for room, drain)
@@ -806,6 +807,20 @@ struct Transport::Impl {
       opt.metrics->gauge("send_queue_bytes", {{"peer", key}}, "bytes waiting to be written").set(static_cast<double>(q));
   }
 
+  /// Both lanes of the peer at address: what waits is dropped (its bytes given back to senders)
+  /// and no reconnection is tried until something new is sent there.
+  void forget_peer(const std::string& address) {
+    for (const Lane lane : {Lane::bulk, Lane::membership}) {
+      const auto it = peers.find(lane_key(address, lane));
+      if (it == peers.end()) continue;
+      Peer& p = *it->second;
+      drop_queue(p);
+      if (p.timer) uv_timer_stop(p.timer);
+      p.backoff_ms = 0;
+      p.next_connect_ms = 0;
+    }
+  }
+
   void drop_queue(Peer& p) {
     for (auto& o : p.queue) give_back(p.key, o.counted);
     p.queue.clear();
@@ -906,7 +921,10 @@ struct Transport::Impl {
     }
     if (stop_now) return shutdown();
     for (auto& pending : batch)
-      enqueue(pending.address, pending.lane, std::move(pending.frame), pending.datagram, pending.sent_ns);
+      if (pending.forget)
+        forget_peer(pending.address);
+      else
+        enqueue(pending.address, pending.lane, std::move(pending.frame), pending.datagram, pending.sent_ns);
   }
 
   void shutdown() {
@@ -1013,6 +1031,14 @@ bool Transport::send(const std::string& address, const Message& message, std::ch
     uv_async_send(&i.wake);
   }
   return true;
+}
+
+void Transport::forget(const std::string& address) {
+  Impl& i = *impl_;
+  std::lock_guard lock(i.mutex);
+  if (i.stopping || !i.started) return;
+  i.inbox.push_back({address, Lane::bulk, OutFrame(), false, 0, true});
+  uv_async_send(&i.wake);
 }
 
 void Transport::stop() {

@@ -90,6 +90,10 @@ class Transport {
   /// false, sending nothing: the caller backs off.
   bool send(const std::string& address, const Message& message,
             std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  /// Drops every frame still waiting for the node at address (both lanes), giving its queue's room
+  /// back, and stops dialling it until something new is sent there: membership has declared it
+  /// dead or gone, and what it was sent will never be read. Thread-safe; in order with send().
+  void forget(const std::string& address);
   /// Closes every connection and joins the loop thread. Idempotent; the destructor calls it.
   void stop();
   /// Waits until every frame queued so far has been written (or dropped with its connection), at

@@ -587,3 +587,18 @@ TEST_CASE("a tensor on the membership lane ends that connection", "[gossip][tran
   CHECK(raw.closed_by_peer());
   CHECK(rb.messages.size() == 1);
 }
+
+TEST_CASE("forgetting a peer gives its queue's room back and stops dialling it", "[gossip][transport]") {
+  auto o = options("a");
+  o.send_queue_bytes = 64 * 1024;
+  Transport a(o, {});
+  REQUIRE(a.start().has_value());
+  auto tensor = std::make_shared<std::vector<float>>(4096);  // 16 KiB per frame
+  // Nobody listens on port 1: the queue fills and stays full.
+  while (a.send("127.0.0.1:1", tensor_message(1, tensor))) {
+  }
+  CHECK_FALSE(a.send("127.0.0.1:1", tensor_message(2, tensor), 200ms));
+  a.forget("127.0.0.1:1");
+  // Room again, once the loop has dropped the queue (send waits for it).
+  CHECK(a.send("127.0.0.1:1", tensor_message(3, tensor), 5s));
+}
