@@ -139,17 +139,22 @@ int run_train(const TrainArgs& args) {
   int64_t samples = 0, window_samples = 0;
   double window_start = 0.0, loss = 0.0;
 
-  auto evaluate_now = [&] {
+  // A test set the model refuses (a label outside its classes, a sample of another shape) ends
+  // the command with the refusal.
+  auto evaluate_now = [&]() -> compute::Result<void> {
     train_clock.pause();
     const auto t0 = Clock::now();
-    const auto e = compute::evaluate(net, *backend, data->test);
+    const auto e = compute::try_evaluate(net, *backend, data->test);
+    if (!e)
+      return compute::fail(e.error().code, fmt::format("evaluation at step {}: {}", state.step, e.error().message));
     eval_seconds += seconds_since(t0);
-    evals.push_back({state.step, state.epoch, train_clock.seconds(), e});
-    if (!time_to_target && e.accuracy >= c.job.target_accuracy) time_to_target = train_clock.seconds();
+    evals.push_back({state.step, state.epoch, train_clock.seconds(), *e});
+    if (!time_to_target && e->accuracy >= c.job.target_accuracy) time_to_target = train_clock.seconds();
     fmt::print("{}eval  epoch {} step {}: test accuracy {:.4f}, test loss {:.4f}\n", tty ? "\r\033[K" : "",
-               state.epoch, state.step, e.accuracy, e.loss);
+               state.epoch, state.step, e->accuracy, e->loss);
     std::fflush(stdout);
     train_clock.start();
+    return {};
   };
   auto checkpoint_now = [&]() -> compute::Result<void> {
     train_clock.pause();
@@ -178,7 +183,9 @@ int run_train(const TrainArgs& args) {
       }
       const std::span<const int64_t> idx(order.data() + start, static_cast<size_t>(std::min(batch, n - start)));
       compute::gather_batch(data->train, idx, x, y);
-      loss = compute::compute_gradients(net, *backend, x, y, scratch);
+      const auto computed = compute::try_compute_gradients(net, *backend, x, y, scratch);
+      if (!computed) return runtime_error(fmt::format("step {}: {}", state.step + 1, computed.error().message));
+      loss = *computed;
       (*optimizer)->step(net.parameters(), net.gradients(), schedule->at(state.step));
       ++state.step;
       samples += static_cast<int64_t>(idx.size());
@@ -192,11 +199,13 @@ int run_train(const TrainArgs& args) {
         window_start = now;
         window_samples = 0;
       }
-      if (c.job.eval_every_steps > 0 && state.step % c.job.eval_every_steps == 0) evaluate_now();
+      if (c.job.eval_every_steps > 0 && state.step % c.job.eval_every_steps == 0)
+        if (auto ok = evaluate_now(); !ok) return runtime_error(ok.error().message);
     }
     if (start < n) break;  // stopped inside the epoch: step cap or interrupt
     ++state.epoch;
-    if (evals.empty() || evals.back().step != state.step) evaluate_now();
+    if (evals.empty() || evals.back().step != state.step)
+      if (auto ok = evaluate_now(); !ok) return runtime_error(ok.error().message);
     if (auto ok = checkpoint_now(); !ok) return runtime_error(ok.error().message);
   }
   train_clock.pause();
@@ -207,7 +216,8 @@ int run_train(const TrainArgs& args) {
                checkpoint_path.string());
     return 130;
   }
-  if (evals.empty() || evals.back().step != state.step) evaluate_now();
+  if (evals.empty() || evals.back().step != state.step)
+    if (auto ok = evaluate_now(); !ok) return runtime_error(ok.error().message);
 
   if (auto ok = compute::export_safetensors(out / "model.safetensors", net); !ok)
     return runtime_error(ok.error().message);

@@ -156,13 +156,15 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
   return report;
 }
 
-compute::Evaluation Trainer::test(compute::Model& model, const compute::Dataset& data) {
+compute::Result<compute::Evaluation> Trainer::test(compute::Model& model, const compute::Dataset& data) {
+  if (!model.built()) return compute::fail(Errc::invalid_argument, "tepdist::Trainer::test: build the model first");
   if (!backend_) {  // one for the Trainer's life: the model's kernels for it are made once
     auto made = compute::make_backend("onednn");
     if (!made) made = compute::make_backend("ref");
+    if (!made) return std::unexpected(made.error());
     backend_ = std::move(*made);
   }
-  return compute::evaluate(model, *backend_, data);
+  return compute::try_evaluate(model, *backend_, data);
 }
 
 }  // namespace tepdist

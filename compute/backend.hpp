@@ -5,6 +5,10 @@
 //
 // All tensors are dense row-major float32; images are NCHW. Kernels overwrite their outputs
 // (gradients included: a parameter is used once per step, so nothing needs accumulating).
+//
+// NaN propagates, in every backend alike: the ReLU of NaN is NaN, a max-pool window holding a NaN
+// gives NaN (its first NaN is the maximum the gradient goes to), a NaN logit makes its row's
+// probabilities and the loss NaN. A diverging run then shows a NaN loss instead of a healthy one.
 
 #include <atomic>
 #include <cstdint>
@@ -12,6 +16,7 @@
 #include <span>
 #include <string_view>
 
+#include "compute/error.hpp"
 #include "compute/tensor.hpp"
 
 namespace tepdist::compute {
@@ -125,20 +130,29 @@ class Backend {
     return nullptr;
   }
 
-  /// y = max(x, 0), any shape; x and y may alias.
+  /// y = max(x, 0), any shape, NaN where x is NaN; x and y may alias.
   virtual void relu_forward(ConstTensorView x, TensorView y) = 0;
   /// dx = dy where y > 0, else 0; dy and dx may alias.
   virtual void relu_backward(ConstTensorView y, ConstTensorView dy, TensorView dx) = 0;
 
-  /// logits [n, classes], labels [n] in [0, classes) -> probs = softmax(logits); returns the mean
-  /// cross-entropy over the batch.
-  virtual float softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int32_t> labels,
-                                              TensorView probs) = 0;
-  /// dlogits = (probs - onehot(labels)) / n: the gradient of the mean loss.
-  virtual void softmax_cross_entropy_backward(ConstTensorView probs, std::span<const int32_t> labels,
-                                              TensorView dlogits) = 0;
+  /// logits [n, classes], labels [n] -> probs = softmax(logits); returns the mean cross-entropy
+  /// over the batch. Refuses, before any kernel runs, an empty batch and labels that are not n
+  /// values in [0, classes), naming the first bad label and its index: every backend indexes the
+  /// logits with them unchecked, so this is the one place they are checked.
+  Result<float> softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int32_t> labels,
+                                              TensorView probs);
+  /// dlogits = (probs - onehot(labels)) / n: the gradient of the mean loss. Refuses labels as the
+  /// forward does (the backward writes at each label's position).
+  Result<void> softmax_cross_entropy_backward(ConstTensorView probs, std::span<const int32_t> labels,
+                                              TensorView dlogits);
 
  private:
+  /// The kernels behind the two above, called with labels already checked and shapes agreeing.
+  virtual float do_softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int32_t> labels,
+                                                 TensorView probs) = 0;
+  virtual void do_softmax_cross_entropy_backward(ConstTensorView probs, std::span<const int32_t> labels,
+                                                 TensorView dlogits) = 0;
+
   static uint64_t next_id() {
     static std::atomic<uint64_t> counter{0};
     return ++counter;

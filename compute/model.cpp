@@ -104,9 +104,16 @@ std::vector<PlannedLayer> Model::planned_layers(int64_t batch) const {
   return layers;
 }
 
-ConstTensorView Model::forward(Backend& backend, ConstTensorView x, bool training) {
-  TEPDIST_CHECK(built_ && x.shape.sample() == sample_shape_);
+Result<ConstTensorView> Model::forward(Backend& backend, ConstTensorView x, bool training) {
+  TEPDIST_CHECK(built_);
+  if (x.shape.rank() != sample_shape_.rank() + 1 || x.shape.sample() != sample_shape_ || x.shape[0] < 1) {
+    forwarded_ = false;  // nothing for a backward to differentiate
+    return fail(Errc::invalid_argument, fmt::format("model input: expected a batch [n, {}] with n >= 1, got {}",
+                                                    sample_shape_.to_string().substr(1), x.shape.to_string()));
+  }
+  TEPDIST_CHECK(x.data != nullptr);
   const int64_t n = x.shape[0];
+  forwarded_ = true;
   input_ = x;
   last_plan_ = plan_for(backend, n);
   if (last_plan_) return last_plan_->forward(x, params_);
@@ -121,7 +128,7 @@ ConstTensorView Model::forward(Backend& backend, ConstTensorView x, bool trainin
 }
 
 void Model::backward(Backend& backend, ConstTensorView dlogits) {
-  TEPDIST_CHECK(built_);
+  TEPDIST_CHECK(built_ && forwarded_);
   if (last_plan_) {
     last_plan_->backward(dlogits, params_, grads_);
     return;

@@ -61,10 +61,12 @@ class Model {
   bool built() const { return built_; }
 
   /// Runs every layer on x [n, sample...] and returns the last output (the logits), valid until the
-  /// next forward. x must stay alive and unchanged until backward().
-  ConstTensorView forward(Backend& backend, ConstTensorView x, bool training);
-  /// Back-propagates dlogits (the loss gradient with respect to forward's result) through every
-  /// layer, overwriting gradients().
+  /// next forward. x must stay alive and unchanged until backward(). Refuses, naming both shapes,
+  /// an x that is not a batch of one or more samples of sample_shape(): every backend reads x
+  /// with the model's shapes, so this is the one place they are checked.
+  Result<ConstTensorView> forward(Backend& backend, ConstTensorView x, bool training);
+  /// Back-propagates dlogits (the loss gradient with respect to the last forward's result) through
+  /// every layer, overwriting gradients().
   void backward(Backend& backend, ConstTensorView dlogits);
 
   std::span<float> parameters() { return params_; }
@@ -110,6 +112,7 @@ class Model {
   uint64_t plans_backend_ = 0;  ///< Backend::id() the plans were made for
   std::vector<PlanEntry> plans_;          // a few batch sizes, oldest dropped first
   NetworkPlan* last_plan_ = nullptr;      // the plan the last forward ran, if any
+  bool forwarded_ = false;                // a forward has run since build(): backward has its input
 
   ConstTensorView input_;                 // what the last forward saw
   std::vector<Tensor> activations_;       // one output per layer

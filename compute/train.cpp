@@ -1,22 +1,29 @@
 #include "compute/train.hpp"
 
 #include <algorithm>
+#include <cmath>
 #include <numeric>
+
+#include "base/check.hpp"
 
 namespace tepdist::compute {
 
-float compute_gradients(Model& model, Backend& backend, ConstTensorView x, std::span<const int32_t> labels,
-                        LossScratch& scratch) {
-  const ConstTensorView logits = model.forward(backend, x, true);
-  scratch.probs.resize(logits.shape);
-  scratch.dlogits.resize(logits.shape);
-  const float loss = backend.softmax_cross_entropy_forward(logits, labels, scratch.probs);
-  backend.softmax_cross_entropy_backward(scratch.probs, labels, scratch.dlogits);
+Result<float> try_compute_gradients(Model& model, Backend& backend, ConstTensorView x, std::span<const int32_t> labels,
+                                    LossScratch& scratch) {
+  const auto logits = model.forward(backend, x, true);
+  if (!logits) return std::unexpected(logits.error());
+  scratch.probs.resize(logits->shape);
+  scratch.dlogits.resize(logits->shape);
+  const auto loss = backend.softmax_cross_entropy_forward(*logits, labels, scratch.probs);
+  if (!loss) return loss;
+  const auto dlogits = backend.softmax_cross_entropy_backward(scratch.probs, labels, scratch.dlogits);
+  TEPDIST_CHECK(dlogits.has_value());  // the labels the forward accepted
   model.backward(backend, scratch.dlogits);
   return loss;
 }
 
-Evaluation evaluate(Model& model, Backend& backend, const Dataset& data, int64_t batch) {
+Result<Evaluation> try_evaluate(Model& model, Backend& backend, const Dataset& data, int64_t batch) {
+  TEPDIST_CHECK(batch > 0);
   Evaluation e;
   Tensor x, probs;
   std::vector<int32_t> y;
@@ -28,13 +35,19 @@ Evaluation evaluate(Model& model, Backend& backend, const Dataset& data, int64_t
     indices.resize(static_cast<size_t>(n));
     std::iota(indices.begin(), indices.end(), start);
     gather_batch(data, indices, x, y);
-    const ConstTensorView logits = model.forward(backend, x, false);
-    probs.resize(logits.shape);
-    loss_sum += static_cast<double>(backend.softmax_cross_entropy_forward(logits, y, probs)) * static_cast<double>(n);
-    const int64_t classes = logits.shape[1];
+    const auto logits = model.forward(backend, x, false);
+    if (!logits) return std::unexpected(logits.error());
+    probs.resize(logits->shape);
+    const auto loss = backend.softmax_cross_entropy_forward(*logits, y, probs);
+    if (!loss) return std::unexpected(loss.error());
+    loss_sum += static_cast<double>(*loss) * static_cast<double>(n);
+    const int64_t classes = logits->shape[1];
     for (int64_t i = 0; i < n; ++i) {
       const float* p = probs.data() + i * classes;
-      if (std::max_element(p, p + classes) - p == y[static_cast<size_t>(i)]) ++correct;
+      // max_element skips a NaN after the first element: a NaN row would pass for a guess.
+      if (std::none_of(p, p + classes, [](float v) { return std::isnan(v); }) &&
+          std::max_element(p, p + classes) - p == y[static_cast<size_t>(i)])
+        ++correct;
     }
   }
   e.samples = data.size();

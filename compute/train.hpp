@@ -8,6 +8,7 @@
 
 #include "compute/backend.hpp"
 #include "compute/data/dataset.hpp"
+#include "compute/error.hpp"
 #include "compute/model.hpp"
 
 namespace tepdist::compute {
@@ -18,9 +19,12 @@ struct LossScratch {
 };
 
 /// Forward and backward on the batch (x [n, sample...], labels [n]): fills model.gradients() with
-/// the gradient of the mean softmax cross-entropy and returns that loss.
-float compute_gradients(Model& model, Backend& backend, ConstTensorView x, std::span<const int32_t> labels,
-                        LossScratch& scratch);
+/// the gradient of the mean softmax cross-entropy and returns that loss (NaN when the forward
+/// met a NaN: see backend.hpp). Refuses, before touching the gradients, an x that is not a batch
+/// of the model's samples and labels that are not n values in [0, model.classes()); the error
+/// names the shapes or the label, its index and the number of classes.
+Result<float> try_compute_gradients(Model& model, Backend& backend, ConstTensorView x, std::span<const int32_t> labels,
+                                    LossScratch& scratch);
 
 struct Evaluation {
   double accuracy = 0.0;  ///< fraction of samples whose arg-max class is the label
@@ -28,7 +32,9 @@ struct Evaluation {
   int64_t samples = 0;
 };
 
-/// Runs the model in inference mode over all of data, batch samples at a time.
-Evaluation evaluate(Model& model, Backend& backend, const Dataset& data, int64_t batch = 256);
+/// Runs the model in inference mode over all of data, batch samples at a time. A sample whose
+/// probabilities hold a NaN counts as wrong. Refuses data whose samples or labels do not fit the
+/// model, as try_compute_gradients does.
+Result<Evaluation> try_evaluate(Model& model, Backend& backend, const Dataset& data, int64_t batch = 256);
 
 }  // namespace tepdist::compute

@@ -100,9 +100,13 @@ int main(int argc, char** argv) {
       return 1;
     }
     const auto eval = trainer.test(model, *test);
+    if (!eval) {
+      std::fprintf(stderr, "lenet_async: %s\n", eval.error().message.c_str());
+      return 1;
+    }
     std::printf("epoch %d: members %u, %llu steps in %.1f s (%.0f samples/s), test accuracy %.4f, test loss %.4f\n",
                 epoch + 1, report->members, static_cast<unsigned long long>(report->steps), report->train_seconds,
-                report->samples_per_second, eval.accuracy, eval.loss);
+                report->samples_per_second, eval->accuracy, eval->loss);
     std::fflush(stdout);
   }
   const std::string file = args.out + "/lenet_async.safetensors";

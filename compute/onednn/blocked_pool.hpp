@@ -6,7 +6,8 @@
 // and a byte recording where it stood, and the backward pass writes each gradient to that place.
 //
 // Semantics are the reference's max_pool2d(2, 2): no padding, the first maximum of a window on
-// ties, rows and columns past the last whole window get no gradient.
+// ties, NaN for a window holding a NaN (its gradient goes to the first NaN), rows and columns past
+// the last whole window get no gradient.
 
 #include <cstdint>
 #include <vector>

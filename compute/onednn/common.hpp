@@ -2,6 +2,7 @@
 // What the oneDNN kernels and network plans share: the engine and stream, descriptor shorthands,
 // and Operand, a plain caller buffer seen in the layout a primitive prefers.
 
+#include <cstdint>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <optional>
 
@@ -15,6 +16,13 @@ using tag = dnnl::memory::format_tag;
 inline md plain(const dims& d, tag t) { return md(d, dt::f32, t); }
 /// A descriptor that lets the primitive choose the layout.
 inline md any(const dims& d) { return md(d, dt::f32, tag::any); }
+
+/// y = max(x, 0) over n floats, NaN where x is NaN (see backend.hpp); x and y may alias. Ours, not
+/// oneDNN's: its ReLU, as a primitive or a post-op, computes vmaxps(x, 0), which returns 0 for a
+/// NaN x.
+void relu(const float* x, float* y, int64_t n);
+/// dx = dy where y > 0, else 0, over n floats; dy and dx may alias.
+void relu_backward(const float* y, const float* dy, float* dx, int64_t n);
 
 /// The engine and stream every kernel and plan of one backend shares.
 struct Context {

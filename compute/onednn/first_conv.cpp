@@ -15,7 +15,6 @@
 #include <omp.h>
 
 #include <algorithm>
-#include <cassert>
 #include <cstring>
 
 #include "compute/onednn/window_max.hpp"
@@ -78,8 +77,9 @@ TEPDIST_AVX2 void forward_group(const ForwardArgs& a) {
       }
       const int64_t at = (pr * a.pw + pc) * kLanes;
       for (int b = 0; b < NB; ++b) {
-        const window::Pick p = window::window_max(c00[b], c01[b], c10[b], c11[b]);
-        // max(0, m), in this order: a NaN m stays NaN, as in the reference's ReLU
+        const window::Pick p = window::window_max_before_relu(c00[b], c01[b], c10[b], c11[b]);
+        // _mm256_max_ps(a, b) returns b where either is NaN: max(0, m) keeps a NaN m, as the
+        // reference's ReLU does, where max(m, 0) (oneDNN's ReLU) would make it 0.
         _mm256_storeu_ps(a.y + b * ystride + at, _mm256_max_ps(_mm256_setzero_ps(), p.max));
         window::store_codes(a.where + b * ystride + at, p.code);
       }

@@ -14,7 +14,8 @@
 // channels past k zero), so the next convolution reads them without a reorder.
 //
 // Semantics are the reference's conv2d -> max_pool2d(2, 2) -> relu: stride 1, zero padding `pad`,
-// the first maximum of a window on ties, and the gradient of ReLU taken from its output.
+// the first maximum of a window on ties, NaN for a window holding a NaN (which gets no gradient),
+// and the gradient of ReLU taken from its output.
 
 #include <cstdint>
 #include <vector>

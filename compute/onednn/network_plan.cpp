@@ -1,21 +1,26 @@
 // A whole network on oneDNN with activations kept in the layouts the primitives choose (blocked,
 // nChw8c and the like, on AVX2) from the first convolution to the logits. Per layer the kernels of
 // onednn_backend.cpp would reorder to plain NCHW and back at every boundary, and oneDNN's pooling on
-// plain NCHW is its slow generic code; here reorders happen only where two primitives disagree.
+// plain NCHW is its slow generic code; here reorders happen only where two primitives disagree, and
+// around a max pool our direct kernel cannot take (PoolStage).
 //
 // Fusions (all exact, tested against the reference):
-//   conv2d, relu             -> conv2d with a ReLU post-op
-//   conv2d, max_pool2d, relu -> conv2d with a ReLU post-op, max_pool2d   (ReLU and max commute)
-//   linear, relu             -> inner product with a ReLU post-op
+//   conv2d, relu             -> conv2d, then a ReLU in place on its output
+//   conv2d, max_pool2d, relu -> conv2d, max_pool2d, then a ReLU in place on the pooled output
+//   linear, relu             -> inner product, then a ReLU in place on its output
 //   flatten, linear          -> inner product on the 4-D activation (its weights [out, c, h, w] are
 //                               the plain [out, c*h*w] matrix, so the parameter layout is unchanged)
-// A fused ReLU is differentiated from the primitive's output (relu_use_dst_for_bwd), in place.
+// The ReLU is ours (common.hpp), never oneDNN's post-op or primitive: its forward computes
+// vmaxps(x, 0), which turns a NaN into 0 where the reference keeps it (backend.hpp), and its
+// backward multiplies by the mask where the reference selects. A fused ReLU is differentiated from
+// the stage's output, in place on its gradient.
 
 #include "compute/onednn/network_plan.hpp"
 #include "compute/onednn/blocked_pool.hpp"
 #include "compute/onednn/conv_backward_data.hpp"
 #include "compute/onednn/conv_backward_weights.hpp"
 #include "compute/onednn/first_conv.hpp"
+#include "compute/ref/ref_backend.hpp"
 
 #include <cstring>
 #include <vector>
@@ -29,6 +34,8 @@ using dnnl::prop_kind;
 
 /// A memory's floats, for the plans' own kernels.
 float* data(const dnnl::memory& m) { return static_cast<float*>(m.get_data_handle()); }
+/// How many floats a memory holds, the padding of blocked layouts included.
+int64_t floats(const dnnl::memory& m) { return static_cast<int64_t>(m.get_desc().get_size() / sizeof(float)); }
 
 /// A value between two stages and its gradient, in one layout.
 struct Activation {
@@ -125,36 +132,16 @@ class Stage {
   }
 };
 
-dnnl::primitive_attr relu_post_op(bool relu) {
-  dnnl::primitive_attr attr;
-  if (relu) {
-    dnnl::post_ops ops;
-    ops.append_eltwise(1.0f, algorithm::eltwise_relu, 0.0f, 0.0f);
-    attr.set_post_ops(ops);
-  }
-  return attr;
+/// Differentiates a ReLU from its output a.value, in place on a.grad: dy where y > 0, else 0, as
+/// in the reference. oneDNN's (eltwise_relu_use_dst_for_bwd) multiplies dy by the mask instead, so
+/// it passes a NaN dy where y is 0, and a dy where y is NaN, both of which the reference stops.
+void relu_from_output(dnnl::stream& s, Activation& a) {
+  s.wait();  // the primitives that wrote a.grad have finished
+  relu_backward(data(a.value), data(a.grad), data(a.grad), floats(a.grad));
 }
 
-/// Differentiates a ReLU from its output, in place on the output's gradient.
-class ReluFromOutput {
- public:
-  ReluFromOutput(Context& ctx, const md& d) {
-    // The backward descriptor needs a forward one as a hint; this one is never executed.
-    const dnnl::eltwise_forward::primitive_desc hint(
-        {prop_kind::forward_training, algorithm::eltwise_relu_use_dst_for_bwd, d, 0.0f}, ctx.engine);
-    bwd_ = dnnl::eltwise_backward(dnnl::eltwise_backward::primitive_desc(
-        {algorithm::eltwise_relu_use_dst_for_bwd, d, d, 0.0f}, ctx.engine, hint));
-  }
-  void run(dnnl::stream& s, Activation& a) {
-    bwd_.execute(s, {{DNNL_ARG_DIFF_DST, a.grad}, {DNNL_ARG_DST, a.value}, {DNNL_ARG_DIFF_SRC, a.grad}});
-  }
-
- private:
-  dnnl::primitive bwd_;
-};
-
-/// A layer with weights and a bias (convolution, inner product): forward with an optional fused
-/// ReLU, weight and bias gradients, and the input gradient unless it is the first layer. The two
+/// A layer with weights and a bias (convolution, inner product): forward with an optional ReLU on
+/// its output, weight and bias gradients, and the input gradient unless it is the first layer. The two
 /// kinds differ only in how their primitives are described; the derived constructors do that and
 /// hand the descriptors to wire().
 class WeightedStage : public Stage {
@@ -166,12 +153,16 @@ class WeightedStage : public Stage {
                      {DNNL_ARG_WEIGHTS, w_->in(s, params + w_off_)},
                      {DNNL_ARG_BIAS, bias_},
                      {DNNL_ARG_DST, out.value}});
+    if (relu_) {
+      s.wait();
+      relu(data(out.value), data(out.value), floats(out.value));  // a blocked layout's padding: relu(0) = 0
+    }
   }
 
   void backward(dnnl::stream& s, const float* params, float* grads) override {
-    if (relu_) relu_->run(s, out);
+    if (relu_) relu_from_output(s, out);
     if (direct_bww_) {
-      s.wait();  // the ReLU's gradient above is written
+      s.wait();  // out.grad is written
       direct_bww_->run(data(src_->value()), data(out.grad), grads + w_off_, grads + b_off_);
     } else {
       dbias_.set_data_handle(grads + b_off_);
@@ -223,7 +214,7 @@ class WeightedStage : public Stage {
       bwd_dy_.emplace(ctx, out.grad, bwd_pd->diff_dst_desc());
       bwd_dx_.emplace(ctx, src_->grad(), bwd_pd->diff_src_desc());
     }
-    if (relu) relu_.emplace(ctx, fwd_pd.dst_desc());
+    relu_ = relu;
   }
 
   int64_t w_off_, b_off_;
@@ -237,7 +228,7 @@ class WeightedStage : public Stage {
   std::optional<Bridge> bww_src_, bww_dy_, bwd_dy_, bwd_dx_;
   std::optional<Weights> w_, w_bwd_, dw_;
   dnnl::memory bias_, dbias_;
-  std::optional<ReluFromOutput> relu_;
+  bool relu_ = false;
 };
 
 class ConvStage final : public WeightedStage {
@@ -250,8 +241,7 @@ class ConvStage final : public WeightedStage {
     const md bias_md = plain(bias, tag::x);
     const auto direct = algorithm::convolution_direct;
     const dnnl::convolution_forward::primitive_desc fwd_pd(
-        {prop_kind::forward_training, direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad},
-        relu_post_op(relu), ctx.engine);
+        {prop_kind::forward_training, direct, any(src), any(wei), bias_md, any(dst), stride, pad, pad}, ctx.engine);
     // The gradients by our kernels where both activations are nChw8c (AVX2), else by oneDNN's.
     const bool blocked =
         fwd_pd.src_desc() == md(src, dt::f32, tag::nChw8c) && fwd_pd.dst_desc() == md(dst, dt::f32, tag::nChw8c);
@@ -272,54 +262,55 @@ class ConvStage final : public WeightedStage {
   }
 };
 
+/// A max pool, and the ReLU after it when `relu`. 2x2 windows on nChw8c run our direct kernel;
+/// anything else the reference's on plain NCHW (the adapter reorders to it and back): oneDNN's
+/// max pooling drops NaN (a window holding one gives its largest other value).
 class PoolStage final : public Stage {
  public:
-  PoolStage(Context& ctx, const PlannedLayer& l, Activation& in, bool input_grad) : in_(in), input_grad_(input_grad) {
-    const Pool2dGeometry& g = l.pool;
-    const dims dst{g.n, g.c, g.oh(), g.ow()}, kernel{g.kernel, g.kernel}, stride{g.stride, g.stride}, pad{0, 0};
-    const md src_md = in.value.get_desc();
-    if (src_md == md({g.n, g.c, g.h, g.w}, dt::f32, tag::nChw8c) && BlockedMaxPool::supports(g)) {
-      direct_.emplace(g);  // 2x2 windows on nChw8c: our kernel, several times faster than oneDNN's
+  PoolStage(Context& ctx, const PlannedLayer& l, bool relu, Activation& in, bool input_grad)
+      : g_(l.pool), in_(in), relu_(relu), input_grad_(input_grad) {
+    const dims src{g_.n, g_.c, g_.h, g_.w}, dst{g_.n, g_.c, g_.oh(), g_.ow()};
+    if (in.value.get_desc() == md(src, dt::f32, tag::nChw8c) && BlockedMaxPool::supports(g_)) {
+      direct_.emplace(g_);  // several times faster than oneDNN's pooling
       allocate_output(ctx, md(dst, dt::f32, tag::nChw8c));
       return;
     }
-    const dnnl::pooling_forward::primitive_desc fwd_pd(
-        {prop_kind::forward_training, algorithm::pooling_max, src_md, any(dst), stride, kernel, pad, pad},
-        ctx.engine);
-    fwd_ = dnnl::pooling_forward(fwd_pd);
-    allocate_output(ctx, fwd_pd.dst_desc());
-    workspace_ = dnnl::memory(fwd_pd.workspace_desc(), ctx.engine);
-    if (input_grad_)
-      bwd_ = dnnl::pooling_backward(dnnl::pooling_backward::primitive_desc(
-          {algorithm::pooling_max, src_md, fwd_pd.dst_desc(), stride, kernel, pad, pad}, ctx.engine, fwd_pd));
+    plain_in_.emplace(ctx, in, plain(src, tag::nchw));
+    ref_ = ref::make_max_pool2d(g_);
+    allocate_output(ctx, plain(dst, tag::nchw));
   }
 
   void forward(dnnl::stream& s, const float*) override {
     if (direct_) {
       s.wait();
       direct_->forward(data(in_.value), data(out.value));
-      return;
+    } else {
+      plain_in_->prepare(s);
+      s.wait();
+      ref_->forward({data(plain_in_->value()), g_.input()}, {data(out.value), g_.output()});
     }
-    fwd_.execute(s, {{DNNL_ARG_SRC, in_.value}, {DNNL_ARG_DST, out.value}, {DNNL_ARG_WORKSPACE, workspace_}});
+    if (relu_) relu(data(out.value), data(out.value), floats(out.value));
   }
 
   void backward(dnnl::stream& s, const float*, float*) override {
     if (!input_grad_) return;
+    s.wait();  // the next stage's primitives have written out.grad
+    if (relu_) relu_from_output(s, out);
     if (direct_) {
-      s.wait();
       direct_->backward(data(out.grad), data(in_.grad));
       return;
     }
-    bwd_.execute(s, {{DNNL_ARG_DIFF_DST, out.grad}, {DNNL_ARG_DIFF_SRC, in_.grad}, {DNNL_ARG_WORKSPACE, workspace_}});
+    ref_->backward({data(out.grad), g_.output()}, {data(plain_in_->grad()), g_.input()});
+    plain_in_->deliver_grad(s);
   }
 
  private:
-
+  Pool2dGeometry g_;
   Activation& in_;
-  bool input_grad_;
+  bool relu_, input_grad_;
   std::optional<BlockedMaxPool> direct_;
-  dnnl::primitive fwd_, bwd_;
-  dnnl::memory workspace_;
+  std::optional<Adapter> plain_in_;  // the reference's input and its gradient, plain NCHW
+  std::unique_ptr<MaxPool2dKernel> ref_;
 };
 
 /// The first layer when it is a one-channel convolution followed by a 2x2 max pool and a ReLU:
@@ -353,29 +344,23 @@ class FirstConvPoolStage final : public Stage {
 class ReluStage final : public Stage {
  public:
   ReluStage(Context& ctx, Activation& in, bool input_grad) : in_(in), input_grad_(input_grad) {
-    const md d = in.value.get_desc();
-    fwd_ = dnnl::eltwise_forward(
-        dnnl::eltwise_forward::primitive_desc({prop_kind::forward_training, algorithm::eltwise_relu, d, 0.0f}, ctx.engine));
-    allocate_output(ctx, d);
-    if (input_grad_) relu_.emplace(ctx, d);
+    allocate_output(ctx, in.value.get_desc());
   }
 
   void forward(dnnl::stream& s, const float*) override {
-    fwd_.execute(s, {{DNNL_ARG_SRC, in_.value}, {DNNL_ARG_DST, out.value}});
+    s.wait();
+    relu(data(in_.value), data(out.value), floats(out.value));
   }
 
   void backward(dnnl::stream& s, const float*, float*) override {
     if (!input_grad_) return;
-    relu_->run(s, out);  // out.grad becomes the input gradient, in the input's layout
-    s.wait();
-    std::memcpy(in_.grad.get_data_handle(), out.grad.get_data_handle(), out.grad.get_desc().get_size());
+    s.wait();  // the next stage's primitives have written out.grad
+    relu_backward(data(out.value), data(out.grad), data(in_.grad), floats(out.grad));  // one layout
   }
 
  private:
   Activation& in_;
   bool input_grad_;
-  dnnl::primitive fwd_;
-  std::optional<ReluFromOutput> relu_;
 };
 
 class LinearStage final : public WeightedStage {
@@ -398,7 +383,7 @@ class LinearStage final : public WeightedStage {
     const md src_md = src.size() == 4 && plain_weights ? plain(src, tag::nchw) : any(src);
     const md wei_md = plain_weights ? wei_plain : any(wei);
     const dnnl::inner_product_forward::primitive_desc fwd_pd(
-        {prop_kind::forward_training, src_md, wei_md, bias_md, dst_md}, relu_post_op(relu), ctx.engine);
+        {prop_kind::forward_training, src_md, wei_md, bias_md, dst_md}, ctx.engine);
     const std::optional<dnnl::inner_product_backward_weights::primitive_desc> bww_pd(
         std::in_place, dnnl::inner_product_backward_weights::desc{src_md, wei_md, bias_md, dst_md}, ctx.engine,
         fwd_pd);
@@ -473,16 +458,17 @@ std::unique_ptr<NetworkPlan> plan_network(Context& ctx, std::span<const PlannedL
               i += 2;
               break;
             }
-            relu = true;  // relu(max(x)) == max(relu(x)): fuse into the conv, drop the later relu
-            plan->add(std::make_unique<ConvStage>(ctx, l, true, plan->tail(), input_grad));
-            plan->add(std::make_unique<PoolStage>(ctx, layers[i + 1], plan->tail(), true));
+            plan->add(std::make_unique<ConvStage>(ctx, l, false, plan->tail(), input_grad));
+            plan->add(std::make_unique<PoolStage>(ctx, layers[i + 1], true, plan->tail(), true));
             i += 2;
             break;
           }
           plan->add(std::make_unique<ConvStage>(ctx, l, relu, plan->tail(), input_grad));
           break;
         }
-        case Kind::max_pool2d: plan->add(std::make_unique<PoolStage>(ctx, l, plan->tail(), input_grad)); break;
+        case Kind::max_pool2d:
+          plan->add(std::make_unique<PoolStage>(ctx, l, false, plan->tail(), input_grad));
+          break;
         case Kind::relu: plan->add(std::make_unique<ReluStage>(ctx, plan->tail(), input_grad)); break;
         case Kind::flatten:
           if (!is(layers, i + 1, Kind::linear)) return nullptr;

@@ -21,20 +21,45 @@ struct Pick {
   __m256 max, code;
 };
 
-/// Takes `candidate` where it is strictly greater, so the first maximum wins ties, as in the
-/// reference.
-TEPDIST_AVX2 inline void consider(Pick& p, __m256 candidate, float code) {
-  const __m256 greater = _mm256_cmp_ps(candidate, p.max, _CMP_GT_OQ);
-  p.max = _mm256_blendv_ps(p.max, candidate, greater);
-  p.code = _mm256_blendv_ps(p.code, _mm256_set1_ps(code), greater);
+/// Takes `candidate` where it is strictly greater, so the first maximum wins ties. A NaN is
+/// never greater: this alone drops a NaN candidate (and keeps a NaN already picked).
+TEPDIST_AVX2 inline void consider_greater(Pick& p, __m256 candidate, float code) {
+  const __m256 take = _mm256_cmp_ps(candidate, p.max, _CMP_GT_OQ);
+  p.max = _mm256_blendv_ps(p.max, candidate, take);
+  p.code = _mm256_blendv_ps(p.code, _mm256_set1_ps(code), take);
 }
 
-/// The maximum of four candidates in window order (0, 0), (0, 1), (1, 0), (1, 1).
+/// Takes `candidate` where it is strictly greater, or where it is the first NaN: "not less or
+/// equal" is true for a NaN on either side, so it takes a NaN candidate, and the ordered
+/// self-compare then keeps the NaN picked.
+TEPDIST_AVX2 inline void consider(Pick& p, __m256 candidate, float code) {
+  const __m256 take =
+      _mm256_and_ps(_mm256_cmp_ps(candidate, p.max, _CMP_NLE_UQ), _mm256_cmp_ps(p.max, p.max, _CMP_ORD_Q));
+  p.max = _mm256_blendv_ps(p.max, candidate, take);
+  p.code = _mm256_blendv_ps(p.code, _mm256_set1_ps(code), take);
+}
+
+/// The maximum of four candidates in window order (0, 0), (0, 1), (1, 0), (1, 1), as in the
+/// reference: the first maximum on ties, and NaN, coded at the first NaN, where one is NaN.
 TEPDIST_AVX2 inline Pick window_max(__m256 c00, __m256 c01, __m256 c10, __m256 c11) {
   Pick p{c00, _mm256_setzero_ps()};
   consider(p, c01, 1.0f);
   consider(p, c10, 2.0f);
   consider(p, c11, 3.0f);
+  return p;
+}
+
+/// window_max for a maximum that a ReLU follows, one compare cheaper per candidate: NaN where a
+/// candidate is NaN, as there, but coded at the first maximum of the others. The ReLU passes no
+/// gradient to a NaN (y > 0 is false), so where the code points does not matter then.
+TEPDIST_AVX2 inline Pick window_max_before_relu(__m256 c00, __m256 c01, __m256 c10, __m256 c11) {
+  Pick p{c00, _mm256_setzero_ps()};
+  consider_greater(p, c01, 1.0f);
+  consider_greater(p, c10, 2.0f);
+  consider_greater(p, c11, 3.0f);
+  // All bits set (a NaN) where a pair is unordered, that is, holds a NaN.
+  const __m256 nan = _mm256_or_ps(_mm256_cmp_ps(c00, c01, _CMP_UNORD_Q), _mm256_cmp_ps(c10, c11, _CMP_UNORD_Q));
+  p.max = _mm256_or_ps(p.max, nan);
   return p;
 }
 

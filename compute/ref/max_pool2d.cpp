@@ -2,9 +2,11 @@
 //
 // Shape contract:
 //   x [n, c, h, w] -> y [n, c, oh, ow],  oh = (h - kernel) / stride + 1, ow likewise
-//   argmax_ [n*c*oh*ow]: the flat index into x of each output's maximum (first one on ties)
+//   argmax_ [n*c*oh*ow]: the flat index into x of each output's maximum (first one on ties); a
+//   window holding a NaN has that NaN as its maximum (the first NaN), so NaN propagates
 //   backward: dx = 0, then dx[argmax[i]] += dy[i]
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -30,7 +32,8 @@ class MaxPool2d final : public MaxPool2dKernel {
           for (int64_t ky = 0; ky < g_.kernel; ++ky)
             for (int64_t kx = 0; kx < g_.kernel; ++kx) {
               const int64_t i = base + (oy * g_.stride + ky) * g_.w + ox * g_.stride + kx;
-              if (x.data[i] > x.data[best]) best = i;
+              // !(v <= best) takes a larger v or a NaN v; a NaN best is kept: the first NaN wins
+              if (!std::isnan(x.data[best]) && !(x.data[i] <= x.data[best])) best = i;
             }
           const int64_t out = (plane * oh + oy) * ow + ox;
           y.data[out] = x.data[best];

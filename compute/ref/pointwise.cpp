@@ -3,8 +3,12 @@
 // Shape contract:
 //   relu: x, y, dy, dx all the same shape (any)
 //   softmax cross-entropy: logits, probs, dlogits [n, classes]; labels [n], each in [0, classes)
+//   (Backend checks the labels before calling these)
 //     loss = -(1/n) sum_i log softmax(logits_i)[labels_i]
 //     dlogits = (probs - onehot(labels)) / n
+//
+// NaN propagates: std::max(x, 0) returns x unless x < 0, which a NaN never is; a NaN logit makes
+// its row's sum NaN, so its probabilities and the loss are NaN.
 
 #include <algorithm>
 #include <cmath>
@@ -35,9 +39,7 @@ float softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int3
     double sum = 0.0;
     for (int64_t j = 0; j < classes; ++j) sum += std::exp(static_cast<double>(z[j] - zmax));
     for (int64_t j = 0; j < classes; ++j) p[j] = static_cast<float>(std::exp(static_cast<double>(z[j] - zmax)) / sum);
-    const int32_t label = labels[static_cast<size_t>(i)];
-    TEPDIST_CHECK(label >= 0 && label < classes);
-    loss += std::log(sum) - static_cast<double>(z[label] - zmax);
+    loss += std::log(sum) - static_cast<double>(z[labels[static_cast<size_t>(i)]] - zmax);
   }
   return static_cast<float>(loss / static_cast<double>(n));
 }

@@ -18,12 +18,14 @@ class RefBackend final : public Backend {
 
   void relu_forward(ConstTensorView x, TensorView y) override { ref::relu_forward(x, y); }
   void relu_backward(ConstTensorView y, ConstTensorView dy, TensorView dx) override { ref::relu_backward(y, dy, dx); }
-  float softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int32_t> labels,
-                                      TensorView probs) override {
+
+ private:
+  float do_softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int32_t> labels,
+                                         TensorView probs) override {
     return ref::softmax_cross_entropy_forward(logits, labels, probs);
   }
-  void softmax_cross_entropy_backward(ConstTensorView probs, std::span<const int32_t> labels,
-                                      TensorView dlogits) override {
+  void do_softmax_cross_entropy_backward(ConstTensorView probs, std::span<const int32_t> labels,
+                                         TensorView dlogits) override {
     ref::softmax_cross_entropy_backward(probs, labels, dlogits);
   }
 };

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "tests/support/idx_files.hpp"
 #include "tests/support/temp_dir.hpp"
 
 namespace fs = std::filesystem;
@@ -86,6 +87,29 @@ TEST_CASE("missing data names the file and the package that provides it", "[cli]
                         dir.path);
   CHECK(r.status == 1);
   CHECK_THAT(r.err, Catch::Contains("train-images-idx3-ubyte.gz") && Catch::Contains("dataset-fashion-mnist"));
+}
+
+TEST_CASE("a test set with a label the model has no class for ends the run with the refusal, not a crash",
+          "[cli][train]") {
+  TempDir dir;
+  // 128 training samples of 8 x 8, labels 0 to 9; the test set's fourth label is 10, which the
+  // 10 classes of the model the training set builds do not have.
+  std::vector<uint8_t> train(128), test(16);
+  for (size_t i = 0; i < train.size(); ++i) train[i] = static_cast<uint8_t>(i % 10);
+  for (size_t i = 0; i < test.size(); ++i) test[i] = static_cast<uint8_t>(i % 10);
+  test[3] = 10;
+  tepdist::test::write_idx_split(dir.path, "train", train);
+  tepdist::test::write_idx_split(dir.path, "t10k", test);
+  const auto out = dir.path / "out";
+  const std::string args = "train --set data.dir=" + dir.path.string() +
+                           " --set data.train_samples=0 --set data.test_samples=0 --set model.preset=mlp --threads 1 "
+                           "--epochs 1 --out " + out.string();
+  const Run r = run_tepdist(args, dir.path);
+  INFO(r.out << r.err);
+  CHECK(r.status == 1);  // a refused run, not an abort (134)
+  CHECK_THAT(r.err, Catch::Contains("tepdist train: evaluation at step 2: loss: label 10 at index 3 of the batch is "
+                                    "outside [0, 10)"));
+  CHECK_FALSE(fs::exists(out / "result.json"));
 }
 
 TEST_CASE("a resumed run ends exactly where an uninterrupted one does", "[cli][train]") {

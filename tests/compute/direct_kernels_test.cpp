@@ -97,6 +97,22 @@ void require_close(const Tensor& got, const Tensor& want, double tolerance) {
   CHECK(worst == 0.0);
 }
 
+/// NaN exactly where `want` is NaN, and within `tolerance` of it elsewhere.
+void require_nan_alike(const Tensor& got, const Tensor& want, double tolerance) {
+  REQUIRE(got.shape() == want.shape());
+  int64_t wrong = 0, first_wrong = -1;
+  for (int64_t i = 0; i < got.elements(); ++i) {
+    const bool nan = std::isnan(want[i]);
+    if (nan != std::isnan(got[i]) || (!nan && std::abs(got[i] - want[i]) > tolerance * (1.0 + std::abs(want[i])))) {
+      if (wrong++ == 0) first_wrong = i;
+    }
+  }
+  INFO(wrong << " elements differ, the first at " << first_wrong << ": direct "
+             << (first_wrong >= 0 ? got[first_wrong] : 0.0f) << ", ref "
+             << (first_wrong >= 0 ? want[first_wrong] : 0.0f));
+  CHECK(wrong == 0);
+}
+
 }  // namespace
 
 TEST_CASE("the fused first convolution, pool and relu agree with the reference", "[compute][onednn][direct]") {
@@ -236,4 +252,78 @@ TEST_CASE("the direct convolution weight gradient agrees with the reference", "[
     require_close(dw, want_dw, 1e-4);
     require_close(db, want_db, 1e-4);
   }
+}
+
+TEST_CASE("the fused first convolution, pool and relu give NaN for a window with a NaN anywhere, as the reference",
+          "[compute][onednn][direct][nan]") {
+  // A 1x1 kernel: a NaN pixel makes exactly one convolution output NaN, at the place in its window
+  // chosen (0: top left, 1: top right, 2: bottom left, 3: bottom right).
+  const Conv2dGeometry g{2, 1, 6, 8, 9, 1, 1, 1, 0};  // 9 channels: one whole block, one partial
+  const int64_t place = GENERATE(0, 1, 2, 3);
+  CAPTURE(place);
+  const Pool2dGeometry p{g.n, g.k, g.oh(), g.ow(), 2, 2};
+  if (!cpu_has_avx2()) {
+    WARN("no AVX2 and FMA on this CPU: the fused kernel is not used, nothing to compare");
+    return;
+  }
+  Tensor x = random_tensor(g.input(), 1, false);
+  const Tensor w = random_tensor(g.weight(), 2, false), b = random_tensor({g.k}, 3, false),
+               dout = random_tensor(p.output(), 4, false);
+  x[(1 * g.h + 2 + place / 2) * g.w + 4 + place % 2] = NAN;  // sample 1, window (1, 2)
+
+  auto ref = make_ref_backend();
+  auto conv = ref->make_conv2d(g);
+  auto pool = ref->make_max_pool2d(p);
+  Tensor c(g.output()), pooled(p.output()), want(p.output());
+  conv->forward(x, w, b, c);
+  pool->forward(c, pooled);
+  ref->relu_forward(pooled, want);
+  for (int64_t k = 0; k < g.k; ++k) REQUIRE(std::isnan(want[((1 * g.k + k) * p.oh() + 1) * p.ow() + 2]));
+  Tensor dpooled(p.output()), dc(g.output()), want_dw(g.weight()), want_db({g.k});
+  ref->relu_backward(want, dout, dpooled);
+  pool->backward(dpooled, dc);
+  conv->backward_weights(x, dc, want_dw, want_db);
+
+  FirstConvPool fused(g);
+  std::vector<float> y(static_cast<size_t>(g.n * blocks(g.k) * p.oh() * p.ow() * kLanes));
+  fused.forward(x.data(), w.data(), b.data(), y.data());
+  require_nan_alike(from_blocked(y, p.output()), want, 1e-5);
+  Tensor dw(g.weight()), db({g.k});
+  fused.backward(x.data(), y.data(), to_blocked(dout).data(), dw.data(), db.data());
+  require_nan_alike(dw, want_dw, 1e-4);  // NaN: the NaN pixel times its (zero) gradient
+  require_nan_alike(db, want_db, 1e-4);  // finite: a NaN output passes no gradient through the ReLU
+}
+
+TEST_CASE("the blocked 2x2 max pool gives NaN for a window with a NaN anywhere, its gradient at the first NaN",
+          "[compute][onednn][direct][nan]") {
+  const Pool2dGeometry g{2, 9, 6, 6, 2, 2};  // 9 channels: one whole block, one partial
+  if (!cpu_has_avx2()) {
+    WARN("no AVX2 and FMA on this CPU: the blocked pool is not used, nothing to compare");
+    return;
+  }
+  Tensor x = random_tensor(g.input(), 11, false);
+  const Tensor dy = random_tensor(g.output(), 12, false);
+  auto at = [&](int64_t n, int64_t c, int64_t row, int64_t col) -> float& {
+    return x[((n * 9 + c) * 6 + row) * 6 + col];
+  };
+  // In one channel of each block: windows (0, 0), (0, 1), (0, 2), (1, 0) hold a NaN at place 0, 1,
+  // 2, 3 in turn; window (2, 2) holds two, at places 1 and 3.
+  for (auto [n, c] : {std::pair<int64_t, int64_t>{0, 3}, {1, 8}}) {
+    for (int64_t q = 0; q < 4; ++q) at(n, c, 2 * (q / 3) + q / 2, 2 * (q % 3) + q % 2) = NAN;
+    at(n, c, 4, 5) = at(n, c, 5, 5) = NAN;
+  }
+  auto ref = make_ref_backend();
+  auto pool = ref->make_max_pool2d(g);
+  Tensor want(g.output()), want_dx(g.input());
+  pool->forward(x, want);
+  pool->backward(dy, want_dx);
+  REQUIRE(std::isnan(want[((1 * 9 + 8) * 3 + 2) * 3 + 2]));
+
+  BlockedMaxPool blocked(g);
+  std::vector<float> y(static_cast<size_t>(g.n * blocks(g.c) * g.oh() * g.ow() * kLanes));
+  blocked.forward(to_blocked(x).data(), y.data());
+  require_nan_alike(from_blocked(y, g.output()), want, 0.0);
+  std::vector<float> dx(static_cast<size_t>(g.n * blocks(g.c) * g.h * g.w * kLanes));
+  blocked.backward(to_blocked(dy).data(), dx.data());
+  require_close(from_blocked(dx, g.input()), want_dx, 0.0);  // finite: each gradient at its window's first NaN
 }

@@ -161,6 +161,31 @@ TEST_CASE("max_pool2d picks window maxima and routes gradients to them", "[compu
   CHECK(y[3] == 13.0f);
 }
 
+TEST_CASE("max_pool2d gives NaN for a window holding a NaN anywhere and routes its gradient to the first NaN",
+          "[compute][layers][pool][nan]") {
+  Harness h(std::make_unique<MaxPool2d>(2), {1, 1, 4, 4});
+  Tensor x(h.in);
+  for (int64_t i = 0; i < 16; ++i) x[i] = static_cast<float>((i * 7) % 16);
+  // rows of x: [0 N 14 5] [12 3 10 1] [8 15 6 N] [4 11 N 9]: NaN second in window 0, second and
+  // third in window 3 (windows in order: top left, top right, bottom left, bottom right)
+  x[1] = x[11] = x[14] = NAN;
+  const Tensor y = h.forward(x);
+  CHECK(std::isnan(y[0]));
+  CHECK(y[1] == 14.0f);
+  CHECK(y[2] == 15.0f);
+  CHECK(std::isnan(y[3]));
+
+  Tensor dy(h.out), dx(h.in);
+  for (int64_t i = 0; i < 4; ++i) dy[i] = static_cast<float>(i + 1);
+  PassContext ctx{*h.backend, true, h.rng};
+  h.layer->backward(ctx, x, y, dy, dx);
+  for (int64_t i = 0; i < 16; ++i) {
+    INFO("dx[" << i << "]");
+    const float want = i == 1 ? 1.0f : i == 2 ? 2.0f : i == 9 ? 3.0f : i == 11 ? 4.0f : 0.0f;
+    CHECK(dx[i] == want);
+  }
+}
+
 TEST_CASE("max_pool2d gradients match finite differences, overlapping windows too", "[compute][layers][pool]") {
   const int64_t kernel = GENERATE(2, 3);
   Harness h(std::make_unique<MaxPool2d>(kernel, 2), {2, 2, 7, 7});
@@ -228,7 +253,7 @@ TEST_CASE("softmax cross-entropy gives the mean loss and its gradient", "[comput
   Tensor logits = random_tensor({3, 4}, 8, -3.0f, 3.0f);
   const std::vector<int32_t> labels{0, 3, 2};
   Tensor probs({3, 4}), grad({3, 4});
-  const float loss = backend->softmax_cross_entropy_forward(logits, labels, probs);
+  const float loss = backend->softmax_cross_entropy_forward(logits, labels, probs).value();
   double expected = 0.0;
   for (int64_t n = 0; n < 3; ++n) {
     double z = 0.0;
@@ -240,14 +265,14 @@ TEST_CASE("softmax cross-entropy gives the mean loss and its gradient", "[comput
   }
   CHECK(loss == Approx(expected / 3.0));
 
-  backend->softmax_cross_entropy_backward(probs, labels, grad);
+  REQUIRE(backend->softmax_cross_entropy_backward(probs, labels, grad).has_value());
   for (int64_t i = 0; i < 12; ++i) {
     const float saved = logits[i];
     Tensor scratch({3, 4});
     logits[i] = saved + 1e-2f;
-    const double up = backend->softmax_cross_entropy_forward(logits, labels, scratch);
+    const double up = backend->softmax_cross_entropy_forward(logits, labels, scratch).value();
     logits[i] = saved - 1e-2f;
-    const double down = backend->softmax_cross_entropy_forward(logits, labels, scratch);
+    const double down = backend->softmax_cross_entropy_forward(logits, labels, scratch).value();
     logits[i] = saved;
     CHECK(grad[i] == Approx((up - down) / 2e-2).margin(1e-3));
   }
@@ -259,7 +284,7 @@ TEST_CASE("softmax cross-entropy stays finite for huge logits", "[compute][layer
   logits[0] = 1000.0f, logits[1] = -1000.0f, logits[2] = 999.0f;
   Tensor probs({1, 3});
   const std::vector<int32_t> label{2};
-  const float loss = backend->softmax_cross_entropy_forward(logits, label, probs);
+  const float loss = backend->softmax_cross_entropy_forward(logits, label, probs).value();
   CHECK(std::isfinite(loss));
   CHECK(loss == Approx(std::log(1.0 + std::exp(-1.0)) + 1.0));
 }

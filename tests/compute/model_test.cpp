@@ -1,5 +1,8 @@
 #include <catch2/catch.hpp>
+#include <string>
+#include <vector>
 
+#include "compute/backends.hpp"
 #include "compute/model.hpp"
 #include "compute/presets.hpp"
 #include "compute/ref/ref_backend.hpp"
@@ -84,7 +87,7 @@ TEST_CASE("forward and backward run for any batch size and fill every gradient",
     Tensor x({n, 1, 28, 28});
     Rng r(n);
     for (float& v : x.span()) v = r.uniform();
-    const ConstTensorView logits = m->forward(*backend, x, true);
+    const ConstTensorView logits = m->forward(*backend, x, true).value();
     CHECK(logits.shape == Shape{n, 10});
     Tensor dlogits(logits.shape);
     for (float& v : dlogits.span()) v = 1.0f;
@@ -129,4 +132,28 @@ TEST_CASE("two layers with one name are refused", "[compute][model]") {
   auto r = m.build({4}, 0);
   REQUIRE_FALSE(r.has_value());
   CHECK_THAT(r.error().message, Catch::Contains("'x'"));
+}
+
+TEST_CASE("a model refuses an input that is not a batch of its samples, naming both shapes, in every backend",
+          "[compute][model][shapes]") {
+  const std::string name = GENERATE("ref", "onednn");
+  CAPTURE(name);
+  auto backend = std::move(*make_backend(name));
+  auto m = make_lenet();
+  REQUIRE(m->build({1, 28, 28}, 0).has_value());
+  const Shape wrong =
+      GENERATE(Shape{4, 1, 32, 32}, Shape{4, 3, 28, 28}, Shape{4, 784}, Shape{1, 28, 28}, Shape{0, 1, 28, 28});
+  CAPTURE(wrong.to_string());
+  // Room for the largest of the wrong shapes, so a kernel that ran anyway would read only this.
+  std::vector<float> data(4 * 3 * 32 * 32, 0.5f);
+  const auto logits = m->forward(*backend, ConstTensorView{data.data(), wrong}, true);
+  REQUIRE_FALSE(logits.has_value());
+  CHECK(logits.error().code == Errc::invalid_argument);
+  CHECK_THAT(logits.error().message, Catch::Contains("[n, 1, 28, 28]") && Catch::Contains(wrong.to_string()));
+
+  // The model is unharmed: the right shape runs next.
+  const Tensor x({2, 1, 28, 28});
+  const auto ok = m->forward(*backend, x, true);
+  REQUIRE(ok.has_value());
+  CHECK(ok->shape == Shape{2, 10});
 }

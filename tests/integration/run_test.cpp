@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 
+#include "tests/support/idx_files.hpp"
 #include "tests/support/jobs.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/processes.hpp"
@@ -251,6 +252,63 @@ TEST_CASE("an invalid job is refused before any node starts, naming the key", "[
                                       Catch::Contains("not a folder of checkpoints"));
   CHECK_FALSE(fs::exists(out / "logs" / "node-0.log"));
   CHECK(processes_mentioning(dir.path.string()).empty());
+}
+
+TEST_CASE("a sync job whose test set has a label the model has no class for fails with the refusal, its nodes alive",
+          "[integration][run]") {
+  TempDir dir;
+  // 256 training samples of 8 x 8, labels 0 to 9; the test set's fourth label is 10, which the
+  // model (10 classes, from the training set) does not have. Only rank 0's evaluation sees it.
+  std::vector<uint8_t> train(256), test(16);
+  for (size_t i = 0; i < train.size(); ++i) train[i] = static_cast<uint8_t>(i % 10);
+  for (size_t i = 0; i < test.size(); ++i) test[i] = static_cast<uint8_t>(i % 10);
+  test[3] = 10;
+  const auto data = dir.path / "data";
+  fs::create_directories(data);
+  tepdist::test::write_idx_split(data, "train", train);
+  tepdist::test::write_idx_split(data, "t10k", test);
+  const auto out = dir.path / "out";
+  Child run({TEPDIST_BINARY, "run", job_file(dir), "--mode", "sync", "--nodes", "2", "--set",
+             "data.dataset=\"fashion-mnist\"", "--set", "data.dir=\"" + data.string() + "\"", "--set",
+             "data.train_samples=0", "--set", "data.test_samples=0", "--set", "model.preset=\"mlp\"", "--set",
+             "job.max_steps=4", "--out", out.string()});
+  // Before the refusal was an error, rank 0's node aborted on it: no such line came.
+  const auto failed = run.wait_for("the job failed", std::chrono::seconds(60));
+  INFO(run.all());
+  REQUIRE(failed);
+  CHECK_THAT(*failed,
+             Catch::Contains(": evaluation failed: loss: label 10 at index 3 of the batch is outside [0, 10)"));
+  CHECK(run.wait() == 1);
+  CHECK_FALSE(fs::exists(out / "result.json"));
+  // Rank 0 said so in its log and went on until the launcher stopped it.
+  const std::string logs =
+      tepdist::test::read_bytes(out / "logs" / "node-0.log") + tepdist::test::read_bytes(out / "logs" / "node-1.log");
+  CHECK_THAT(logs, Catch::Contains("job_failed") && !Catch::Contains("invariant violated"));
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+TEST_CASE("a sync job that diverges fails at the first step whose loss or gradient is not finite, naming it",
+          "[integration][run]") {
+  TempDir dir;
+  // Three linear layers with nothing between them, at the largest rate the config allows (and the
+  // job file's momentum 0.9): the weights grow by a factor each step. Measured: the loss is 2e19 at
+  // step 4 and NaN at step 5.
+  const auto out = dir.path / "out";
+  Child run({TEPDIST_BINARY, "run", job_file(dir), "--mode", "sync", "--nodes", "2", "--set",
+             "data.dataset=\"synthetic\"", "--set", "data.train_samples=640", "--set", "data.test_samples=64", "--set",
+             "model.layers=[{type=\"flatten\"},{type=\"linear\",out_features=64},{type=\"linear\",out_features=64},"
+             "{type=\"linear\",out_features=10}]",
+             "--set", "optimizer.lr=10", "--set", "job.max_steps=20", "--set", "job.log_every_steps=1", "--out",
+             out.string()});
+  const int status = run.wait();
+  const std::string said = run.all();
+  INFO(said);
+  CHECK(status == 1);  // before the rule, sync finished "done" with a NaN loss
+  CHECK_THAT(said,
+             Catch::Matches(R"([\s\S]*the job failed: node-0[01]: step [0-9]+: the (loss|gradient) [\s\S]*the model )"
+                            R"(diverged \(lower optimizer\.lr\)[\s\S]*)"));
+  CHECK_FALSE(fs::exists(out / "result.json"));
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
 TEST_CASE("run joins a running cluster through its seeds, submits, and leaves it running", "[integration][run]") {

@@ -10,7 +10,7 @@
 //     net.build({1, 28, 28}, 0);
 //     for (int epoch = 0; epoch < 3; ++epoch) {
 //       auto report = trainer.train(net, train_data, optimizer, epoch);
-//       auto eval = trainer.test(net, test_data);
+//       auto eval = trainer.test(net, test_data);  // compute::Result<Evaluation>, as train()'s
 //     }
 //   }
 //
@@ -86,8 +86,9 @@ class Trainer {
   compute::Result<EpochReport> train(compute::Model& model, const compute::Dataset& train_data,
                                      const OptimizerSpec& optimizer, int64_t epoch);
 
-  /// Accuracy and loss of model on data, in this process.
-  compute::Evaluation test(compute::Model& model, const compute::Dataset& data);
+  /// Accuracy and loss of model on data, in this process. Errors name what of data the model
+  /// does not take (a label outside its classes, a sample of another shape).
+  compute::Result<compute::Evaluation> test(compute::Model& model, const compute::Dataset& data);
 
  private:
   TrainerOptions o_;

@@ -68,11 +68,11 @@ class AsyncDriver final : public Driver {
     const auto now = Clock::now();
     if (!j.first_step) j.first_step = j.window_start = now;
     float loss = 0;
-    const int64_t samples = compute_slice(j, slice, loss);
+    // A refused batch's redo counts as part of the step under way, which an error names.
+    const auto computed = compute_slice(j, slice, j.step + 1, loss);
+    if (!computed) return fail_everywhere(self, computed.error());
+    const int64_t samples = *computed;
     const auto grads = j.model->gradients();
-    if (samples > 0 && !std::all_of(grads.begin(), grads.end(), [](float g) { return std::isfinite(g); }))
-      return fail(self, fmt::format("the gradient of batch {} is not finite: the model diverged (lower optimizer.lr)",
-                                    work->batch));
     if (fresh) {
       consumed_ += slice.count;
       j.epoch = static_cast<int64_t>(slice.epoch);

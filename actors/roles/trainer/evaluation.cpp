@@ -11,15 +11,29 @@ struct EvalKit {
   compute::Dataset test;
 };
 
-/// Evaluates parameter snapshots: (eval_atom, parameters) -> (accuracy, loss, seconds).
+/// Evaluates parameter snapshots: (eval_atom, parameters) -> (accuracy, loss, seconds), or a
+/// runtime_error holding the refusal's message (a test set the model does not take: a label
+/// outside its classes, a sample of another shape).
 caf::behavior evaluator(caf::event_based_actor*, std::shared_ptr<EvalKit> kit) {
-  return {[kit](eval_atom, const std::vector<float>& params) {
+  return {[kit](eval_atom, const std::vector<float>& params) -> caf::result<double, double, double> {
     const auto t0 = Clock::now();
     std::copy(params.begin(), params.end(), kit->model->parameters().begin());
-    const auto e = compute::evaluate(*kit->model, *kit->backend, kit->test);
-    return caf::make_message(e.accuracy, e.loss, seconds_between(t0, Clock::now()));
+    const auto e = compute::try_evaluate(*kit->model, *kit->backend, kit->test);
+    if (!e) return caf::make_error(caf::sec::runtime_error, e.error().message);
+    return {e->accuracy, e->loss, seconds_between(t0, Clock::now())};
   }};
 }
+
+/// Why an evaluation failed: the evaluator's own refusal as it said it, anything else (the
+/// evaluator gone, say) as CAF renders it.
+std::string reason_of(caf::actor_system& system, const caf::error& e) {
+  const auto& context = e.context();
+  if (e.category() == caf::atom("system") && e.code() == static_cast<uint8_t>(caf::sec::runtime_error) &&
+      context.match_elements<std::string>())
+    return context.get_as<std::string>(0);
+  return system.render(e);
+}
+
 }  // namespace
 
 void stop_training(Trainer*, Job& j) {
@@ -72,7 +86,7 @@ void evaluate_snapshot(Trainer* self) {
       },
       [self, job_id](const caf::error& e) {
         auto& job = self->state.job;
-        if (job && job->start.job_id == job_id) fail(self, "evaluation failed: " + self->system().render(e));
+        if (job && job->start.job_id == job_id) fail_everywhere(self, "evaluation failed: " + reason_of(self->system(), e));
       });
 }
 

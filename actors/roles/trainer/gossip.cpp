@@ -28,7 +28,9 @@ class GossipDriver final : public Driver {
     const auto now = Clock::now();
     if (!j.first_step) j.first_step = j.window_start = now;
     float loss = 0;
-    const int64_t samples = compute_slice(j, slice, loss);
+    const auto computed = compute_slice(j, slice, j.step + 1, loss);
+    if (!computed) return fail_everywhere(self, computed.error());
+    const int64_t samples = *computed;
     consumed_ += slice.count;
     j.epoch = static_cast<int64_t>(slice.epoch);
     if (samples > 0) j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(progress(j)));

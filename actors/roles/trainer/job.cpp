@@ -18,9 +18,16 @@ bool send_to(Trainer* self, const std::string& address, gossip::Body body) {
       self->send(host, wire_atom::value, o.self_id, o.self_address, std::move(m));
       return true;
     }
-  if (o.transport->send(address, m)) return true;
-  node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
+  const auto wait = send_wait(self->state);
+  if (o.transport->send(address, m, wait)) return true;
+  node_events().warn("send_refused peer={} reason=\"its send queue stayed full for {} ms\"", address, wait.count());
   return false;
+}
+
+std::chrono::milliseconds send_wait(const TrainerState& s) {
+  if (!s.job) return std::chrono::seconds(2);
+  const double quarter_ms = s.job->config.job.step_timeout_s * 250.0;
+  return std::chrono::milliseconds(static_cast<int64_t>(std::clamp(quarter_ms, 100.0, 10000.0)));
 }
 
 bool submitter_live(const TrainerState& s, const std::string& submitter_id) {
@@ -78,6 +85,17 @@ void drop_job(Trainer* self, bool over) {
   if (self->state.drain) on_drain(self);  // draining, and now no job: drained
 }
 
+void fail_everywhere(Trainer* self, const std::string& why) {
+  auto& s = self->state;
+  auto& j = *s.job;
+  const std::string reason = why.substr(0, gossip::Control::max_reason);
+  const gossip::Control stop{s.o.self_id, s.o.incarnation, gossip::Control::Command::stop_job, j.start.job_id,
+                             std::vector<uint8_t>(reason.begin(), reason.end())};
+  for (size_t i = 0; i < j.start.workers.size(); ++i)
+    if (j.start.workers[i] != s.o.self_id) send_to(self, j.start.addresses[i], stop);
+  fail(self, why);
+}
+
 void fail(Trainer* self, const std::string& why) {
   auto& j = *self->state.job;
   node_events().warn("job_failed job={} rank={} step={} reason=\"{}\"", j.start.job_id, j.rank, j.step, why);
@@ -92,8 +110,8 @@ bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out) {
   for (auto& c : out) {
     c.generation = j.generation;
     if (!send_to(self, j.next_address, std::move(c))) {
-      fail(self, fmt::format("the send queue to the next worker ({}) is full; raise [cluster] send_queue_mb",
-                             j.next_address));
+      fail(self, fmt::format("the next worker ({}) took nothing for {} ms: its send queue stayed full",
+                             j.next_address, send_wait(self->state).count()));
       return false;
     }
   }
@@ -232,22 +250,53 @@ void note_first_step(Job& j) {
   node_events().info("generation_first_step job={} generation={} step={}", j.start.job_id, j.generation, j.step);
 }
 
-int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, float& loss) {
+namespace {
+
+/// Epoch `epoch`'s permutation of the training samples into j.order (kept until the epoch changes).
+void order_for_epoch(Job& j, int64_t epoch) {
+  if (epoch == j.order_epoch) return;
   const int64_t n = j.data.train.size();
-  if (epoch != j.order_epoch) {
-    if (j.config.data.shuffle) {
-      j.order = compute::shuffled_indices(n, j.config.job.seed, epoch);
-    } else {
-      j.order.resize(static_cast<size_t>(n));
-      std::iota(j.order.begin(), j.order.end(), 0);
-    }
-    j.order_epoch = epoch;
+  if (j.config.data.shuffle) {
+    j.order = compute::shuffled_indices(n, j.config.job.seed, epoch);
+  } else {
+    j.order.resize(static_cast<size_t>(n));
+    std::iota(j.order.begin(), j.order.end(), 0);
   }
-  if (end <= begin) return 0;
-  const std::span<const int64_t> idx(j.order.data() + begin, static_cast<size_t>(end - begin));
+  j.order_epoch = epoch;
+}
+
+/// The divergence rule, every mode alike (sync, gossip, async): a step whose loss or gradient is not
+/// finite fails the job on the worker that computed it, before anything of it leaves the worker
+/// (a ring sum, a mixing, a push) or steps an optimiser. Left to go on, a NaN spreads to every
+/// replica or shard and the job ends "done" with a model that predicts nothing.
+std::expected<void, std::string> check_finite(int64_t step, float loss, std::span<const float> gradient) {
+  if (!std::isfinite(loss))
+    return std::unexpected(fmt::format("step {}: the loss is {}: the model diverged (lower optimizer.lr)", step, loss));
+  if (!std::all_of(gradient.begin(), gradient.end(), [](float g) { return std::isfinite(g); }))
+    return std::unexpected(
+        fmt::format("step {}: the gradient is not finite (the loss is {}): the model diverged (lower optimizer.lr)",
+                    step, loss));
+  return {};
+}
+
+/// The gradient of samples `idx` (at least one) into the model's gradients, its loss into `loss`;
+/// the samples, or why the step cannot go on, naming it.
+std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t> idx, int64_t step, float& loss) {
   compute::gather_batch(j.data.train, idx, j.x, j.y);
-  loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
-  return end - begin;
+  const auto computed = compute::try_compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
+  if (!computed) return std::unexpected(fmt::format("step {}: {}", step, computed.error().message));
+  loss = *computed;
+  if (auto ok = check_finite(step, loss, j.model->gradients()); !ok) return std::unexpected(ok.error());
+  return static_cast<int64_t>(idx.size());
+}
+
+}  // namespace
+
+std::expected<int64_t, std::string> compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, int64_t step,
+                                                      float& loss) {
+  order_for_epoch(j, epoch);
+  if (end <= begin) return 0;
+  return gradient_of(j, std::span<const int64_t>(j.order.data() + begin, static_cast<size_t>(end - begin)), step, loss);
 }
 
 void init_position_lists(Job& j) {
@@ -275,16 +324,14 @@ gossip::JobProgress local_progress(const Job& j) {
   return {step, per_epoch ? step / per_epoch : 0, per_epoch ? step % per_epoch * reference : 0, step * reference};
 }
 
-int64_t compute_slice(Job& j, const elastic::StepSlice& slice, float& loss) {
+std::expected<int64_t, std::string> compute_slice(Job& j, const elastic::StepSlice& slice, int64_t step, float& loss) {
   if (slice.count == 0) return 0;
-  compute_positions(j, static_cast<int64_t>(slice.epoch), 0, 0, loss);  // the epoch's order
+  order_for_epoch(j, static_cast<int64_t>(slice.epoch));
   std::vector<int64_t> idx;
   idx.reserve(slice.count);
   for (const auto& [begin, end] : slice.pieces)
     idx.insert(idx.end(), j.order.begin() + static_cast<ptrdiff_t>(begin), j.order.begin() + static_cast<ptrdiff_t>(end));
-  compute::gather_batch(j.data.train, idx, j.x, j.y);
-  loss = compute::compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
-  return static_cast<int64_t>(idx.size());
+  return gradient_of(j, idx, step, loss);
 }
 
 bool may_step(const Job& j) {

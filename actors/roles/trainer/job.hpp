@@ -266,8 +266,13 @@ struct TrainerState {
 
 uint64_t checksum(std::span<const float> values);
 
-/// Sends, or says it could not: the peer's send queue is full ([cluster] send_queue_mb).
+/// Sends, waiting for room while the peer's send queue is full (back-pressure: the peer has not
+/// taken what it was sent), at most send_wait(); false if it stayed full that long.
 bool send_to(Trainer* self, const std::string& address, gossip::Body body);
+
+/// How long send_to waits for room: a quarter of the job's step timeout, 0.1 to 10 s (2 s without a
+/// job), so a blocked send never outlasts the ring checks that tell a hung worker from a slow one.
+std::chrono::milliseconds send_wait(const TrainerState& s);
 
 /// Gossip and async checkpoints: the positions not consumed into `state` (its job's `remaining`,
 /// and its epoch: that of the first of them): the rest of each worker's list of the installed
@@ -300,7 +305,12 @@ void report_status(Trainer* self);
 /// proposed again).
 void drop_job(Trainer* self, bool over = true);
 
+/// The job fails on this worker (a report to the submitter; the others go on, job control taking
+/// this worker for gone, when the failure is this node's own).
 void fail(Trainer* self, const std::string& why);
+/// The job cannot go on anywhere (its data or model is at fault: a refused batch, a divergence):
+/// every other worker of the generation is told to stop with the reason, then it fails here.
+void fail_everywhere(Trainer* self, const std::string& why);
 
 /// Sends ring chunks to the next worker; false (the job failed) if its send queue is full.
 bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out);
@@ -324,8 +334,12 @@ void finish_job(Trainer* self);
 void note_first_step(Job& j);
 
 /// The gradient of positions [begin, end) of epoch `epoch`'s permutation into the model's
-/// gradients; returns the samples (0: none) and sets their loss.
-int64_t compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, float& loss);
+/// gradients; returns the samples (0: none) and sets their loss. An error, naming `step` (the step
+/// this gradient is for), fails the job: the batch refused (compute::try_compute_gradients: a
+/// label or a sample the model does not take), or a loss or gradient that is not finite (the
+/// model diverged; the rule of every mode, job.cpp).
+std::expected<int64_t, std::string> compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, int64_t step,
+                                                      float& loss);
 
 /// Gossip and async: each worker trains through its own list of positions. The first
 /// generation's lists (each worker the r-th equal part of every epoch), set up once; the job runs
@@ -341,8 +355,8 @@ std::expected<elastic::Spans, std::string> worker_positions(const Job& j);
 gossip::JobProgress local_progress(const Job& j);
 
 /// Gossip and async: the gradient of one local step's pieces of positions (one epoch) into the
-/// model's gradients; returns the samples (0: none) and sets their loss.
-int64_t compute_slice(Job& j, const elastic::StepSlice& slice, float& loss);
+/// model's gradients; returns the samples (0: none) and sets their loss. Errors as compute_positions'.
+std::expected<int64_t, std::string> compute_slice(Job& j, const elastic::StepSlice& slice, int64_t step, float& loss);
 
 /// Whether this worker may take a step now: not while it has promised a generation that is not
 /// installed yet, nor while it pulls the state.

@@ -28,8 +28,10 @@ class SyncDriver final : public Driver {
     if (!j.first_step) j.first_step = j.window_start = now;
     float loss = 0;
     const auto [begin, end] = elastic::sync_slice(progress_, j.data.train.size(), j.config.data.batch_size, j.rank);
-    if (const int64_t samples = compute_positions(j, static_cast<int64_t>(progress_.epoch), begin, end, loss);
-        samples > 0) {
+    const auto computed = compute_positions(j, static_cast<int64_t>(progress_.epoch), begin, end,
+                                            static_cast<int64_t>(progress_.step) + 1, loss);
+    if (!computed) return fail_everywhere(self, computed.error());
+    if (const int64_t samples = *computed; samples > 0) {
       const auto count = static_cast<float>(samples);
       const auto grads = j.model->gradients();
       for (size_t i = 0; i < e; ++i) j.buffer[i] = grads[i] * count;
