@@ -54,9 +54,12 @@ struct Host {
       caf::anon_send(init->trainer, wire_atom::value, init->self_id, init->self_address, std::move(m));
       return;
     }
-    if (!init->transport->send(address, m))
-      node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
+    // A full queue to a live peer is back-pressure: wait for room (this host has a thread of its
+    // own), rather than drop an answer the worker would wait for until it resends.
+    if (!init->transport->send(address, m, send_wait))
+      node_events().warn("send_refused peer={} reason=\"send queue full for {} s\"", address, send_wait.count());
   }
+  static constexpr std::chrono::seconds send_wait{5};
 
   /// The address of a worker of the installed generation, or empty when the peer is not one.
   std::string worker_address(const std::string& peer) const {
@@ -497,7 +500,10 @@ caf::behavior shard_host(caf::event_based_actor* self, std::shared_ptr<ShardHost
 }  // namespace
 
 caf::actor spawn_shard_host(caf::local_actor& parent, std::shared_ptr<ShardHostInit> init) {
-  return parent.spawn<caf::detached>(shard_host, std::move(init));
+  // Linked: a host that fails takes its trainer with it, which the supervisor restarts, and the
+  // restarted trainer rejoins as a restarted member whose shards come back from their replicas
+  // (elastic training, part 2). Unlinked, its shards would go unserved with nobody told.
+  return parent.spawn<caf::detached + caf::linked>(shard_host, std::move(init));
 }
 
 }  // namespace tepdist::actors

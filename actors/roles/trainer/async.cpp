@@ -269,6 +269,7 @@ class AsyncDriver final : public Driver {
 
   void drop(Trainer* self) override {
     if (!host_) return;
+    self->unlink_from(host_);  // its end is this job's, not a failure the trainer shares
     self->send_exit(host_, caf::exit_reason::kill);
     // Updates for the next job wait in the router until that job's host registers.
     caf::anon_send(self->state.router, shards_atom::value, caf::actor(), std::vector<gossip::ShardHolders>());
