@@ -42,7 +42,7 @@ if [[ -n $crashes ]]; then
   exit 1
 fi
 if [[ ${KEEP_QUEUE:-0} == 1 ]]; then
-  tmp=$(mktemp -d)
+  tmp=$(mktemp -d "$bin_dir/afl-cmin.XXXXXX")  # (afl-cmin refuses /tmp)
   afl-cmin -i "$out/default/queue" -o "$tmp/min" -m none -t 2000 -- "$bin" >/dev/null
   rm -rf "$corpus" && mv "$tmp/min" "$corpus" && rm -rf "$tmp"
   echo "fuzz: $corpus now holds $(ls "$corpus" | wc -l) inputs"
