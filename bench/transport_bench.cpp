@@ -4,7 +4,7 @@
 // figure and the ratios (goals: plain >= 0.8 of TCP, authenticated >= 0.8 of plain), then the rate
 // of small messages, encrypted.
 //
-//   build/bench/tepdist_transport_bench [MESSAGES]        (default 200 tensors of 1.7 MB)
+//   build/bench/tepdist_transport_bench [MESSAGES [ROUNDS]]   (default 200 tensors of 1.7 MB, 5 rounds)
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -13,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -145,22 +146,35 @@ double tcp_run(size_t count, size_t bytes_each) {
 
 int main(int argc, char** argv) {
   const size_t messages = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 200;
+  const size_t rounds = argc > 2 ? std::max<size_t>(1, std::strtoul(argv[2], nullptr, 10)) : 5;
   auto tensor = std::make_shared<const std::vector<float>>(tensor_floats, 0.5f);
-  const double tcp = tcp_run(messages, tensor_bytes);
   const double mb = static_cast<double>(messages * tensor_bytes) / 1e6;
-  std::printf("tensor messages: %zu x %.2f MB\n", messages, static_cast<double>(tensor_bytes) / 1e6);
-  std::printf("plain TCP socket pair:        %5.0f MB/s\n", mb / tcp);
-  double seconds[3] = {};
-  for (const auto p : {FrameProtection::plain, FrameProtection::authenticated, FrameProtection::encrypted}) {
-    protection = p;
-    seconds[static_cast<int>(p)] = transport_run(messages, [&](size_t i) {
-      return Message{"sender", 1, "bench", TensorChunk{i, 0, 0, tensor_floats, *tensor, tensor}};
-    });
-    std::printf("tepdist transport, %-13s %5.0f MB/s\n", protection_name(p), mb / seconds[static_cast<int>(p)]);
+  std::printf("tensor messages: %zu x %.2f MB, %zu rounds of TCP, plain, authenticated, encrypted in turn (medians)\n",
+              messages, static_cast<double>(tensor_bytes) / 1e6, rounds);
+  // Interleaved, so a machine that speeds up or slows down during the run moves every figure alike.
+  std::vector<double> seconds[4];
+  constexpr FrameProtection modes[] = {FrameProtection::plain, FrameProtection::authenticated, FrameProtection::encrypted};
+  for (size_t r = 0; r < rounds; ++r) {
+    seconds[0].push_back(tcp_run(messages, tensor_bytes));
+    for (const auto p : modes) {
+      protection = p;
+      seconds[1 + static_cast<int>(p)].push_back(transport_run(messages, [&](size_t i) {
+        return Message{"sender", 1, "bench", TensorChunk{i, 0, 0, tensor_floats, *tensor, tensor}};
+      }));
+    }
   }
-  std::printf("ratio plain / TCP:            %.2f (goal >= 0.8)\n", tcp / seconds[0]);
-  std::printf("ratio authenticated / plain:  %.2f (goal >= 0.8)\n", seconds[0] / seconds[1]);
-  std::printf("ratio encrypted / plain:      %.2f\n", seconds[0] / seconds[2]);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v[v.size() / 2];
+  };
+  const double tcp = median(seconds[0]), plain = median(seconds[1]), authenticated = median(seconds[2]),
+               encrypted = median(seconds[3]);
+  std::printf("plain TCP socket pair:           %5.0f MB/s\n", mb / tcp);
+  for (const auto p : modes)
+    std::printf("tepdist transport, %-13s %5.0f MB/s\n", protection_name(p), mb / median(seconds[1 + static_cast<int>(p)]));
+  std::printf("ratio plain / TCP:            %.2f (goal >= 0.8)\n", tcp / plain);
+  std::printf("ratio authenticated / plain:  %.2f (goal >= 0.8)\n", plain / authenticated);
+  std::printf("ratio encrypted / plain:      %.2f\n", plain / encrypted);
   protection = FrameProtection::encrypted;
   const size_t small = 100000;
   const double pings = transport_run(small, [](size_t i) { return Message{"sender", 1, "bench", Ping{i, {}}}; });

@@ -73,18 +73,14 @@ class FrameSealer {
   /// message's length is returned. Any failure is final for the connection.
   std::expected<size_t, std::string> open(const uint8_t header[frame_header_bytes], std::span<uint8_t> body);
 
-  /// The same in steps, as a frame's bytes arrive (the transport opens them while they are still in
-  /// cache): begin() with the length prefix, update() on the body's bytes before the tag, in order
-  /// and in place (decrypted when encrypted), then finish() with the tag. Nothing update() wrote
-  /// may be used unless finish() succeeds.
-  void begin(const uint8_t header[frame_header_bytes]);
-  void update(std::span<uint8_t> bytes);
-  std::expected<void, std::string> finish(const uint8_t tag[frame_tag_bytes]);
-
   uint64_t frames() const { return counter_; }
 
  private:
   void nonce(uint8_t out[12]) const;
+  /// open() in its steps: the length prefix, the bytes before the tag (in place), the tag.
+  void begin(const uint8_t header[frame_header_bytes]);
+  void update(std::span<uint8_t> bytes);
+  std::expected<void, std::string> finish(const uint8_t tag[frame_tag_bytes]);
   Sealed seal_pieces(std::span<const OutFrame::Piece> in, size_t bytes, Buffer reuse);
 
   FrameProtection protection_;
