@@ -13,11 +13,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <openssl/crypto.h>
+
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -142,9 +145,25 @@ double tcp_run(size_t count, size_t bytes_each) {
   return seconds;
 }
 
+/// The machine and the crypto path the figures come from: the CPU, its cores, the instructions
+/// OpenSSL's AES-GCM can use on it, and OpenSSL's version.
+void print_machine() {
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  std::string line, model, flags;
+  while (std::getline(cpuinfo, line)) {
+    if (model.empty() && line.rfind("model name", 0) == 0) model = line.substr(line.find(':') + 2);
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags = " " + line.substr(line.find(':') + 1) + " ";
+  }
+  auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos ? "yes" : "no"; };
+  std::printf("machine: %s, %u cores; AES-NI %s, PCLMULQDQ %s, VAES %s, VPCLMULQDQ %s, AVX-512F %s; %s\n",
+              model.c_str(), std::thread::hardware_concurrency(), has("aes"), has("pclmulqdq"), has("vaes"),
+              has("vpclmulqdq"), has("avx512f"), OpenSSL_version(OPENSSL_VERSION));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
+  print_machine();
   const size_t messages = argc > 1 ? std::strtoul(argv[1], nullptr, 10) : 200;
   const size_t rounds = argc > 2 ? std::max<size_t>(1, std::strtoul(argv[2], nullptr, 10)) : 5;
   auto tensor = std::make_shared<const std::vector<float>>(tensor_floats, 0.5f);
