@@ -92,14 +92,8 @@ TEST_CASE("missing data names the file and the package that provides it", "[cli]
 TEST_CASE("a test set with a label the model has no class for ends the run with the refusal, not a crash",
           "[cli][train]") {
   TempDir dir;
-  // 128 training samples of 8 x 8, labels 0 to 9; the test set's fourth label is 10, which the
-  // 10 classes of the model the training set builds do not have.
-  std::vector<uint8_t> train(128), test(16);
-  for (size_t i = 0; i < train.size(); ++i) train[i] = static_cast<uint8_t>(i % 10);
-  for (size_t i = 0; i < test.size(); ++i) test[i] = static_cast<uint8_t>(i % 10);
-  test[3] = 10;
-  tepdist::test::write_idx_split(dir.path, "train", train);
-  tepdist::test::write_idx_split(dir.path, "t10k", test);
+  // 128 training samples of 8 x 8; the test set's fourth label is 10, which the model has no class for.
+  tepdist::test::write_set_with_a_bad_test_label(dir.path, 128);
   const auto out = dir.path / "out";
   const std::string args = "train --set data.dir=" + dir.path.string() +
                            " --set data.train_samples=0 --set data.test_samples=0 --set model.preset=mlp --threads 1 "

@@ -257,16 +257,11 @@ TEST_CASE("an invalid job is refused before any node starts, naming the key", "[
 TEST_CASE("a sync job whose test set has a label the model has no class for fails with the refusal, its nodes alive",
           "[integration][run]") {
   TempDir dir;
-  // 256 training samples of 8 x 8, labels 0 to 9; the test set's fourth label is 10, which the
-  // model (10 classes, from the training set) does not have. Only rank 0's evaluation sees it.
-  std::vector<uint8_t> train(256), test(16);
-  for (size_t i = 0; i < train.size(); ++i) train[i] = static_cast<uint8_t>(i % 10);
-  for (size_t i = 0; i < test.size(); ++i) test[i] = static_cast<uint8_t>(i % 10);
-  test[3] = 10;
+  // 256 training samples of 8 x 8; the test set's fourth label is 10, which the model (10 classes,
+  // from the training set) does not have. Only rank 0's evaluation sees it.
   const auto data = dir.path / "data";
   fs::create_directories(data);
-  tepdist::test::write_idx_split(data, "train", train);
-  tepdist::test::write_idx_split(data, "t10k", test);
+  tepdist::test::write_set_with_a_bad_test_label(data, 256);
   const auto out = dir.path / "out";
   Child run({TEPDIST_BINARY, "run", job_file(dir), "--mode", "sync", "--nodes", "2", "--set",
              "data.dataset=\"fashion-mnist\"", "--set", "data.dir=\"" + data.string() + "\"", "--set",

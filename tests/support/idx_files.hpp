@@ -34,4 +34,16 @@ inline void write_idx_split(const std::filesystem::path& dir, const std::string&
   write_idx(dir / (stem + "-labels-idx1-ubyte.gz"), {n}, labels);
 }
 
+/// A data set in dir whose training split has `train_samples` labels 0 to 9 and whose test split
+/// (16 samples) has a 10 at index 3: a label the model the training split builds (10 classes)
+/// does not have, which only an evaluation meets.
+inline void write_set_with_a_bad_test_label(const std::filesystem::path& dir, size_t train_samples) {
+  std::vector<uint8_t> train(train_samples), test(16);
+  for (size_t i = 0; i < train.size(); ++i) train[i] = static_cast<uint8_t>(i % 10);
+  for (size_t i = 0; i < test.size(); ++i) test[i] = static_cast<uint8_t>(i % 10);
+  test[3] = 10;
+  write_idx_split(dir, "train", train);
+  write_idx_split(dir, "t10k", test);
+}
+
 }  // namespace tepdist::test
