@@ -125,6 +125,8 @@ int run_train(const TrainArgs& args) {
              c.model.layers.empty() ? c.model.preset : std::string("custom model"), c.data.dataset, n,
              data->test.size(), backend->name(), c.compute.threads ? c.compute.threads : sysconf(_SC_NPROCESSORS_ONLN));
   fmt::print("{}", net.summary());
+  const std::string compute_path = net.compute_path(*backend, batch);
+  fmt::print("compute path: {}\n", compute_path);
 
   std::signal(SIGINT, on_sigint);
   std::signal(SIGTERM, on_sigint);
@@ -246,6 +248,7 @@ int run_train(const TrainArgs& args) {
       {"time_to_target_seconds", time_to_target ? nlohmann::json(*time_to_target) : nlohmann::json(nullptr)},
       {"membership_events", 0},
       {"checkpoint", fs::absolute(checkpoint_path).string()},
+      {"compute_path", compute_path},
       {"seed", c.job.seed},
       {"backend", backend->name()},
       {"threads", c.compute.threads},

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <span>
+#include <string>
 #include <string_view>
 
 #include "compute/error.hpp"
@@ -104,6 +105,10 @@ class NetworkPlan {
   virtual ConstTensorView forward(ConstTensorView x, std::span<const float> params) = 0;
   /// Back-propagates dlogits through the last forward, overwriting every parameter gradient.
   virtual void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads) = 0;
+  /// The kernels and layouts each stage runs, one "stage: ..." entry per stage, joined by "; ":
+  /// which fast path a machine took (oneDNN picks layouts by the CPU's instructions, and our
+  /// direct kernels run only on the layouts they are written for).
+  virtual std::string path() const = 0;
 };
 
 class Backend {
@@ -116,6 +121,9 @@ class Backend {
   /// may reuse: kernel and plan caches key on it, so they never run a dead backend's kernels.
   uint64_t id() const { return id_; }
   virtual std::string_view name() const = 0;
+  /// The backend and what it runs on, for logs and results (oneDNN: its version and the
+  /// instruction set it dispatches to on this CPU).
+  virtual std::string describe() const { return std::string(name()); }
   /// Threads for intra-op parallelism; 0 means every core.
   virtual void set_threads(int threads) = 0;
 

@@ -87,6 +87,11 @@ NetworkPlan* Model::plan_for(Backend& backend, int64_t batch) {
   return plans_.back().plan.get();
 }
 
+std::string Model::compute_path(Backend& backend, int64_t batch) {
+  const NetworkPlan* plan = plan_for(backend, batch);
+  return fmt::format("{}, batch {}: {}", backend.describe(), batch, plan ? plan->path() : "layer by layer");
+}
+
 std::vector<PlannedLayer> Model::planned_layers(int64_t batch) const {
   TEPDIST_CHECK(built_);
   std::vector<PlannedLayer> layers;

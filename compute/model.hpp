@@ -86,6 +86,10 @@ class Model {
   Rng& rng() { return rng_; }
   /// One line per layer with its name, description and output shape.
   std::string summary() const;
+  /// What a batch of this size runs on: the backend (with what it dispatches to) and, when it
+  /// plans the whole network, each stage's kernels and layouts, else "layer by layer". Makes the
+  /// plan if it is not made yet (the one the batch's forward then uses).
+  std::string compute_path(Backend& backend, int64_t batch);
 
  private:
   struct Entry {

@@ -3,6 +3,7 @@
 
 #include "compute/onednn/onednn_backend.hpp"
 
+#include <fmt/format.h>
 #include <omp.h>
 
 #include <algorithm>
@@ -158,9 +159,35 @@ void relu_backward(const float* y, const float* dy, float* dx, int64_t n) {
   in_pieces(n, [&](int64_t begin, int64_t end) { relu_backward_range(y, dy, dx, begin, end); });
 }
 
+namespace {
+
+const char* isa_name(dnnl::cpu_isa isa) {
+  using I = dnnl::cpu_isa;
+  switch (isa) {
+    case I::sse41: return "sse41";
+    case I::avx: return "avx";
+    case I::avx2: return "avx2";
+    case I::avx2_vnni: return "avx2_vnni";
+    case I::avx512_mic: return "avx512_mic";
+    case I::avx512_mic_4ops: return "avx512_mic_4ops";
+    case I::avx512_core: return "avx512_core";
+    case I::avx512_core_vnni: return "avx512_core_vnni";
+    case I::avx512_core_bf16: return "avx512_core_bf16";
+    case I::avx512_core_amx: return "avx512_core_amx";
+    case I::all: break;
+  }
+  return "unknown";
+}
+
+}  // namespace
+
 class OnednnBackend final : public Backend {
  public:
   std::string_view name() const override { return "onednn"; }
+  std::string describe() const override {
+    const dnnl_version_t* v = dnnl_version();
+    return fmt::format("onednn (oneDNN {}.{}.{}, ISA {})", v->major, v->minor, v->patch, isa_name(dnnl::get_effective_cpu_isa()));
+  }
   void set_threads(int threads) override { omp_set_num_threads(threads > 0 ? threads : omp_get_num_procs()); }
 
   std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dGeometry& g) override { return std::make_unique<Conv2d>(ctx_, g); }

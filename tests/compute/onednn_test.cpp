@@ -9,6 +9,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <functional>
+#include <string>
 
 #include "compute/backends.hpp"
 #include "compute/onednn/onednn_backend.hpp"
@@ -363,6 +364,27 @@ TEST_CASE("onednn plans LeNet, MLP and odd networks whole, and declines what it 
   with_dropout.add<Linear>(0, 10);
   REQUIRE(with_dropout.build({1, 28, 28}, 0).has_value());
   CHECK(b.fast->plan_network(layers_of(with_dropout, 5)) == nullptr);
+}
+
+TEST_CASE("LeNet's plan runs the direct kernels on every AVX2 machine, AVX-512 ones included, and says so",
+          "[compute][onednn][model]") {
+  if (!__builtin_cpu_supports("avx2")) {
+    WARN("skipped: this CPU has no AVX2, for which the direct kernels are written");
+    return;
+  }
+  Backends b;
+  auto lenet = make_lenet();
+  REQUIRE(lenet->build({1, 28, 28}, 0).has_value());
+  const std::string path = lenet->compute_path(*b.fast, 64);
+  INFO(path);
+  CHECK(path.starts_with("onednn (oneDNN "));
+  CHECK(path.find("conv+max pool+ReLU: direct (out nChw8c)") != std::string::npos);
+  // oneDNN alone would pick nChw16c on AVX-512, and conv2's gradients and the second pool would
+  // then run on oneDNN's kernels and the reference's.
+  CHECK(path.find("conv: forward oneDNN (in nChw8c, out nChw8c), weight gradient direct, input gradient direct") !=
+        std::string::npos);
+  CHECK(path.find("; max pool+ReLU: direct (out nChw8c)") != std::string::npos);  // the second pool
+  CHECK(lenet->compute_path(*b.ref, 64) == "ref, batch 64: layer by layer");
 }
 
 TEST_CASE("a model run by one oneDNN backend after another gets the same results from each",

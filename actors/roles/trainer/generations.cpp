@@ -228,6 +228,8 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
   node_events().info("job_started job={} mode={} rank={} workers={} steps={} steps_per_epoch={} generation={}",
                      record.job_id, job->driver->name(), job->rank, job->world, job->total_steps,
                      job->steps_per_epoch, job->generation);
+  node_events().info("compute_path job={} path=\"{}\"", record.job_id,
+                     job->model->compute_path(*job->backend, job->config.data.batch_size));
   const bool elastic_mode = job->driver->elastic();
   s.job = std::move(job);
   s.joining.reset();
