@@ -23,6 +23,7 @@
 #include <fstream>
 #include <mutex>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -150,10 +151,18 @@ double tcp_run(size_t count, size_t bytes_each) {
 void print_machine() {
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::string line, model, flags;
+  auto value = [](std::string_view l) {  // what follows "key: ", or "" on a line without one
+    const size_t colon = l.find(':');
+    if (colon == std::string_view::npos) return std::string();
+    l.remove_prefix(colon + 1);
+    while (!l.empty() && l.front() == ' ') l.remove_prefix(1);
+    return std::string(l);
+  };
   while (std::getline(cpuinfo, line)) {
-    if (model.empty() && line.rfind("model name", 0) == 0) model = line.substr(line.find(':') + 2);
-    if (flags.empty() && line.rfind("flags", 0) == 0) flags = " " + line.substr(line.find(':') + 1) + " ";
+    if (model.empty() && line.rfind("model name", 0) == 0) model = value(line);
+    if (flags.empty() && line.rfind("flags", 0) == 0) flags.append(" ").append(value(line)).append(" ");
   }
+  if (model.empty()) model = "an unnamed CPU";
   auto has = [&](const char* f) { return flags.find(std::string(" ") + f + " ") != std::string::npos ? "yes" : "no"; };
   std::printf("machine: %s, %u cores; AES-NI %s, PCLMULQDQ %s, VAES %s, VPCLMULQDQ %s, AVX-512F %s; %s\n",
               model.c_str(), std::thread::hardware_concurrency(), has("aes"), has("pclmulqdq"), has("vaes"),

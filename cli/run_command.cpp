@@ -514,9 +514,10 @@ int run_run_command(const RunArgs& args) {
               : elastic::sync_steps_per_epoch(train_n, std::max<int64_t>(1, r.members), c.data.batch_size) * c.job.epochs;
       const int64_t total =
           train_n > 0 && r.members > 0 ? std::min(planned, c.job.max_steps > 0 ? c.job.max_steps : INT64_MAX) : 0;
-      // Rank 0 repeats its last step's report while it waits for the others to finish (a
-      // keep-alive): the line for that step is already out.
-      const bool repeat = collected->last_progress && collected->last_progress->step == r.step;
+      // Rank 0 repeats its last step's report, with no rate, while it waits for the others to
+      // finish (a keep-alive): the line for that step is already out.
+      const bool repeat =
+          collected->last_progress && collected->last_progress->step == r.step && r.samples_per_second == 0;
       collected->last_progress = r;
       if (repeat) return;
       const std::string accuracy = collected->evaluations.empty()

@@ -186,7 +186,8 @@ class OnednnBackend final : public Backend {
   std::string_view name() const override { return "onednn"; }
   std::string describe() const override {
     const dnnl_version_t* v = dnnl_version();
-    return fmt::format("onednn (oneDNN {}.{}.{}, ISA {})", v->major, v->minor, v->patch, isa_name(dnnl::get_effective_cpu_isa()));
+    return fmt::format("onednn (oneDNN {}.{}.{}, ISA {})", v->major, v->minor, v->patch,
+                       isa_name(dnnl::get_effective_cpu_isa()));
   }
   void set_threads(int threads) override { omp_set_num_threads(threads > 0 ? threads : omp_get_num_procs()); }
 
