@@ -15,7 +15,8 @@ nodes=()
 cleanup() {
   for p in "${nodes[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
-  [[ ${KEEP:-0} == 1 ]] || rm -rf "$work" secret job.toml out/quickstart out/three out/single out/elastic tepdist-run tepdist-results
+  [[ ${KEEP:-0} == 1 ]] || rm -rf "$work" secret job.toml model.safetensors out/quickstart out/three out/single out/elastic out/ckpt \
+    tepdist-run tepdist-results
 }
 trap cleanup EXIT
 
@@ -69,6 +70,11 @@ elastic() {
   return 1
 }
 example elastic elastic
+
+# Checkpoints: a job that writes them, resumed on another node count, and the newest exported.
+example checkpoint build/cli/tepdist run configs/quickstart.toml --set elastic.checkpoint_every_steps=50 --out out/ckpt
+example checkpoint-resume build/cli/tepdist run configs/quickstart.toml --resume --nodes 2 --out out/ckpt
+example checkpoint-export build/cli/tepdist export out/ckpt/checkpoints --out model.safetensors
 
 # Nodes, status, and a job submitted to the running cluster (job.toml: the quickstart's job with
 # the cluster's secret file, 40 steps).
