@@ -20,6 +20,7 @@
 #include "compute/onednn/conv_backward_data.hpp"
 #include "compute/onednn/conv_backward_weights.hpp"
 #include "compute/onednn/first_conv.hpp"
+#include "compute/onednn/signals.hpp"
 #include "compute/ref/ref_backend.hpp"
 
 #include <fmt/format.h>
@@ -480,6 +481,7 @@ class Plan final : public NetworkPlan {
   void add(std::unique_ptr<Stage> stage) { stages_.push_back(std::move(stage)); }
 
   ConstTensorView forward(ConstTensorView x, std::span<const float> params) override {
+    const SignalsHeld held;  // see signals.hpp
     auto& s = ctx_.stream;
     input_.value.set_data_handle(const_cast<float*>(x.data));
     for (auto& stage : stages_) stage->forward(s, params.data());
@@ -489,6 +491,7 @@ class Plan final : public NetworkPlan {
   }
 
   void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads) override {
+    const SignalsHeld held;  // see signals.hpp
     auto& s = ctx_.stream;
     Activation& last = stages_.back()->out;
     TEPDIST_CHECK(static_cast<size_t>(dlogits.elements()) * sizeof(float) == last.grad.get_desc().get_size());

@@ -12,6 +12,7 @@
 
 #include "compute/onednn/common.hpp"
 #include "compute/onednn/network_plan.hpp"
+#include "compute/onednn/signals.hpp"
 #include "compute/ref/ref_backend.hpp"
 
 namespace tepdist::compute {
@@ -29,6 +30,7 @@ template <class Interface>
 class Weighted : public Interface {
  public:
   void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) override {
+    const SignalsHeld held;  // see signals.hpp
     auto& s = ctx_.stream;
     fwd_.execute(s, {{DNNL_ARG_SRC, x_.in(s, x.data)},
                      {DNNL_ARG_WEIGHTS, w_.in(s, w.data)},
@@ -39,6 +41,7 @@ class Weighted : public Interface {
   }
 
   void backward_data(ConstTensorView dy, ConstTensorView w, TensorView dx) override {
+    const SignalsHeld held;  // see signals.hpp
     auto& s = ctx_.stream;
     bwd_data_.execute(s, {{DNNL_ARG_DIFF_DST, bd_dy_.in(s, dy.data)},
                           {DNNL_ARG_WEIGHTS, bd_w_.in(s, w.data)},
@@ -48,6 +51,7 @@ class Weighted : public Interface {
   }
 
   void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) override {
+    const SignalsHeld held;  // see signals.hpp
     auto& s = ctx_.stream;
     bwd_weights_.execute(s, {{DNNL_ARG_SRC, bw_x_.in(s, x.data)},
                              {DNNL_ARG_DIFF_DST, bw_dy_.in(s, dy.data)},
