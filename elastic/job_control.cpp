@@ -326,9 +326,16 @@ std::string JobControl::state_gone(const Proposal& p) const {
 void JobControl::try_install(Output& out) {
   auto& p = *proposal_;
   if (p.acks.size() < p.roster.ids.size()) return;
-  // The quorum: acks from the previous generation's workers, in the run it names, holding state.
-  // Workers that left gracefully are no longer counted, nor those seen back in another run (a
-  // restart): their old run is over, so no other side of a partition can count on it either.
+  // The quorum: acks from the previous generation's workers, in the run it names. Workers that
+  // left gracefully are no longer counted, nor those seen back in another run (a restart): their
+  // old run is over, so no other side of a partition can count on it either. A worker of that run
+  // counts whether or not it holds the state: the quorum is there so that two sides cannot both
+  // go on, and any two majorities of one roster share a voter. Holding state decides where the
+  // next generation resumes and who its donors are, not whether it may be installed. (Counting
+  // only holders stalled a simulated job for good, sims/scenarios/elastic_churn.toml seed 279: a
+  // generation of 9 installed with 4 donors, two restarted workers that had promised a rival's
+  // higher number and so never took its record, two more paused by the next proposal before they
+  // pulled; every proposal after it had 4 holders of the 5 it needed.)
   size_t base = 0, acked = 0;
   gossip::JobProgress resume;
   bool any_state = false;
@@ -341,9 +348,10 @@ void JobControl::try_install(Output& out) {
     if (handover_.contains(id)) continue;  // leaving, as gracefully: it takes part in no other side
     ++base;
     const auto it = p.acks.find(id);
-    if (it == p.acks.end() || !it->second.has_state) continue;
+    if (it == p.acks.end()) continue;
     if (boot && it->second.boot_id && boot != it->second.boot_id) continue;  // restarted: its state is gone
     ++acked;
+    if (!it->second.has_state) continue;
     counted.push_back(id);
     if (!any_state || it->second.progress.step > resume.step) resume = it->second.progress;
     any_state = true;

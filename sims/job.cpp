@@ -119,8 +119,11 @@ void SimJob::on_message(const std::string& id, double now, const std::string& fr
   elastic::JobControl::Output o;
   if (trace_) {
     if (const auto* v = std::get_if<gossip::GenerationVote>(&body))
-      fmt::print(stderr, "{:.3f}:{}:job:vote kind {} number {} base {} from {} {}\n", now, id, static_cast<int>(v->kind),
-                 v->number, v->base, from, v->reason);
+      fmt::print(stderr, "{:.3f}:{}:job:vote kind {} number {} base {} from {}{} {}\n", now, id,
+                 static_cast<int>(v->kind), v->number, v->base, from,
+                 v->kind == gossip::GenerationVote::Kind::ack ? fmt::format(" state {} step {}", v->has_state, v->progress.step)
+                                                              : "",
+                 v->reason);
     else if (const auto* r = std::get_if<gossip::JobStart>(&body))
       fmt::print(stderr, "{:.3f}:{}:job:record {} from {}\n", now, id, r->generation, from);
   }

@@ -237,6 +237,43 @@ TEST_CASE("a joiner is proposed, acks without state, and receives the record", "
   CHECK(net.nodes.at("w2").control->record().donors == std::vector<std::string>{"w0", "w1"});
 }
 
+TEST_CASE("workers of the generation that have not pulled its state yet count toward the quorum, and are not donors",
+          "[elastic][job_control]") {
+  // Two holders grow to five; before the three joiners have pulled, a fourth joiner's arrival
+  // asks for the next generation. Its quorum is 3 of the 5: counting only holders, 2 of 3 for good.
+  Net net;
+  for (auto id : {"w0", "w1"}) net.add(id);
+  net.start({"w0", "w1"});
+  for (auto id : {"w0", "w1"}) net.nodes.at(id).local.progress = {5, 0, 320, 320};
+  for (auto id : {"w2", "w3", "w4"}) net.add(id);
+  for (auto id : {"w0", "w1", "w2", "w3", "w4"}) net.set_view(id, {});
+  net.deliver_all();
+  REQUIRE(net.nodes.at("w0").control->record().generation == 2);
+  for (auto id : {"w2", "w3", "w4"}) net.nodes.at(id).local = {};  // installed, not pulled yet
+  net.add("w5");
+  for (auto id : {"w0", "w1", "w2", "w3", "w4", "w5"}) net.set_view(id, {});
+  net.deliver_all();
+  const auto& r = net.nodes.at("w0").control->record();
+  CHECK(r.generation == 3);
+  CHECK(r.workers.size() == 6);
+  CHECK(r.resume.step == 5);
+  CHECK(r.donors == std::vector<std::string>{"w0", "w1"});  // the ones that hold it
+  for (auto id : {"w2", "w3", "w4", "w5"}) CHECK(net.nodes.at(id).local.progress.step == 5);
+}
+
+TEST_CASE("a quorum of workers that hold no state installs nothing: the state is waited for or declared lost",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  for (auto id : {"w1", "w2"}) net.nodes.at(id).local = {};  // say, joiners of generation 1 that never pulled
+  net.nodes.at("w0").local.progress = {4, 0, 256, 256};
+  for (auto id : {"w1", "w2"}) net.set_view(id, {"w0"});  // the one holder is dead, or across a partition
+  net.deliver_all();
+  CHECK(net.nodes.at("w1").control->record().generation == 1);
+  CHECK(net.nodes.at("w1").lost.empty());  // w0 may be across a partition: waited for
+}
+
 TEST_CASE("a restarted worker counts as a joiner: its ack gives no quorum and no state", "[elastic][job_control]") {
   Net net;
   for (auto id : {"w0", "w1", "w2"}) net.add(id);
