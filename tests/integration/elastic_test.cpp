@@ -90,7 +90,11 @@ struct ElasticRun {
     INFO(run->all());
     REQUIRE(line);
     CHECK_THAT(*line, Catch::Contains(change));
-    if (then_steps) REQUIRE(run->wait_for("samples/s", std::chrono::seconds(60)));
+    if (then_steps) {
+      const bool stepped = run->wait_for("samples/s", std::chrono::seconds(60)).has_value();
+      INFO("and after it: " << run->all().substr(run->all().find(*line)));
+      REQUIRE(stepped);
+    }
     return *line;
   }
 
