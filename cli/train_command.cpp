@@ -27,9 +27,28 @@ namespace {
 using Clock = std::chrono::steady_clock;
 namespace fs = std::filesystem;
 
-std::atomic<bool> interrupted{false};
+/// SIGINT and SIGTERM, blocked in every thread from the start of the command and taken at step
+/// boundaries: no handler runs, so no signal frame lands on a thread inside oneDNN (whose GEMM
+/// kernels point rsp into the heap: compute/onednn/signals.hpp).
+class StopSignals {
+ public:
+  StopSignals() {
+    sigemptyset(&set_);
+    sigaddset(&set_, SIGINT);
+    sigaddset(&set_, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &set_, nullptr);  // before any thread starts: they inherit it
+  }
+  /// Whether one came (consumed); sticky once it has.
+  bool requested() {
+    const timespec now_only{0, 0};
+    if (!seen_ && sigtimedwait(&set_, nullptr, &now_only) > 0) seen_ = true;
+    return seen_;
+  }
 
-extern "C" void on_sigint(int) { interrupted.store(true); }
+ private:
+  sigset_t set_;
+  bool seen_ = false;
+};
 
 double seconds_since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -73,6 +92,7 @@ struct EvalRecord {
 }  // namespace
 
 int run_train(const TrainArgs& args) {
+  StopSignals stop;
   const auto process_start = Clock::now();
   std::vector<std::string> overrides = args.overrides;
   if (args.epochs) overrides.push_back(fmt::format("job.epochs={}", *args.epochs));
@@ -128,8 +148,6 @@ int run_train(const TrainArgs& args) {
   const std::string compute_path = net.compute_path(*backend, batch);
   fmt::print("compute path: {}\n", compute_path);
 
-  std::signal(SIGINT, on_sigint);
-  std::signal(SIGTERM, on_sigint);
   const bool tty = isatty(STDOUT_FILENO);
   compute::LossScratch scratch;
   compute::Tensor x;
@@ -168,7 +186,7 @@ int run_train(const TrainArgs& args) {
   };
 
   bool first_step = true;
-  while (state.epoch < c.job.epochs && state.step < total_steps && !interrupted) {
+  while (state.epoch < c.job.epochs && state.step < total_steps && !stop.requested()) {
     std::vector<int64_t> order(static_cast<size_t>(n));
     if (c.data.shuffle)
       order = compute::shuffled_indices(n, c.job.seed, state.epoch);
@@ -177,7 +195,7 @@ int run_train(const TrainArgs& args) {
     // A resumed run may start inside an epoch; the order is a function of (seed, epoch), so
     // skipping the batches already done continues exactly where the checkpoint left off.
     int64_t start = (state.step - state.epoch * steps_per_epoch) * batch;
-    for (; start < n && state.step < total_steps && !interrupted; start += batch) {
+    for (; start < n && state.step < total_steps && !stop.requested(); start += batch) {
       if (first_step) {
         startup_seconds = seconds_since(process_start);
         train_clock.start();
@@ -212,7 +230,7 @@ int run_train(const TrainArgs& args) {
   }
   train_clock.pause();
 
-  if (interrupted) {
+  if (stop.requested()) {
     if (auto ok = checkpoint_now(); !ok) return runtime_error(ok.error().message);
     fmt::print("\ninterrupted at step {}; checkpoint in {} (continue with --resume)\n", state.step,
                checkpoint_path.string());
