@@ -33,12 +33,15 @@ SignalsHeld::SignalsHeld() {
   // A team larger than the one blocked so far may have threads that started with another mask
   // (an earlier parallel region outside oneDNN, on the optimiser say): each blocks for itself.
   // Threads created from now on, while this thread holds the signals, inherit the blocked mask.
-  if (const int team = omp_get_max_threads(); team > team_blocked) {
+  if (const int team = omp_get_max_threads(); team > team_blocked && !omp_in_parallel()) {
+    int got = 1;
 #pragma omp parallel num_threads(team)
     {
       if (omp_get_thread_num() != 0) pthread_sigmask(SIG_BLOCK, &held_signals(), nullptr);
+#pragma omp master
+      got = omp_get_num_threads();
     }
-    team_blocked = team;
+    team_blocked = got;  // what the runtime gave (OMP_THREAD_LIMIT, OMP_DYNAMIC), not what was asked
   }
 }
 

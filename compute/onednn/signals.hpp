@@ -16,6 +16,14 @@
 // Synchronous signals (SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS) stay unblocked: a fault is
 // reported as a fault. glibc does not let SIGCANCEL and SIGSETXID be blocked; nothing here cancels
 // threads or changes user ids while training.
+//
+// Not airtight for a program that catches signals: libgomp ends the pool threads a smaller team
+// does not use (oneDNN's GEMM often asks for fewer threads) and a later region makes new ones,
+// with the mask of the thread that starts it; made by a region outside oneDNN (the optimiser's,
+// say) while the signals are not held, they take signals, and the high-water mark here does not
+// see them. So the processes of this project take no signal through a handler at all: nodes and
+// `tepdist train` block theirs before any thread starts and take them with sigwait or
+// sigtimedwait. This guard covers the rest: a program of the C++ API with handlers of its own.
 
 #include <csignal>
 
