@@ -375,6 +375,16 @@ void JobControl::try_install(Output& out) {
     out.log.push_back(fmt::format("generation {}: no acking worker holds the job's state", p.number));
     return;
   }
+  // The workers without state count so that a generation whose joiners have not pulled yet can be
+  // followed, not so that it can be undone: a quorum that only they complete must resume where the
+  // installed generation did, or further. (Holders behind that point missed its install; the one
+  // ahead may be across a partition.) A quorum of holders goes on as before.
+  if (counted.size() < need && resume.step < record_.resume.step) {
+    out.log.push_back(fmt::format("generation {}: its quorum's holders are at step {}, behind generation {}'s start "
+                                  "at {}; waiting for a holder from there",
+                                  p.number, resume.step, record_.generation, record_.resume.step));
+    return;
+  }
   JobStart next = record_;
   next.workers = p.roster.ids;
   next.addresses = p.roster.addresses;

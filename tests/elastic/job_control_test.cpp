@@ -37,6 +37,7 @@ struct Net {
   std::set<std::string> down;    // killed: neither sends nor receives
   std::set<std::string> side_a;  // a partition: messages between side_a and the rest are lost
   bool partitioned = false;
+  std::set<std::string> no_pull;  // behind after an install, and stay so (a pull under way)
   std::deque<std::tuple<std::string, std::string, gossip::Body>> queue;  // from, to, body
   std::map<uint64_t, std::vector<std::string>> installed;  // number -> workers, as first installed anywhere
   double now = 0;
@@ -116,7 +117,7 @@ struct Net {
       // One installed generation per number, everywhere.
       REQUIRE(it->second == r.workers);
       if (!out.dropped.empty()) n.dropped = true, n.local = {};
-      else if (!n.local.has_state || n.local.progress.step < r.resume.step) {
+      else if ((!n.local.has_state || n.local.progress.step < r.resume.step) && !no_pull.contains(n.id)) {
         // A member behind pulls the state from the donors (here: takes it).
         REQUIRE_FALSE(r.donors.empty());
         n.local.progress = r.resume;
@@ -259,6 +260,36 @@ TEST_CASE("workers of the generation that have not pulled its state yet count to
   CHECK(r.resume.step == 5);
   CHECK(r.donors == std::vector<std::string>{"w0", "w1"});  // the ones that hold it
   for (auto id : {"w2", "w3", "w4", "w5"}) CHECK(net.nodes.at(id).local.progress.step == 5);
+}
+
+TEST_CASE("workers without state never complete a quorum that would resume behind the installed generation",
+          "[elastic][job_control]") {
+  // Generation 2 resumes at step 11 from w0 alone; w1 holds step 10 (behind, its pull under way),
+  // w2 and w3 nothing yet. w0 is cut off. w1, w2 and w3 are 3 of generation 2's 4 workers, but the
+  // only state among them is behind where generation 2 started: installing from it would undo
+  // step 11, which w0 may still hold across the partition. They wait.
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  net.nodes.at("w0").local.progress = {11, 0, 704, 704};
+  for (auto id : {"w1", "w2"}) net.nodes.at(id).local.progress = {10, 0, 640, 640};
+  net.no_pull = {"w1", "w2", "w3"};
+  net.add("w3");
+  for (auto id : {"w0", "w1", "w2", "w3"}) net.set_view(id, {});
+  net.deliver_all();
+  REQUIRE(net.nodes.at("w1").control->record().generation == 2);
+  REQUIRE(net.nodes.at("w1").control->record().resume.step == 11);
+  net.nodes.at("w2").local = {};
+  net.partitioned = true;
+  net.side_a = {"w0"};
+  for (auto id : {"w1", "w2", "w3"}) net.set_view(id, {"w0"});
+  net.deliver_all();
+  for (int i = 0; i < 3; ++i) {
+    net.tick(3000);
+    net.deliver_all();
+  }
+  for (auto id : {"w1", "w2", "w3"}) CHECK(net.nodes.at(id).control->record().generation == 2);
+  for (const auto& [number, workers] : net.installed) CHECK(number <= 2);
 }
 
 TEST_CASE("a quorum of workers that hold no state installs nothing: the state is waited for or declared lost",
