@@ -28,8 +28,15 @@ export UBSAN_OPTIONS=halt_on_error=1:abort_on_error=1:print_stacktrace=1
 start=$(date +%s)
 # afl-fuzz leaves its persistent-mode target behind after a campaign that reaches -E: stopped
 # (SIGSTOP between inputs), orphaned, in a session of its own (three were found after three CI
-# runs). Its command line is this build's target alone: those go when this script does.
-trap 'pkill -KILL -x -f -- "$bin" 2>/dev/null || true' EXIT
+# runs). Those running this build's target binary go when this script does.
+kill_targets() {
+  local p
+  for p in /proc/[0-9]*; do
+    [[ $(readlink "$p/exe" 2>/dev/null) == "$bin" ]] && kill -KILL "${p#/proc/}" 2>/dev/null
+  done
+  return 0
+}
+trap kill_targets EXIT
 afl-fuzz -i "$corpus" -o "$out" -m none -t 2000 -c 0 -E "$execs" -- "$bin" >"$out.log" 2>&1 || {
   echo "fuzz: afl-fuzz failed; its log:" >&2
   tail -40 "$out.log" >&2
