@@ -283,7 +283,7 @@ const std::vector<Key>& keys() {
         "workers (\"majority\": the side of a partition without one waits, so one model is never trained by "
         "two sides), or from any one of them (\"any\": only where no partition can happen, as among the local "
         "nodes of one `tepdist run`, which sets it unless the file does). Workers that left gracefully or "
-        "restarted no longer count."},
+        "restarted no longer count; a worker that has not pulled the state yet does."},
        -inf, inf, false, false, {"majority", "any"}, assign<&J::elastic, &J::Elastic::quorum>},
       {{"elastic", "min_workers", KeyType::integer, "1",
         "Job control: no generation with fewer live workers is proposed; the job waits for joins. 1 to 4096."},
