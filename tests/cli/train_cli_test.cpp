@@ -6,10 +6,13 @@
 #include <unistd.h>
 
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "tests/support/idx_files.hpp"
 #include "tests/support/temp_dir.hpp"
@@ -38,6 +41,19 @@ Run run_tepdist(const std::string& args, const fs::path& scratch) {
   const int raw = std::system(cmd.c_str());
   return {WIFEXITED(raw) ? WEXITSTATUS(raw) : -1, slurp(scratch / "stdout"), slurp(scratch / "stderr")};
 }
+
+/// Each thread of pid: the hex of a field of its /proc status ("SigBlk", "SigCgt").
+std::vector<uint64_t> thread_masks(pid_t pid, const std::string& field) {
+  std::vector<uint64_t> masks;
+  for (const auto& task : fs::directory_iterator(fs::path("/proc") / std::to_string(pid) / "task")) {
+    std::ifstream status(task.path() / "status");
+    for (std::string line; std::getline(status, line);)
+      if (line.starts_with(field + ":")) masks.push_back(std::stoull(line.substr(field.size() + 1), nullptr, 16));
+  }
+  return masks;
+}
+
+constexpr uint64_t bit_of(int sig) { return uint64_t{1} << (sig - 1); }
 
 const std::string synthetic = " --set data.dataset=synthetic --set data.train_samples=640 --set data.test_samples=200 ";
 
@@ -138,7 +154,8 @@ TEST_CASE("Ctrl-C stops at a step boundary with a checkpoint to resume from", "[
     close(pipe_fds[0]);
     const std::string out_dir = out.string();
     execl(TEPDIST_BINARY, "tepdist", "train", "--set", "data.dataset=synthetic", "--set", "data.train_samples=20000",
-          "--set", "job.log_every_steps=1", "--epochs", "50", "--out", out_dir.c_str(), static_cast<char*>(nullptr));
+          "--set", "job.log_every_steps=1", "--epochs", "50", "--threads", "2", "--out", out_dir.c_str(),
+          static_cast<char*>(nullptr));
     _exit(127);
   }
   close(pipe_fds[1]);
@@ -151,6 +168,13 @@ TEST_CASE("Ctrl-C stops at a step boundary with a checkpoint to resume from", "[
     seen.append(buf, static_cast<size_t>(n));
   }
   REQUIRE_THAT(seen, Catch::Contains("samples/s"));
+  // No thread may take SIGINT or SIGTERM through a handler (oneDNN's GEMM kernels point rsp into
+  // the heap: compute/onednn/signals.hpp): every thread blocks both, and none catches them.
+  const auto blocked = thread_masks(pid, "SigBlk");
+  CHECK(blocked.size() >= 2);  // the main thread and OpenMP's second (--threads 2)
+  for (const uint64_t mask : blocked) CHECK((mask & bit_of(SIGINT)) != 0);
+  for (const uint64_t mask : blocked) CHECK((mask & bit_of(SIGTERM)) != 0);
+  for (const uint64_t mask : thread_masks(pid, "SigCgt")) CHECK((mask & (bit_of(SIGINT) | bit_of(SIGTERM))) == 0);
   kill(pid, SIGINT);
   while (read(pipe_fds[0], buf, sizeof buf) > 0) {
   }
