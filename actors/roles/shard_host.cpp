@@ -125,6 +125,8 @@ struct Host {
     for (const auto& [s, h] : shards)
       if (h.server && h.holder) held[s] = h.server->version();
     init->counters->installed(generation, std::move(held));
+    // A drain may be waiting for this install to know what the node holds (AsyncDriver::hand_over).
+    caf::anon_send(init->trainer, handover_atom::value);
   }
 
   void fetch(uint32_t s) const {

@@ -70,6 +70,12 @@ struct ShardHostCounters {
     if (generation != generation_) return {};
     return {held_.begin(), held_.end()};
   }
+  /// The generation the host installed last: behind the trainer's for a moment after each install
+  /// (the trainer sends the plan; the host places it on its own thread).
+  uint64_t generation() const {
+    std::lock_guard lock(mutex);
+    return generation_;
+  }
   /// The host installed `generation`: what it holds in it, and no cursors yet.
   void installed(uint64_t generation, std::map<uint32_t, uint64_t> held) {
     std::lock_guard lock(mutex);

@@ -27,6 +27,10 @@ void on_drain(Trainer* self) {
   if (j && j->member && !j->finishing && may_step(*j) && j->driver->mid_step(*j))
     return start_ticking(self);  // each tick looks again (on_tick)
   s.drained = true;  // no step starts from here
+  // Assigned a job that waits for this node's view to catch up: it starts, then the drain goes on
+  // as in any job (async: its shards are handed over), rather than leave a worker of the job
+  // without a word. The view catches up, or the assignment fails after held_limit_s.
+  if (!j && s.held) return start_ticking(self);
   // Async: this node's shards stay until the next generation's holders have them.
   if (j && !j->finishing && j->driver->hand_over(self, *j)) return start_ticking(self);
   end_drain(self);
@@ -62,7 +66,12 @@ void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart&
     return;
   }
   if (s.held && s.held->job_id == start.job_id) s.held.reset();
+  // Drained already (asked before the assignment came): the node is leaving, and says so at once,
+  // so that the job goes on without it rather than wait for the leave to be gossiped.
+  if (s.drained && !s.drain) return decline_join(self, start, "this node has drained: it is leaving");
+  node_events().info("job_accepted job={} generation={} from={}", start.job_id, start.generation, peer);
   start_job(self, start, true);
+  if (s.drain) on_drain(self);  // asked to drain while the assignment was held: the job's drain goes on
 }
 
 std::string not_ready_to_assign(const TrainerState& s, const gossip::JobStart& request) {
@@ -378,7 +387,7 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
           fail(self, fmt::format("a shard of the async job is lost: {}", why));
       },
       [self](handover_atom) {
-        if (self->state.drain) on_drain(self);  // handed over: the drain may end
+        if (self->state.drain) on_drain(self);  // the host placed a generation or handed over: the drain may go on
       },
       [self](gather_atom, uint64_t, std::shared_ptr<const ShardGather> gathered) {
         if (self->state.job && gathered) self->state.job->driver->on_gathered(self, *self->state.job, *gathered);

@@ -5,9 +5,11 @@
 
 #include <signal.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <regex>
 #include <set>
@@ -42,7 +44,11 @@ struct ElasticRun {
   std::string seed;  // where an added node joins
   std::vector<std::unique_ptr<Child>> added;
 
-  ElasticRun(const TempDir& d, std::string m, std::vector<std::string> extra = {}) : dir(d), mode(std::move(m)) {
+  /// Waits for the training to start; `fault`, if given, is run instead, once the nodes are up
+  /// (the job is being submitted to them), and the test waits for what it causes.
+  ElasticRun(const TempDir& d, std::string m, std::vector<std::string> extra = {},
+             const std::function<void(ElasticRun&)>& fault = {})
+      : dir(d), mode(std::move(m)) {
     std::vector<std::string> argv = {TEPDIST_BINARY, "run", elastic_job(dir), "--mode", mode,
                                      "--nodes", "3", "--out", (dir.path / "out").string()};
     argv.insert(argv.end(), extra.begin(), extra.end());
@@ -50,7 +56,8 @@ struct ElasticRun {
     const auto hint = run->wait_for("add a node:", std::chrono::seconds(60));
     REQUIRE(hint);
     seed = hint->substr(hint->rfind(' ') + 1);
-    REQUIRE(run->wait_for("samples/s", std::chrono::seconds(60)));
+    if (fault) fault(*this);
+    else REQUIRE(run->wait_for("samples/s", std::chrono::seconds(60)));
   }
 
   ~ElasticRun() {
@@ -113,30 +120,34 @@ struct ElasticRun {
     }
   }
 
+  /// Waits until `nodes` of the nodes have logged a line containing every one of `words`.
+  void wait_for_logs(const std::vector<std::string>& words, size_t nodes) {
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+    for (;;) {
+      size_t said_it = 0;
+      const auto said = [&](std::istream& in) {
+        for (std::string l; std::getline(in, l);)
+          if (std::ranges::all_of(words, [&](const std::string& w) { return l.find(w) != std::string::npos; }))
+            return true;
+        return false;
+      };
+      for (const auto& f : fs::directory_iterator(dir.path / "out" / "logs"))
+        if (std::ifstream in(f.path()); f.path().filename().string().starts_with("node-") && said(in)) ++said_it;
+      for (auto& c : added)  // nodes the test started write to their own output
+        if (std::istringstream in(c->all()); said(in)) ++said_it;
+      if (said_it >= nodes) return;
+      INFO(run->all());
+      REQUIRE(std::chrono::steady_clock::now() < deadline);
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polls the logs for the event
+    }
+  }
+
   /// Async: waits until every node of the generation `line` announced ("generation N: ...") has
   /// said its shards have their state (shards_ready in its log).
   void wait_for_shards(const std::string& line, size_t nodes_in_it = 3) {
     std::smatch m;
     REQUIRE(std::regex_search(line, m, std::regex("generation ([0-9]+):")));
-    const std::string ready = "shards_ready";
-    const std::string generation = "generation=" + m[1].str() + " ";
-    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
-    for (;;) {
-      size_t nodes = 0;
-      const auto said = [&](std::istream& in) {
-        for (std::string l; std::getline(in, l);)
-          if (l.find(ready) != std::string::npos && l.find(generation) != std::string::npos) return true;
-        return false;
-      };
-      for (const auto& f : fs::directory_iterator(dir.path / "out" / "logs"))
-        if (std::ifstream in(f.path()); f.path().filename().string().starts_with("node-") && said(in)) ++nodes;
-      for (auto& c : added)  // nodes the test started write to their own output
-        if (std::istringstream in(c->all()); said(in)) ++nodes;
-      if (nodes >= nodes_in_it) return;
-      INFO(run->all());
-      REQUIRE(std::chrono::steady_clock::now() < deadline);
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));  // polls the logs for the event
-    }
+    wait_for_logs({"shards_ready", "generation=" + m[1].str() + " "}, nodes_in_it);
   }
 
   /// The job ends by itself; its result.json.
@@ -255,6 +266,24 @@ TEST_CASE("async with replication 1: a node that leaves hands its shards over be
   const auto result = r.finish();
   check_result(result, "async", 2, 2, 1);
   CHECK(result["generations"][1]["removed"] == nlohmann::json::array({"node-02"}));
+  const auto leaver = tepdist::test::read_bytes(dir.path / "out" / "logs" / "node-2.log");
+  CHECK_THAT(leaver, Catch::Contains("handing_over") && Catch::Contains("shards_handed_over"));
+}
+
+TEST_CASE("async with replication 1: a node told to leave while it is still starting the job hands its shards over",
+          "[integration][elastic]") {
+  // A node loads the data set as it starts the job (a few hundred ms); node-02's SIGTERM comes
+  // meanwhile (once every node has logged the assignment), so its drain waits behind the start. Its
+  // shards exist from that start only: the drain must wait for them, not take them for none (as
+  // it did while the shard host had not placed them yet).
+  TempDir dir;
+  ElasticRun r(dir, "async", {"--set", "elastic.replication=1", "--set", "elastic.restart=\"never\""},
+               [](ElasticRun& run) {
+                 run.wait_for_logs({"job_accepted"}, 3);
+                 ::kill(run.pid_of("node-02"), SIGTERM);
+               });
+  r.expect_next_generation("gone node-02");
+  check_result(r.finish(), "async", 2, 2, 1);
   const auto leaver = tepdist::test::read_bytes(dir.path / "out" / "logs" / "node-2.log");
   CHECK_THAT(leaver, Catch::Contains("handing_over") && Catch::Contains("shards_handed_over"));
 }
