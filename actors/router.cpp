@@ -29,7 +29,7 @@ void send(Router* self, const std::string& address, gossip::Body body) {
   // The core does not know the cluster epoch; every state sync carries it, so joiners learn it.
   if (auto* sync = std::get_if<gossip::StateSync>(&body)) sync->epoch_unix_ms = s.epoch_unix_ms;
   gossip::Message m{s.swim->self().id, s.swim->self().incarnation, s.cluster_id, std::move(body)};
-  if (!s.transport->send(address, m))
+  if (!s.transport->send(address, m) && !s.transport->stopping())  // stopping: nothing goes out any more
     node_events().warn("send_refused peer={} reason=\"send queue full\"", address);
 }
 

@@ -235,7 +235,7 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
         // failed), and says so to every proposal that names it. Its run is passed over from now.
         if (!has_record()) return;
         excluded_[from] = vote.boot_id;
-        strikes_[from] = {vote.boot_id, max_strikes};  // never taken back by `back`: only a new run comes back
+        strikes_[from] = {vote.boot_id, max_strikes, false, true};  // never taken back by `back`: only a new run comes back
         if (!vote.held_shards.empty() && std::ranges::count(record_.workers, from) &&
             vote.held_shards.size() <= record_.shards) {
           // A graceful async leaver: it stays until the next generation has its shards.
@@ -266,8 +266,12 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
         // Evicted that often in this run: whatever blocks it is not passing (or it cannot run the
         // job at all). It stays out until it runs with another boot id.
         if (!std::exchange(strikes.told, true))
-          out.log.push_back(fmt::format("{} runs again, but was evicted {} times: left out until it restarts", from,
-                                        max_strikes));
+          out.log.push_back(strikes.asked ? fmt::format("{} takes messages again, but asked to be left out: left out "
+                                                        "until it restarts",
+                                                        from)
+                                          : fmt::format("{} runs again, but was evicted {} times: left out until it "
+                                                        "restarts",
+                                                        from, max_strikes));
         return;
       }
       excluded_.erase(it);

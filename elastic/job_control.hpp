@@ -176,6 +176,7 @@ class JobControl {
     uint64_t boot = 0;  // the run they count for: another run starts afresh
     int count = 0;
     bool told = false;  // the log said once that it stays out
+    bool asked = false;  // it asked to be left out itself (a leave, a failed setup), not evicted
   };
   std::map<std::string, Strikes> strikes_;    // by worker id
   // Async workers handing over before a graceful leave: the shards each holds, with versions;

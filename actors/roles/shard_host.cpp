@@ -56,7 +56,7 @@ struct Host {
     }
     // A full queue to a live peer is back-pressure: wait for room (this host has a thread of its
     // own), rather than drop an answer the worker would wait for until it resends.
-    if (!init->transport->send(address, m, send_wait))
+    if (!init->transport->send(address, m, send_wait) && !init->transport->stopping())
       node_events().warn("send_refused peer={} reason=\"send queue full for {} s\"", address, send_wait.count());
   }
   static constexpr std::chrono::seconds send_wait{5};

@@ -1015,6 +1015,11 @@ bool Transport::send(const std::string& address, const Message& message, std::ch
   return true;
 }
 
+bool Transport::stopping() const {
+  std::lock_guard lock(impl_->mutex);
+  return impl_->stopping || !impl_->started;
+}
+
 void Transport::forget(const std::string& address) {
   Impl& i = *impl_;
   std::lock_guard lock(i.mutex);

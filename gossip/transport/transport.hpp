@@ -69,11 +69,11 @@ struct TransportOptions {
 struct TransportEvents {
   /// A frame from the peer with this id, on the connection registered under this address (its
   /// listen address: where replies go).
-  std::function<void(const std::string& peer_id, const std::string& address, Message message)> on_message;
-  std::function<void(const std::string& peer_id, const std::string& address)> on_peer_up;
-  std::function<void(const std::string& peer, const std::string& reason)> on_peer_down;
+  std::function<void(const std::string& peer_id, const std::string& address, Message message)> on_message{};
+  std::function<void(const std::string& peer_id, const std::string& address)> on_peer_up{};
+  std::function<void(const std::string& peer, const std::string& reason)> on_peer_down{};
   /// A connection refused in its handshake (wrong secret, other cluster, replay, garbage).
-  std::function<void(const std::string& peer, const std::string& reason)> on_refused;
+  std::function<void(const std::string& peer, const std::string& reason)> on_refused{};
 };
 
 class Transport {
@@ -90,6 +90,8 @@ class Transport {
   /// false, sending nothing: the caller backs off.
   bool send(const std::string& address, const Message& message,
             std::chrono::milliseconds wait = std::chrono::milliseconds(0));
+  /// Whether stop() has begun (or start() has not succeeded): send() refuses everything then.
+  bool stopping() const;
   /// Drops every frame still waiting for the node at address (both lanes), giving its queue's room
   /// back, and stops dialling it until something new is sent there: membership has declared it
   /// dead or gone, and what it was sent will never be read. Thread-safe; in order with send().
