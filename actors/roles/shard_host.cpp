@@ -116,6 +116,9 @@ struct Host {
     ready = true;
     node_events().info("shards_ready job={} generation={} held={}", init->job_id, generation,
                        std::count_if(shards.begin(), shards.end(), [](const auto& e) { return e.second.holder; }));
+    // A drain may be waiting for this to know what the node holds (AsyncDriver::hand_over).
+    init->counters->ready_in = generation;
+    caf::anon_send(init->trainer, handover_atom::value);
   }
 
   /// What the trainer's acks report: the shards held in this generation with their state (a
@@ -125,8 +128,6 @@ struct Host {
     for (const auto& [s, h] : shards)
       if (h.server && h.holder) held[s] = h.server->version();
     init->counters->installed(generation, std::move(held));
-    // A drain may be waiting for this install to know what the node holds (AsyncDriver::hand_over).
-    caf::anon_send(init->trainer, handover_atom::value);
   }
 
   void fetch(uint32_t s) const {

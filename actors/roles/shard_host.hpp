@@ -70,12 +70,6 @@ struct ShardHostCounters {
     if (generation != generation_) return {};
     return {held_.begin(), held_.end()};
   }
-  /// The generation the host installed last: behind the trainer's for a moment after each install
-  /// (the trainer sends the plan; the host places it on its own thread).
-  uint64_t generation() const {
-    std::lock_guard lock(mutex);
-    return generation_;
-  }
   /// The host installed `generation`: what it holds in it, and no cursors yet.
   void installed(uint64_t generation, std::map<uint32_t, uint64_t> held) {
     std::lock_guard lock(mutex);
@@ -86,6 +80,11 @@ struct ShardHostCounters {
   /// The generation, leaving this node out (a graceful leave), in which every shard this node is
   /// the source of has been fetched by each of its new holders (the host then tells the trainer).
   std::atomic<uint64_t> handed_over_in{0};
+  /// The last generation in which every shard this node holds has its state (placed, and each
+  /// one fetched that had to be): what held() reports is whole from then on. Behind the trainer's
+  /// generation for a while after each install (the host places the plan on its own thread, and
+  /// fetches take a round trip); the host tells the trainer when it moves (handover_atom).
+  std::atomic<uint64_t> ready_in{0};
   void note_version(uint32_t shard, uint64_t version) {
     std::lock_guard lock(mutex);
     held_[shard] = version;

@@ -88,6 +88,13 @@ std::string not_ready_to_assign(const TrainerState& s, const gossip::JobStart& r
 
 void on_submitted(Trainer* self, const std::string& submitter_peer, const gossip::JobStart& request) {
   auto& s = self->state;
+  if (s.drained) {  // a coordinator on its way out: its workers would hear of a job it cannot run
+    s.pending.reset();
+    return fail_start(self, request,
+                      fmt::format("{} is the coordinator, but it has drained and is leaving; submit again once it "
+                                  "has gone",
+                                  s.o.self_id));
+  }
   // The submitter's view and this one may differ for a moment (gossip of a join or a departure is
   // still on its way): the submission waits here for this view to catch up, at most 30 s.
   if (const auto why = not_ready_to_assign(s, request); !why.empty()) {
@@ -387,7 +394,7 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
           fail(self, fmt::format("a shard of the async job is lost: {}", why));
       },
       [self](handover_atom) {
-        if (self->state.drain) on_drain(self);  // the host placed a generation or handed over: the drain may go on
+        if (self->state.drain) on_drain(self);  // the host's shards are ready, or handed over: the drain may go on
       },
       [self](gather_atom, uint64_t, std::shared_ptr<const ShardGather> gathered) {
         if (self->state.job && gathered) self->state.job->driver->on_gathered(self, *self->state.job, *gathered);

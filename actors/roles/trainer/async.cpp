@@ -204,10 +204,11 @@ class AsyncDriver final : public Driver {
     if (!host_ || !counters_) return false;
     if (!j.member) return left_in_ == 0 || counters_->handed_over_in.load() != left_in_;
     if (asked_to_leave_) return true;
-    // The host places a generation after the trainer enters it: until then what it holds is not
-    // known, and the drain waits (the host says when it has placed it). Taken for "holds nothing",
-    // a node asked to leave as it started the job went with the only copy of its shards.
-    if (counters_->generation() < j.generation) return true;
+    // Until the host has placed this generation and fetched what it holds in it, what it holds is
+    // not known, and the drain waits (the host says when: ShardHostCounters::ready_in). Taken for
+    // "holds nothing", a node asked to leave as it started the job went with the only copy of its
+    // shards; one asked to leave while fetching would have left a fetched shard out.
+    if (counters_->ready_in.load() < j.generation) return true;
     auto held = counters_->held(j.generation);
     if (held.empty() || !j.control || j.world <= 1) return false;  // nothing only this node could give
     const auto& record = j.control->record();

@@ -281,6 +281,8 @@ void on_install(Trainer* self, const std::string& peer, const gossip::JobStart& 
                        record.generation, record.job_id);
     return;
   }
+  // Drained since it promised (the node is leaving): it would take shards away with it.
+  if (s.drained && !s.drain) return decline_join(self, record, "this node has drained: it is leaving");
   node_events().info("job_joining job={} generation={} from={}", record.job_id, record.generation, peer);
   start_job(self, record, false);
 }
@@ -304,6 +306,16 @@ void on_vote(Trainer* self, const std::string& peer, const gossip::GenerationVot
   }
   // No job here: proposed as a joiner. Its acks say it holds nothing.
   if (vote.kind != gossip::GenerationVote::Kind::propose) return;
+  if (s.drained) {
+    // Leaving: it answers as a joiner that cannot run the job does, and the proposer leaves it out.
+    node_events().warn("job_declined job={} generation={} reason=\"this node has drained: it is leaving\"",
+                       vote.job_id, vote.number);
+    s.ended_jobs.insert(vote.job_id);
+    s.declined_jobs.insert(vote.job_id);
+    for (const auto& m : s.view)
+      if (m.id == peer) send_to(self, m.address, decline_vote(s, vote.job_id, vote.base));
+    return;
+  }
   if (!s.joining) {
     s.joining = make_control(s, nullptr);
     s.joining_since = Clock::now();

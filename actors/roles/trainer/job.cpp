@@ -20,7 +20,8 @@ bool send_to(Trainer* self, const std::string& address, gossip::Body body) {
     }
   const auto wait = send_wait(self->state);
   if (o.transport->send(address, m, wait)) return true;
-  node_events().warn("send_refused peer={} reason=\"its send queue stayed full for {} ms\"", address, wait.count());
+  if (!o.transport->stopping())  // stopping: nothing goes out any more, and that is no queue's fault
+    node_events().warn("send_refused peer={} reason=\"its send queue stayed full for {} ms\"", address, wait.count());
   return false;
 }
 
