@@ -48,18 +48,26 @@ std::string job_file(const TempDir& dir) {
   return tepdist::test::fashion_subset_job(dir, "mode = \"single\"\nepochs = 2\nlog_every_steps = 8\n");
 }
 
-/// One process at batch 3 x 64 on the job: the reference three workers at 64 are held to,
-/// measured in the test that uses it. Its result.json.
-nlohmann::json single_process_reference(const TempDir& dir, const std::string& job) {
-  Child single({TEPDIST_BINARY, "train", job, "--set", "data.batch_size=192", "--out", (dir.path / "single").string()});
+/// One process at batch 3 x 64 on the job (and `extra` arguments): the reference three workers at
+/// 64 are held to, measured in the test that uses it. Its result.json.
+nlohmann::json single_process_reference(const TempDir& dir, const std::string& job,
+                                        const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{TEPDIST_BINARY, "train", job, "--set", "data.batch_size=192", "--out",
+                                (dir.path / "single").string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Child single(args);
   REQUIRE(single.wait() == 0);
   return read_json(dir.path / "single" / "result.json");
 }
 
-/// Runs `tepdist run job --mode mode --nodes 3` into dir/mode; its result.json. Checks that it
-/// succeeded and left no process behind.
-nlohmann::json three_node_run(const TempDir& dir, const std::string& job, const std::string& mode) {
-  Child run({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "3", "--out", (dir.path / mode).string()});
+/// Runs `tepdist run job --mode mode --nodes 3` (and `extra` arguments) into dir/mode; its
+/// result.json. Checks that it succeeded and left no process behind.
+nlohmann::json three_node_run(const TempDir& dir, const std::string& job, const std::string& mode,
+                              const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args{TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "3", "--out",
+                                (dir.path / mode).string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  Child run(args);
   const int status = run.wait();
   INFO(run.all());
   REQUIRE(status == 0);
@@ -404,8 +412,13 @@ TEST_CASE("gossip: three nodes end with one averaged model that learned what one
           "[integration][run][fashion]") {
   TempDir dir;
   const std::string job = job_file(dir);
-  const auto reference = single_process_reference(dir, job);
-  const auto result = three_node_run(dir, job, "gossip");
+  // A decaying rate in both. At a constant one the replicas are furthest apart at the end, by as
+  // much as the scheduler lets them drift: next to five busy loops the final average measured 0.6885
+  // to 0.745 against one process's 0.7535. With cosine, 0.6785 to 0.7075 against 0.6925 (0.6955 to
+  // 0.712 unloaded; AVX-512 EPYC, 2 cores).
+  const std::string cosine = "optimizer.schedule=\"cosine\"";
+  const auto reference = single_process_reference(dir, job, {"--set", cosine});
+  const auto result = three_node_run(dir, job, "gossip", {"--set", cosine});
   INFO(result.dump(1));  // exchanges, generations: what a run below the bar looked like
   INFO("single process: " << reference["test_accuracy"]);
   CHECK(result["mode"] == "gossip");
@@ -428,10 +441,12 @@ TEST_CASE("async, gradients mode: pushes beyond max_staleness are refused, count
     const bool refuse_all = std::string(bound) == "0";
     const int epochs = refuse_all ? 1 : 4;
     // Plain SGD: with momentum 0.9, stale pushes make a run this short too noisy to hold to a bar
-    // (README, "The cross-region claim").
+    // (README, "The cross-region claim"). A decaying rate, so that the last pushes, whose staleness
+    // the scheduler sets, move the model little.
     Child run({TEPDIST_BINARY, "run", job, "--mode", "async", "--nodes", "3", "--epochs", std::to_string(epochs), "--set",
                std::string("job.max_staleness=") + bound, "--set", "elastic.local_steps=0", "--set",
-               "optimizer.momentum=0.0", "--set", "optimizer.lr=0.1", "--out", out.string()});
+               "optimizer.momentum=0.0", "--set", "optimizer.lr=0.1", "--set", "optimizer.schedule=\"cosine\"",
+               "--out", out.string()});
     const int status = run.wait();
     INFO(run.all());
     REQUIRE(status == 0);
@@ -449,10 +464,11 @@ TEST_CASE("async, gradients mode: pushes beyond max_staleness are refused, count
       CHECK(result["mean_staleness"].get<double>() == 0.0);
     } else {
       CHECK(result["mean_staleness"].get<double>() > 0.0);
-      // It learned: an untrained model's test loss is ln 10 = 2.30 and its accuracy 0.1. (Four
-      // epochs measured 0.95 to 1.18 and 57% to 62%.)
-      CHECK(result["test_loss"].get<double>() < 1.6);
-      CHECK(result["test_accuracy"].get<double>() > 0.4);
+      // It learned: an untrained model's test loss is ln 10 = 2.30 and its accuracy 0.1. Measured
+      // 0.95 to 1.02 and 65.6% to 66.5% unloaded, 1.05 to 1.08 and 65% to 66% next to five busy
+      // loops (AVX-512 EPYC, 2 cores); at a constant rate the loss had spread to 1.44 there.
+      CHECK(result["test_loss"].get<double>() < 1.3);
+      CHECK(result["test_accuracy"].get<double>() > 0.55);
     }
     CHECK(fs::exists(out / "model.safetensors"));
   }
@@ -464,24 +480,19 @@ TEST_CASE("async, updates mode: three nodes learn what one process learns, and r
   TempDir dir;
   const std::string job = job_file(dir);
   // A decaying rate in both: at this run's constant one the last evaluation swings by 5 points
-  // either way (the replicas drift apart between mixings), too much to hold to a close bar.
-  const std::string cosine = "optimizer.schedule=\"cosine\"";
-  Child single({TEPDIST_BINARY, "train", job, "--set", cosine, "--set", "data.batch_size=192", "--out",
-                (dir.path / "single").string()});
-  REQUIRE(single.wait() == 0);
-  const auto reference = read_json(dir.path / "single" / "result.json");
-  Child three({TEPDIST_BINARY, "run", job, "--mode", "async", "--nodes", "3", "--set", cosine, "--out",
-               (dir.path / "async").string()});
-  const int ran = three.wait();
-  INFO(three.all());
-  REQUIRE(ran == 0);
-  const auto result = read_json(dir.path / "async" / "result.json");  // local_steps 4, momentum 0.9: defaults
+  // either way (the replicas drift apart between mixings), too much to hold to a close bar. Four
+  // epochs: after two, the order in which the scheduler lets updates land still moved the accuracy
+  // from 0.599 to 0.681 next to five busy loops, against one process's 0.6925.
+  const std::vector<std::string> longer{"--epochs", "4", "--set", "optimizer.schedule=\"cosine\""};
+  const auto reference = single_process_reference(dir, job, longer);
+  const auto result = three_node_run(dir, job, "async", longer);  // local_steps 4, momentum 0.9: defaults
   CHECK(result["mode"] == "async");
-  CHECK(result["samples"] == 2 * 6144);
+  CHECK(result["samples"] == 4 * 6144);
   CHECK(result["updates_applied"].get<uint64_t>() > 0);
-  // Measured 0.6755 to 0.6965 in five runs against one process's 0.692. Mixing that lost updates
-  // would leave the initial model (0.1); counting them twice, a diverged one.
-  CHECK(result["test_accuracy"].get<double>() >= reference["test_accuracy"].get<double>() - 0.04);
+  // Against one process's 0.768, measured 0.754 to 0.7765 unloaded and 0.7335 to 0.754 next to five
+  // busy loops (AVX-512 EPYC, 2 cores). Mixing that lost updates would leave the initial model
+  // (0.1); counting them twice, a diverged one.
+  CHECK(result["test_accuracy"].get<double>() >= reference["test_accuracy"].get<double>() - 0.05);
 
   // Staleness 0 refuses most updates; each goes out again on fresher values until it lands, and
   // the job still ends.
