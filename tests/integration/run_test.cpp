@@ -231,6 +231,39 @@ TEST_CASE("gossip and async: a checkpoint of three nodes resumes on two, and the
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
+TEST_CASE("sync and gossip: a finished job resumed trains nothing and reports its model's accuracy",
+          "[integration][run]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  for (const std::string mode : {"sync", "gossip"}) {
+    INFO(mode);
+    const auto out = dir.path / mode;
+    Child first({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "2", "--epochs", "1", "--set",
+                 "elastic.checkpoint_every_steps=16", "--out", out.string()});
+    const int status = first.wait();
+    INFO(first.all());
+    REQUIRE(status == 0);
+    const auto before = read_json(out / "result.json");
+    const auto model = tepdist::test::read_bytes(out / "model.safetensors");
+    // Its final checkpoint leaves nothing to train (gossip: no job.max_steps cut it short), so the
+    // resumed job ends at once with the checkpoint's model (two equal replicas average to it) and
+    // evaluates it: before, sync reported an accuracy of 0 and gossip trained positions again.
+    Child again({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "2", "--epochs", "1", "--resume", "--out",
+                 out.string()});
+    const int again_status = again.wait();
+    INFO(again.all());
+    REQUIRE(again_status == 0);
+    const auto after = read_json(out / "result.json");
+    INFO(after.dump(1));
+    CHECK(after["samples"] == 0);
+    CHECK(after["steps"] == before["steps"]);
+    CHECK(after["evaluations"].size() == 1);
+    CHECK(after["test_accuracy"] == before["test_accuracy"]);
+    CHECK(tepdist::test::read_bytes(out / "model.safetensors") == model);
+  }
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
 TEST_CASE("a launcher killed with SIGKILL takes its nodes with it", "[integration][run]") {
   TempDir dir;
   auto run = training_run(dir, "2");

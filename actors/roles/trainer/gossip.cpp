@@ -4,6 +4,8 @@
 // all-reduce of the replicas leaves every worker with the same average. On a change the rest of
 // every list is re-split (job control), and what a dead worker never mixed counts as not consumed.
 
+#include <limits>
+
 #include "actors/roles/trainer/job.hpp"
 
 namespace tepdist::actors::trainer_detail {
@@ -167,7 +169,7 @@ class GossipDriver final : public Driver {
     j.ring_seconds += seconds_between(j.waiting_since, Clock::now());
     j.last_eval_step = -1;  // the average is another model than the replica evaluated at this step
     if (j.rank == 0) {
-      if (j.checkpoints.take(j.step, true)) checkpoint(j, Clock::now());
+      if (j.checkpoints.take(j.step, true)) checkpoint(j, Clock::now(), true);
       evaluate_snapshot(self);
     }
     finish_job(self);
@@ -176,13 +178,18 @@ class GossipDriver final : public Driver {
   /// Rank 0: its replica (at the end, the final average) and optimiser, and the positions none of
   /// the workers is known to have consumed (the others' as far as their last mixing with rank 0
   /// said). What a worker trained since is partly in this replica already, through mixings: a
-  /// resume trains those positions again, and skips none.
-  void checkpoint(Job& j, Clock::time_point began) {
+  /// resume trains those positions again, and skips none. The final checkpoint of a job that
+  /// ended for good leaves nothing: with no job.max_steps every worker ended its steps out of
+  /// positions (or at the target), so a resume of the finished job evaluates and exports its model
+  /// without training it again. (A job cut short by max_steps is resumed from its cursors.)
+  void checkpoint(Job& j, Clock::time_point began, bool final = false) {
     auto cursors = cursors_;
     cursors[j.start.workers[j.rank]] = consumed_;
     compute::TrainingState state{j.step, j.epoch, j.config.job.seed, {}};
     state.job = compute::TrainingState::Job{j.start.job_id, j.generation, "gossip", 0, j.own_samples * j.world,
                                             j.start.reference_batch};
+    if (final && (j.config.job.max_steps <= 0 || j.target_reached))
+      for (const auto& w : j.start.workers) cursors[w] = std::numeric_limits<uint64_t>::max();
     set_unconsumed(j, cursors, state);
     j.checkpoints.write(j, *j.model, *j.optimizer, state, began);
   }
