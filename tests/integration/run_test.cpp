@@ -245,7 +245,7 @@ TEST_CASE("sync and gossip: a finished job resumed trains nothing and reports it
     REQUIRE(status == 0);
     const auto before = read_json(out / "result.json");
     const auto model = tepdist::test::read_bytes(out / "model.safetensors");
-    // Its final checkpoint leaves nothing to train (gossip: no job.max_steps cut it short), so the
+    // Its final checkpoint leaves nothing to train (it ran out of positions), so the
     // resumed job ends at once with the checkpoint's model (two equal replicas average to it) and
     // evaluates it: before, sync reported an accuracy of 0 and gossip trained positions again.
     Child again({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "2", "--epochs", "1", "--resume", "--out",

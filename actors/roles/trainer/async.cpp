@@ -390,6 +390,7 @@ class AsyncDriver final : public Driver {
       gossip::Control over{self_id_, self->state.o.incarnation, gossip::Control::Command::job_finished, j.start.job_id,
                            {}};
       for (size_t i = 1; i < j.start.addresses.size(); ++i) send_to(self, j.start.addresses[i], over);
+      j.last_eval_step = -1;  // the assembled model is another than rank 0's replica evaluated at this step
       evaluate_snapshot(self);
       return finish_job(self);
     }

@@ -178,17 +178,18 @@ class GossipDriver final : public Driver {
   /// Rank 0: its replica (at the end, the final average) and optimiser, and the positions none of
   /// the workers is known to have consumed (the others' as far as their last mixing with rank 0
   /// said). What a worker trained since is partly in this replica already, through mixings: a
-  /// resume trains those positions again, and skips none. The final checkpoint of a job that
-  /// ended for good leaves nothing: with no job.max_steps every worker ended its steps out of
-  /// positions (or at the target), so a resume of the finished job evaluates and exports its model
-  /// without training it again. (A job cut short by max_steps is resumed from its cursors.)
+  /// resume trains those positions again, and skips none. The final checkpoint of a job that ran
+  /// out of positions leaves nothing: with no job.max_steps and no stop at the target, every worker
+  /// ended its steps because its list was empty, so a resume of the finished job evaluates and
+  /// exports its model without training it again. (A job stopped by max_steps or at the target is
+  /// resumed from the cursors, as sync is from its step.)
   void checkpoint(Job& j, Clock::time_point began, bool final = false) {
     auto cursors = cursors_;
     cursors[j.start.workers[j.rank]] = consumed_;
     compute::TrainingState state{j.step, j.epoch, j.config.job.seed, {}};
     state.job = compute::TrainingState::Job{j.start.job_id, j.generation, "gossip", 0, j.own_samples * j.world,
                                             j.start.reference_batch};
-    if (final && (j.config.job.max_steps <= 0 || j.target_reached))
+    if (final && j.config.job.max_steps <= 0 && !j.target_reached)
       for (const auto& w : j.start.workers) cursors[w] = std::numeric_limits<uint64_t>::max();
     set_unconsumed(j, cursors, state);
     j.checkpoints.write(j, *j.model, *j.optimizer, state, began);
