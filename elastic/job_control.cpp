@@ -138,6 +138,16 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
                                   proposal_->number, o_.retry_ms));
     return propose(now, mine, out);
   }
+  if (proposal_ && now - proposal_->sent_at >= o_.resend_ms) {
+    // One silent worker holds the install back (every worker of the roster acks it), so those
+    // that have not acked are sent it again rather than waiting out the retry: the same proposal,
+    // which they ack again if they promised it already.
+    auto& p = *proposal_;
+    for (size_t i = 0; i < p.roster.ids.size(); ++i)
+      if (p.roster.ids[i] != o_.self && !p.acks.contains(p.roster.ids[i]) && !p.refused.contains(p.roster.ids[i]))
+        out.sends.emplace_back(p.roster.addresses[i], p.vote);
+    p.sent_at = now;
+  }
   // A change the last install did not cover (it came while the proposal was out), or a roster
   // that was too small before.
   if (!proposal_) on_view(now, view_, mine, out);
@@ -155,21 +165,36 @@ void JobControl::propose(double now, const Local& mine, Output& out) {
   waiting_.clear();
   Proposal p;
   p.number = std::max(highest_seen_, promised_) + 1;
-  p.at = now;
+  p.at = p.sent_at = now;
   p.roster = std::move(want);
   highest_seen_ = p.number;
   out.log.push_back(fmt::format("proposing generation {} after {}: {} workers", p.number, record_.generation,
                                 p.roster.ids.size()));
-  GenerationVote v{record_.job_id, GenerationVote::Kind::propose, p.number, record_.generation, p.roster.ids};
+  p.vote = GenerationVote{record_.job_id, GenerationVote::Kind::propose, p.number, record_.generation, p.roster.ids};
   for (size_t i = 0; i < p.roster.ids.size(); ++i)
-    if (p.roster.ids[i] != o_.self) out.sends.emplace_back(p.roster.addresses[i], v);
+    if (p.roster.ids[i] != o_.self) out.sends.emplace_back(p.roster.addresses[i], p.vote);
   proposal_ = std::move(p);
   // The proposer is a worker of its own proposal (it holds the duty, so it is live in the roster).
   if (std::find(proposal_->roster.ids.begin(), proposal_->roster.ids.end(), o_.self) != proposal_->roster.ids.end()) {
     promised_ = proposal_->number;
+    promised_from_ = o_.self;
     promised_to_.clear();  // a promise to itself
     out.paused = true;
     on_ack(o_.self, ack_of(proposal_->number, mine), out);
+  }
+}
+
+void JobControl::ack_promise(double now, const std::string& from, const GenerationVote& vote, const Local& mine,
+                             Output& out) {
+  GenerationVote a = ack_of(vote.number, mine);
+  a.job_id = vote.job_id;
+  promised_at_ = now;
+  promised_to_.clear();
+  if (const Member* m = find(view_, from)) {
+    promised_to_ = m->address;
+    out.sends.emplace_back(m->address, std::move(a));
+  } else {
+    out.log.push_back(fmt::format("cannot ack generation {}: {} is not in this view", vote.number, from));
   }
 }
 
@@ -195,11 +220,18 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
         if (const Member* m = find(view_, from)) out.sends.emplace_back(m->address, record_);
         return refuse(fmt::format("it builds on generation {}, and {} is installed here", vote.base, record_.generation));
       }
+      if (vote.number == promised_ && vote.number > record_.generation && from == promised_from_ && from != o_.self) {
+        // The proposal this node promised, sent again: its ack was lost, or could not be sent
+        // (the proposer was not in this view yet). A proposer makes one proposal per number, so
+        // this acks nothing new.
+        return ack_promise(now, from, vote, mine, out);
+      }
       if (vote.number <= promised_)
         return refuse(fmt::format("generation {} is promised or installed here", promised_));
       if (std::find(vote.workers.begin(), vote.workers.end(), o_.self) == vote.workers.end())
         return refuse(fmt::format("{} is not among its workers", o_.self));
       promised_ = vote.number;
+      promised_from_ = from;
       out.paused = true;
       // Another node's proposal won here: this node's own, if any, is over, and it stays quiet for
       // a retry period (two nodes whose views disagree for a moment must not outbid each other).
@@ -207,17 +239,7 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
         proposal_.reset();
         quiet_until_ = now + o_.retry_ms;
       }
-      GenerationVote a = ack_of(vote.number, mine);
-      a.job_id = vote.job_id;
-      promised_at_ = now;
-      promised_to_.clear();
-      if (const Member* m = find(view_, from)) {
-        promised_to_ = m->address;
-        out.sends.emplace_back(m->address, std::move(a));
-      } else {
-        out.log.push_back(fmt::format("cannot ack generation {}: {} is not in this view", vote.number, from));
-      }
-      return;
+      return ack_promise(now, from, vote, mine, out);
     }
     case GenerationVote::Kind::ack:
       // A worker still waiting on a promise made to a proposer that lost the duty (or whose
@@ -285,7 +307,8 @@ void JobControl::on_vote(double now, const std::string& from, const GenerationVo
       // Someone promised or installed a higher number: propose above it at once. The same number is
       // a rival proposal: the retry will do (a member that installed a newer generation also sends
       // it here, and that install ends this proposal).
-      if (vote.number > proposal_->number) propose(now, mine, out);
+      if (vote.number > proposal_->number) return propose(now, mine, out);
+      proposal_->refused.insert(from);
       return;
   }
 }

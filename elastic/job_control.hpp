@@ -41,6 +41,9 @@
 //               next generation's holders have fetched them: a shard no acker holds (its only
 //               holder is the leaver, or its replicas were still fetching) takes the leaver as
 //               its source in that install, instead of being lost.
+//   resend      the workers of a proposal that have not acked it are sent it again every
+//               resend_ms (a proposal or an ack lost, a worker whose view did not yet hold the
+//               proposer); a worker acks a proposal it has promised again, to its proposer only.
 //   retry       a proposal not installed after retry_ms is proposed again, numbered higher; a
 //               view change while proposing does it at once. A worker paused for retry_ms acks
 //               its promise again to the proposer, which answers a repeated ack of a generation
@@ -56,6 +59,7 @@
 #include <expected>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -93,6 +97,7 @@ class JobControl {
     Quorum quorum = Quorum::majority;
     size_t min_workers = 1;   ///< no generation with fewer workers is proposed
     double retry_ms = 3000;   ///< a proposal not installed by then is made again, numbered higher
+    double resend_ms = 500;   ///< until then, its workers that have not acked are sent it again this often
   };
   /// What this node holds, for its acks.
   struct Local {
@@ -143,6 +148,9 @@ class JobControl {
   struct Proposal {
     uint64_t number = 0;
     double at = 0;
+    double sent_at = 0;  // when it was last sent to the workers that had not acked
+    gossip::GenerationVote vote;
+    std::set<std::string> refused;  // workers that refused it: not sent it again
     Roster roster;
     std::map<std::string, gossip::GenerationVote> acks;  // by worker id
   };
@@ -150,6 +158,10 @@ class JobControl {
   std::string duty_holder() const;
   bool holds_duty() const;
   void propose(double now, const Local& mine, Output& out);
+  /// Acks the proposal `vote` from `from`, which this node has promised (to its address, if the
+  /// view holds it).
+  void ack_promise(double now, const std::string& from, const gossip::GenerationVote& vote, const Local& mine,
+                   Output& out);
   void on_ack(const std::string& from, const gossip::GenerationVote& vote, Output& out);
   void try_install(Output& out);
   /// Why no worker of the installed generation can hold the state any more, naming each (empty:
@@ -169,6 +181,7 @@ class JobControl {
   std::string waiting_;               // why the duty holder does not propose (logged once)
   double quiet_until_ = 0;            // acked another node's proposal: no own proposal before this
   std::string promised_to_;           // the address of the proposer of promised_ (not this node's own)
+  std::string promised_from_;         // the proposer of promised_ (this node, for its own)
   uint64_t job_id_ = 0;               // a joiner's: the job of the proposals it heard
   std::map<std::string, uint64_t> excluded_;  // evicted workers: id -> boot id of the evicted run
   static constexpr int max_strikes = 2;       // evictions of one run before its `back` is not taken

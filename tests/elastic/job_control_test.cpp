@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <deque>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -40,6 +41,7 @@ struct Net {
   std::set<std::string> no_pull;  // behind after an install, and stay so (a pull under way)
   std::deque<std::tuple<std::string, std::string, gossip::Body>> queue;  // from, to, body
   std::map<uint64_t, std::vector<std::string>> installed;  // number -> workers, as first installed anywhere
+  std::function<bool(const std::string&, const std::string&, const gossip::Body&)> lose;  // messages lost on the way
   double now = 0;
   elastic::Quorum quorum = elastic::Quorum::majority;
 
@@ -138,6 +140,7 @@ struct Net {
       }
       queue.pop_front();
       if (!reachable(from, to) || !nodes.contains(to) || down.contains(to) || down.contains(from)) continue;
+      if (lose && lose(from, to, body)) continue;
       auto& n = nodes.at(to);
       JobControl::Output out;
       if (auto* v = std::get_if<GenerationVote>(&body)) n.control->on_vote(now, from, *v, n.local, out);
@@ -208,6 +211,39 @@ TEST_CASE("a killed worker: the survivors install the next generation, resuming 
     CHECK_FALSE(c.paused());
   }
   CHECK(net.nodes.at("w0").local.progress.step == 11);  // pulled from the donor
+}
+
+TEST_CASE("a lost ack: the proposal goes again to the silent worker only, which acks it again, well before the retry",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2", "w3"}) net.add(id);
+  net.start({"w0", "w1", "w2", "w3"});
+  const auto is_ack = [](const gossip::Body& b) {
+    const auto* v = std::get_if<GenerationVote>(&b);
+    return v && v->kind == GenerationVote::Kind::ack;
+  };
+  net.lose = [&](const std::string& from, const std::string&, const gossip::Body& b) { return from == "w2" && is_ack(b); };
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {"w3"});
+  net.deliver_all();
+  // Every worker of the roster acks an install: w2's lost ack holds generation 2 back.
+  CHECK(net.nodes.at("w0").control->proposing() == 2);
+  CHECK(net.nodes.at("w0").control->record().generation == 1);
+  CHECK(net.nodes.at("w2").control->paused());
+
+  net.lose = nullptr;
+  net.tick(600);  // past resend_ms (500), far short of retry_ms (3000)
+  size_t to_w2 = 0, others = 0;
+  for (const auto& [from, to, body] : net.queue)
+    if (from == "w0" && std::holds_alternative<GenerationVote>(body)) (to == "w2" ? to_w2 : others) += 1;
+  CHECK(to_w2 == 1);
+  CHECK(others == 0);  // w1 acked: not sent it again
+  net.deliver_all();
+  for (auto id : {"w0", "w1", "w2"}) {
+    INFO(id);
+    CHECK(net.nodes.at(id).control->record().generation == 2);  // the same number: no retry
+    CHECK(net.nodes.at(id).control->record().workers == std::vector<std::string>{"w0", "w1", "w2"});
+    CHECK_FALSE(net.nodes.at(id).control->paused());
+  }
 }
 
 TEST_CASE("only the duty holder proposes: the lowest live worker of the generation", "[elastic][job_control]") {
