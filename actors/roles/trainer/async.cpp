@@ -391,8 +391,7 @@ class AsyncDriver final : public Driver {
                            {}};
       for (size_t i = 1; i < j.start.addresses.size(); ++i) send_to(self, j.start.addresses[i], over);
       j.last_eval_step = -1;  // the assembled model is another than rank 0's replica evaluated at this step
-      evaluate_snapshot(self);
-      return finish_job(self);
+      return finish_job(self);  // which evaluates it
     }
     elastic::Outgoing<gossip::ShardUpdate> out;
     if (auto ok = worker_->on_state(st, j.model->parameters(), out); !ok) {

@@ -168,11 +168,8 @@ class GossipDriver final : public Driver {
     for (size_t i = 0; i < p.size(); ++i) p[i] = j.buffer[i] * inv;
     j.ring_seconds += seconds_between(j.waiting_since, Clock::now());
     j.last_eval_step = -1;  // the average is another model than the replica evaluated at this step
-    if (j.rank == 0) {
-      if (j.checkpoints.take(j.step, true)) checkpoint(j, Clock::now(), true);
-      evaluate_snapshot(self);
-    }
-    finish_job(self);
+    if (j.rank == 0 && j.checkpoints.take(j.step, true)) checkpoint(j, Clock::now(), true);
+    finish_job(self);  // rank 0 evaluates the average there
   }
 
   /// Rank 0: its replica (at the end, the final average) and optimiser, and the positions none of

@@ -231,8 +231,8 @@ void finish_job(Trainer* self) {
   auto& j = *self->state.job;
   j.finishing = true;
   if (j.rank == 0) {
-    // The model the job ends with is evaluated once; a job resumed at its end (a checkpoint of its
-    // last step) took no step that would have.
+    // The one place the model the job ends with is evaluated (every mode, and a job resumed at its
+    // end, which took no step); a step already evaluated is not evaluated again.
     evaluate_snapshot(self);
     if (j.pending_evals == 0) complete_rank0(self);
     return;

@@ -150,7 +150,8 @@ class SyncDriver final : public Driver {
         j.window_start = j.last_step_end;
       }
       const auto every = j.config.job.eval_every_steps;
-      if ((every > 0 && j.step % every == 0) || epoch_end || over) evaluate_snapshot(self);
+      // The last step's model is evaluated by finish_job.
+      if (!over && ((every > 0 && j.step % every == 0) || epoch_end)) evaluate_snapshot(self);
     }
     if (over) return finish_job(self);
     self->send(self, step_atom::value);
