@@ -231,11 +231,11 @@ TEST_CASE("gossip and async: a checkpoint of three nodes resumes on two, and the
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
-TEST_CASE("sync and gossip: a finished job resumed trains nothing and reports its model's accuracy",
+TEST_CASE("every mode: a finished job resumed trains nothing and reports its model's accuracy",
           "[integration][run]") {
   TempDir dir;
   const std::string job = job_file(dir);
-  for (const std::string mode : {"sync", "gossip"}) {
+  for (const std::string mode : {"sync", "gossip", "async"}) {
     INFO(mode);
     const auto out = dir.path / mode;
     Child first({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "2", "--epochs", "1", "--set",
@@ -245,9 +245,17 @@ TEST_CASE("sync and gossip: a finished job resumed trains nothing and reports it
     REQUIRE(status == 0);
     const auto before = read_json(out / "result.json");
     const auto model = tepdist::test::read_bytes(out / "model.safetensors");
-    // Its final checkpoint leaves nothing to train (it ran out of positions), so the
-    // resumed job ends at once with the checkpoint's model (two equal replicas average to it) and
-    // evaluates it: before, sync reported an accuracy of 0 and gossip trained positions again.
+    // The job's last checkpoint is of its end, and holds the model it ended with.
+    REQUIRE(before["checkpoint"].is_string());
+    CHECK(read_json(before["checkpoint"].get<std::string>())["step"] == before["steps"]);
+    Child exported({TEPDIST_BINARY, "export", (out / "checkpoints").string(), "--out", (out / "ckpt.safetensors").string()});
+    REQUIRE(exported.wait() == 0);
+    CHECK(tepdist::test::read_bytes(out / "ckpt.safetensors") == model);
+    // Its final checkpoint leaves nothing to train (it ran out of positions), so the resumed job
+    // ends at once with the checkpoint's model (two equal replicas average to it; async places it
+    // over the shards and pulls it back) and evaluates it: before, sync reported an accuracy of 0,
+    // gossip trained positions again, and async wrote no final checkpoint and trained again from
+    // its last periodic one.
     Child again({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "2", "--epochs", "1", "--resume", "--out",
                  out.string()});
     const int again_status = again.wait();

@@ -3,8 +3,9 @@
 // computes the gradient of each batch on the values it last pulled, pushes it (or, in updates
 // mode, its local optimiser's change) to the shards' primaries, and steps again as long as its
 // window of unanswered pushes allows (elastic/async_shards.hpp). This node's shards are served by
-// its shard host (actors/roles/shard_host.hpp). At the end rank 0 pulls every shard for the final
-// model.
+// its shard host (actors/roles/shard_host.hpp). At the end, once every worker's updates are all
+// applied and durable, rank 0 assembles the final model from every shard: gathered with the
+// shards' state for the job's last checkpoint when checkpoints are on, else pulled.
 //
 // Elastic: every installed generation places the shards afresh over its workers, every holder
 // taking the shard's state from one surviving holder of the generation before
@@ -17,6 +18,8 @@
 // and rank 0 writes one part in the format sync writes (the whole model and optimiser state), so
 // a checkpoint does not depend on the shard count or the world: a resumed job, on any number of
 // nodes, places its shards afresh from it and re-splits the positions left.
+// The last one, taken at the end, leaves no position when every list was trained (as gossip's),
+// so a finished job resumed trains nothing again.
 
 #include "actors/roles/trainer/job.hpp"
 
@@ -238,13 +241,16 @@ class AsyncDriver final : public Driver {
     return resume_positions(j, state);
   }
 
-  /// Rank 0: the shards its host gathered, and the cut named when it was asked, to disk.
-  void on_gathered(Trainer*, Job& j, const ShardGather& g) override {
+  /// Rank 0: the shards its host gathered, and the cut named when it was asked, to disk. The
+  /// job's last cut is also its final model: rank 0 keeps the gathered values and ends the job
+  /// (should the gather fail, the model is pulled from the primaries instead).
+  void on_gathered(Trainer* self, Job& j, const ShardGather& g) override {
     if (!cut_ || g.id != cut_->id) return;  // an older one's
     auto cut = std::move(*cut_);
     cut_.reset();
     if (!g.error.empty()) {
       node_events().warn("checkpoint_failed job={} step={} reason=\"{}\"", j.start.job_id, cut.state.step, g.error);
+      if (cut.final) start_pull(self, j);
       return;
     }
     const auto params = j.model->parameters();
@@ -257,9 +263,15 @@ class AsyncDriver final : public Driver {
                          "buffers; the model has {} and {}\"",
                          j.start.job_id, cut.state.step, g.values.size(), g.optimizer.size(), params.size(),
                          optimizer.size());
+      if (cut.final) start_pull(self, j);
       return;
     }
-    set_unconsumed(j, g.cursors, cut.state);
+    auto cursors = g.cursors;
+    // A job that ran out of positions (no job.max_steps, no stop at the target) leaves none: every
+    // worker finished its list, so a resume of the finished job trains nothing again (as gossip).
+    if (cut.final && j.config.job.max_steps <= 0 && !j.target_reached)
+      for (const auto& w : j.start.workers) cursors[w] = std::numeric_limits<uint64_t>::max();
+    set_unconsumed(j, cursors, cut.state);
     // The file is written from the model and optimiser: this worker's own values stand aside meanwhile.
     const std::vector<float> own(params.begin(), params.end());
     std::copy(g.values.begin(), g.values.end(), params.begin());
@@ -269,6 +281,7 @@ class AsyncDriver final : public Driver {
       j.optimizer->set_steps(g.optimizer_steps);
     }
     j.checkpoints.write(j, *j.model, *j.optimizer, cut.state, cut.began);
+    if (cut.final) return assembled(self, j);  // every update is in: the gathered values are the final model
     std::copy(own.begin(), own.end(), params.begin());
   }
 
@@ -293,8 +306,8 @@ class AsyncDriver final : public Driver {
   /// worker, those every shard's state holds: the least cursor its applied pushes carried over
   /// the shards. (A push refused as too stale and not yet sent again is the exception: its
   /// steps may count although they are not in.)
-  void start_checkpoint(Job& j) {
-    Cut cut{++cuts_, Clock::now(), {j.step, j.epoch, j.config.job.seed, {}}};
+  void start_checkpoint(Job& j, bool final = false) {
+    Cut cut{++cuts_, Clock::now(), {j.step, j.epoch, j.config.job.seed, {}}, final};
     cut.state.job = compute::TrainingState::Job{j.start.job_id, j.generation, "async", 0, j.own_samples * j.world,
                                                 j.start.reference_batch};
     cut_ = std::move(cut);
@@ -346,13 +359,29 @@ class AsyncDriver final : public Driver {
     send_all(self, j, out);
   }
 
-  /// Rank 0, once every worker has applied all its updates: pull every shard for the final model.
+  /// Rank 0, once every worker has applied all its updates: the final model, gathered with the
+  /// shards' optimiser state for the job's last checkpoint when one is due, else pulled.
   void maybe_assemble(Trainer* self, Job& j) {
-    if (assembling_ || finished_.size() < j.world) return;
+    if (assembling_ || (cut_ && cut_->final) || finished_.size() < j.world) return;
+    if (j.checkpoints.take(j.step, true)) return start_checkpoint(j, true);
+    start_pull(self, j);
+  }
+
+  /// Rank 0: pulls every shard's values from its primary for the final model.
+  void start_pull(Trainer* self, Job& j) {
     assembling_ = true;
     assembled_.assign(placement_.size(), 0);
     assembled_count_ = 0;
     pull_missing(self, j);
+  }
+
+  /// Rank 0, the final model whole: the others may let their shards go; rank 0 evaluates and reports.
+  void assembled(Trainer* self, Job& j) {
+    gossip::Control over{self_id_, self->state.o.incarnation, gossip::Control::Command::job_finished, j.start.job_id,
+                         {}};
+    for (size_t i = 1; i < j.start.addresses.size(); ++i) send_to(self, j.start.addresses[i], over);
+    j.last_eval_step = -1;  // the assembled model is another than rank 0's replica evaluated at this step
+    finish_job(self);       // which evaluates it
   }
 
   /// Every position of its list done; once every push is answered (and refused ones redone) and
@@ -386,12 +415,7 @@ class AsyncDriver final : public Driver {
                 j.model->parameters().begin() + static_cast<ptrdiff_t>(range.begin));
       assembled_[st.shard] = 1;
       if (++assembled_count_ < placement_.size()) return;
-      // The final model is whole: the others may let their shards go; rank 0 evaluates and reports.
-      gossip::Control over{self_id_, self->state.o.incarnation, gossip::Control::Command::job_finished, j.start.job_id,
-                           {}};
-      for (size_t i = 1; i < j.start.addresses.size(); ++i) send_to(self, j.start.addresses[i], over);
-      j.last_eval_step = -1;  // the assembled model is another than rank 0's replica evaluated at this step
-      return finish_job(self);  // which evaluates it
+      return assembled(self, j);
     }
     elastic::Outgoing<gossip::ShardUpdate> out;
     if (auto ok = worker_->on_state(st, j.model->parameters(), out); !ok) {
@@ -432,6 +456,7 @@ class AsyncDriver final : public Driver {
     uint64_t id = 0;
     Clock::time_point began;
     compute::TrainingState state;
+    bool final = false;  // the job's last: every worker finished, and the gathered values are the final model
   };
   std::optional<Cut> cut_;
   uint64_t cuts_ = 0;
