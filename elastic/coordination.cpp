@@ -34,10 +34,12 @@ std::expected<gossip::JobStart, std::string> assign_job(gossip::JobStart job, co
   job.workers.clear();
   job.addresses.clear();
   job.worker_boot_ids.clear();
+  job.worker_regions.clear();
   for (const Member* w : workers) {
     job.workers.push_back(w->id);
     job.addresses.push_back(w->address);
     job.worker_boot_ids.push_back(w->boot_id);
+    job.worker_regions.push_back(w->region);
   }
   job.coordinator = self;
   job.coordinator_boot_id = c->boot_id;

@@ -3,9 +3,11 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <functional>
 #include <numeric>
 
 #include "elastic/coordination.hpp"
+#include "elastic/placement.hpp"
 #include "elastic/progress.hpp"
 
 namespace tepdist::elastic {
@@ -53,22 +55,24 @@ std::string job_duty_holder(const JobStart& record, const std::vector<Member>& v
 
 Roster desired_roster(const JobStart& record, const std::vector<Member>& view,
                       const std::map<std::string, uint64_t>& excluded) {
-  std::vector<std::tuple<std::string, std::string, uint64_t>> rows;
+  std::vector<std::tuple<std::string, std::string, uint64_t, std::string>> rows;
   for (const auto& m : view) {
     const auto out = excluded.find(m.id);
     if (out != excluded.end() && (out->second == m.boot_id || !out->second || !m.boot_id)) continue;
-    if (is_live(m) && has_role(m, "worker")) rows.emplace_back(m.id, m.address, m.boot_id);
+    if (is_live(m) && has_role(m, "worker")) rows.emplace_back(m.id, m.address, m.boot_id, m.region);
   }
   for (size_t i = 0; i < record.workers.size(); ++i)
     if (!find(view, record.workers[i]) && !excluded.contains(record.workers[i]))
       rows.emplace_back(record.workers[i], record.addresses[i],
-                        i < record.worker_boot_ids.size() ? record.worker_boot_ids[i] : 0);
+                        i < record.worker_boot_ids.size() ? record.worker_boot_ids[i] : 0,
+                        i < record.worker_regions.size() ? record.worker_regions[i] : std::string());
   std::sort(rows.begin(), rows.end());
   Roster r;
-  for (auto& [id, address, boot] : rows) {
+  for (auto& [id, address, boot, region] : rows) {
     r.ids.push_back(id);
     r.addresses.push_back(address);
     r.boot_ids.push_back(boot);
+    r.regions.push_back(region);
   }
   return r;
 }
@@ -328,26 +332,60 @@ void JobControl::on_ack(const std::string& from, const GenerationVote& vote, Out
   try_install(out);
 }
 
+std::string JobControl::gone_why(const Proposal& p, const std::string& id,
+                                 const std::function<bool(const gossip::GenerationVote&)>& holds) const {
+  const auto at = std::find(record_.workers.begin(), record_.workers.end(), id);
+  const size_t i = static_cast<size_t>(at - record_.workers.begin());
+  const uint64_t boot = at != record_.workers.end() && i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
+  const Member* m = find(view_, id);
+  const auto ack = p.acks.find(id);
+  const auto other_run = [&](uint64_t b) { return boot && b && b != boot; };
+  if (m && m->state == Member::State::left) return "left";
+  if ((m && is_live(*m) && other_run(m->boot_id)) || (ack != p.acks.end() && other_run(ack->second.boot_id)))
+    return "restarted";
+  if (ack != p.acks.end() && !holds(ack->second)) return "holds none";
+  // Dead on a cluster that cannot be partitioned is gone; with a majority quorum it may be the
+  // other side of a partition, holding the state.
+  if (m && m->state == Member::State::dead && o_.quorum == Quorum::any) return "dead";
+  return {};  // it may hold it: not heard from, suspect, or dead across a partition
+}
+
 std::string JobControl::state_gone(const Proposal& p) const {
   std::string gone;
-  for (size_t i = 0; i < record_.workers.size(); ++i) {
-    const auto& id = record_.workers[i];
-    const uint64_t boot = i < record_.worker_boot_ids.size() ? record_.worker_boot_ids[i] : 0;
-    const Member* m = find(view_, id);
-    const auto ack = p.acks.find(id);
-    const auto other_run = [&](uint64_t b) { return boot && b && b != boot; };
-    std::string what;
-    if (m && m->state == Member::State::left) what = "left";
-    else if ((m && is_live(*m) && other_run(m->boot_id)) || (ack != p.acks.end() && other_run(ack->second.boot_id)))
-      what = "restarted";
-    else if (ack != p.acks.end() && !ack->second.has_state) what = "holds none";
-    // Dead on a cluster that cannot be partitioned is gone; with a majority quorum it may be the
-    // other side of a partition, holding the state.
-    else if (m && m->state == Member::State::dead && o_.quorum == Quorum::any) what = "dead";
-    else return {};  // it may hold the state: not heard from, suspect, or dead across a partition
+  for (const auto& id : record_.workers) {
+    const auto what = gone_why(p, id, [](const gossip::GenerationVote& v) { return v.has_state; });
+    if (what.empty()) return {};
     gone += fmt::format("{}{} {}", gone.empty() ? "" : ", ", id, what);
   }
   return gone;
+}
+
+JobControl::ShardsUnheld JobControl::shards_unheld(const Proposal& p, const std::vector<std::string>& sources) const {
+  ShardsUnheld out;
+  const auto holders = place_shards(record_.shards, record_.workers, o_.replication, record_.worker_regions);
+  for (uint32_t s = 0; s < record_.shards; ++s) {
+    if (s < sources.size() && !sources[s].empty()) continue;
+    // Who may hold it: its holders in the installed generation, and the source they were to
+    // fetch it from (should they still be fetching, that one still holds it).
+    std::vector<std::string> may = holders[s];
+    if (s < record_.shard_sources.size() && !record_.shard_sources[s].empty() &&
+        !std::ranges::count(may, record_.shard_sources[s]))
+      may.push_back(record_.shard_sources[s]);
+    std::string gone, unheard;
+    for (const auto& id : may) {
+      const auto what = gone_why(p, id, [s](const gossip::GenerationVote& v) {
+        return std::ranges::any_of(v.held_shards, [s](const auto& h) { return h.first == s; });
+      });
+      auto& list = what.empty() ? unheard : gone;
+      list += fmt::format("{}{}{}", list.empty() ? "" : ", ", id, what.empty() ? "" : ": " + what);
+    }
+    if (!unheard.empty()) {
+      if (out.waiting.empty()) out.waiting = fmt::format("shard {} (held by {})", s, unheard);
+    } else if (out.lost.size() < 512) {
+      out.lost += fmt::format("{}shard {} (held by {})", out.lost.empty() ? "" : "; ", s, gone);
+    }
+  }
+  return out;
 }
 
 void JobControl::try_install(Output& out) {
@@ -413,6 +451,7 @@ void JobControl::try_install(Output& out) {
   next.workers = p.roster.ids;
   next.addresses = p.roster.addresses;
   next.worker_boot_ids = p.roster.boot_ids;
+  next.worker_regions = p.roster.regions;
   next.generation = p.number;
   next.coordinator = o_.self;
   next.coordinator_boot_id = o_.boot_id;
@@ -420,6 +459,7 @@ void JobControl::try_install(Output& out) {
   next.previous_world = static_cast<uint32_t>(record_.workers.size());
   next.previous_workers = record_.workers;
   next.previous_boot_ids = record_.worker_boot_ids;
+  next.previous_regions = record_.worker_regions;
   next.donors.clear();
   for (const auto& id : counted)
     if (p.acks.at(id).progress == resume) next.donors.push_back(id);
@@ -468,6 +508,23 @@ void JobControl::try_install(Output& out) {
       if (!std::ranges::count(record_.workers, leaver)) continue;
       for (const auto& [shard, version] : held)
         if (shard < record_.shards && next.shard_sources[shard].empty()) next.shard_sources[shard] = leaver;
+    }
+    // A shard still without a source: while one of its holders may still hold it (unheard, or dead
+    // where a partition is possible), the install waits for it, as it waits for the sync state;
+    // once every holder is gone (left, restarted, acked without it, or dead on a cluster that
+    // cannot be partitioned), the shard is lost and the job cannot go on without a checkpoint.
+    if (const auto unheld = shards_unheld(p, next.shard_sources); !unheld.lost.empty()) {
+      out.lost = fmt::format("no surviving holder of {}. [elastic] replication = {} survives {} holder(s) of a shard "
+                             "lost at once; without a checkpoint the job cannot resume",
+                             unheld.lost, o_.replication, std::max(0, o_.replication - 1));
+      out.log.push_back(fmt::format("generation {}: {}", p.number, out.lost));
+      proposal_.reset();
+      return;
+    } else if (!unheld.waiting.empty()) {
+      out.log.push_back(fmt::format("generation {}: no acker holds {}; waiting for its holders (the other side of "
+                                    "a partition)",
+                                    p.number, unheld.waiting));
+      return;
     }
   }
   handover_.clear();  // for this install only: the leaver goes once its shards are fetched

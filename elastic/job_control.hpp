@@ -32,7 +32,9 @@
 //               it, or, on a cluster that cannot be partitioned, is dead): the job cannot go on
 //               without a checkpoint, and the duty holder says so (Output::lost) instead of
 //               proposing again and again. A worker only unheard, or dead where a partition is
-//               possible, may hold it: the proposer waits.
+//               possible, may hold it: the proposer waits. Likewise for an async shard no acker
+//               holds: the install waits while one of its holders (or the source they were
+//               fetching it from) may still hold it, and says the job lost once none can.
 //   evict       a worker that has waited step_timeout_s for a ring neighbour that membership still
 //               holds live asks the duty holder to leave it out; it stays out, in the duty
 //               holder's proposals, until it runs again with another boot id.
@@ -57,6 +59,7 @@
 
 #include <cstdint>
 #include <expected>
+#include <functional>
 #include <map>
 #include <optional>
 #include <set>
@@ -79,10 +82,11 @@ std::string job_duty_holder(const gossip::JobStart& record, const std::vector<go
 const std::string* worker_address(const gossip::JobStart& record, const std::string& id);
 
 /// Who should train according to `view`: every live member with the worker role, and the
-/// record's workers the view does not know yet, in id order, with addresses and boot ids.
+/// record's workers the view does not know yet, in id order, with addresses, boot ids and regions.
 struct Roster {
   std::vector<std::string> ids, addresses;
   std::vector<uint64_t> boot_ids;
+  std::vector<std::string> regions;  ///< Member::region ("" where not known)
   friend bool operator==(const Roster&, const Roster&) = default;
 };
 /// `excluded`: workers evicted, by id with the boot id of the run that was evicted.
@@ -98,6 +102,7 @@ class JobControl {
     size_t min_workers = 1;   ///< no generation with fewer workers is proposed
     double retry_ms = 3000;   ///< a proposal not installed by then is made again, numbered higher
     double resend_ms = 500;   ///< until then, its workers that have not acked are sent it again this often
+    int replication = 1;      ///< async: holders of each shard ([elastic] replication), to know who may hold one
   };
   /// What this node holds, for its acks.
   struct Local {
@@ -164,9 +169,22 @@ class JobControl {
                    Output& out);
   void on_ack(const std::string& from, const gossip::GenerationVote& vote, Output& out);
   void try_install(Output& out);
+  /// Why `id` (a worker of the installed generation, or a source outside it) cannot hold what
+  /// `holds` asks of its ack any more: "left", "restarted", "holds none" (it acked without it) or
+  /// "dead" (on a cluster that cannot be partitioned). Empty: it may hold it (it acked with it, or
+  /// is not heard from, suspect, or dead across a partition).
+  std::string gone_why(const Proposal& p, const std::string& id,
+                       const std::function<bool(const gossip::GenerationVote&)>& holds) const;
   /// Why no worker of the installed generation can hold the state any more, naming each (empty:
-  /// one may: it acked with it, or is not heard from, suspect, or dead across a partition).
+  /// one may).
   std::string state_gone(const Proposal& p) const;
+  /// Async: the shards `sources` names no source for. `lost`: those every holder of is gone, each
+  /// with its holders and why; `waiting`: the first one a holder of may still hold (not heard
+  /// from, suspect, or dead across a partition).
+  struct ShardsUnheld {
+    std::string lost, waiting;
+  };
+  ShardsUnheld shards_unheld(const Proposal& p, const std::vector<std::string>& sources) const;
   void install(const gossip::JobStart& record, Output& out);
   gossip::GenerationVote ack_of(uint64_t number, const Local& mine) const;
   /// Left out of the installed generation while running: tells the duty holder it runs (back).

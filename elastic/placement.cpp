@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
+#include <string_view>
 #include <fmt/format.h>
 #include "base/check.hpp"
 
@@ -26,27 +28,52 @@ uint64_t rendezvous_weight(uint32_t shard, const std::string& member) {
   return mix(fnv1a(member) ^ mix(static_cast<uint64_t>(shard) + 0x9e3779b97f4a7c15ull));
 }
 
-Placement place_shards(uint32_t shards, std::span<const std::string> members_in, int replicas) {
-  std::vector<std::string> members(members_in.begin(), members_in.end());
-  std::sort(members.begin(), members.end());
-  members.erase(std::unique(members.begin(), members.end()), members.end());
+Placement place_shards(uint32_t shards, std::span<const std::string> members_in, int replicas,
+                       std::span<const std::string> regions_in) {
+  // Members in id order, each with its region ("" where none is known), duplicates dropped.
+  std::vector<std::pair<std::string, std::string>> rows;
+  for (size_t i = 0; i < members_in.size(); ++i)
+    rows.emplace_back(members_in[i], i < regions_in.size() ? regions_in[i] : std::string());
+  std::sort(rows.begin(), rows.end());
+  rows.erase(std::unique(rows.begin(), rows.end(), [](const auto& a, const auto& b) { return a.first == b.first; }),
+             rows.end());
   Placement p(shards);
-  if (members.empty()) return p;
-  const size_t r = std::min(members.size(), static_cast<size_t>(std::max(1, replicas)));
-  std::vector<std::pair<uint64_t, const std::string*>> ranked(members.size());
+  if (rows.empty()) return p;
+  const size_t r = std::min(rows.size(), static_cast<size_t>(std::max(1, replicas)));
+  std::map<std::string, std::string> region_of(rows.begin(), rows.end());
+  const bool spread = r > 1 && std::any_of(rows.begin(), rows.end(), [&](const auto& m) { return m.second != rows[0].second; });
+  std::vector<std::pair<uint64_t, size_t>> ranked(rows.size());
+  const auto heavier = [&](const auto& a, const auto& b) {
+    return a.first != b.first ? a.first > b.first : rows[a.second].first < rows[b.second].first;
+  };
   for (uint32_t s = 0; s < shards; ++s) {
-    for (size_t i = 0; i < members.size(); ++i) ranked[i] = {rendezvous_weight(s, members[i]), &members[i]};
-    std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(r), ranked.end(),
-                      [](const auto& a, const auto& b) { return a.first != b.first ? a.first > b.first : *a.second < *b.second; });
-    for (size_t i = 0; i < r; ++i) p[s].push_back(*ranked[i].second);
+    for (size_t i = 0; i < rows.size(); ++i) ranked[i] = {rendezvous_weight(s, rows[i].first), i};
+    if (!spread) {
+      std::partial_sort(ranked.begin(), ranked.begin() + static_cast<std::ptrdiff_t>(r), ranked.end(), heavier);
+      for (size_t i = 0; i < r; ++i) p[s].push_back(rows[ranked[i].second].first);
+      continue;
+    }
+    // Several regions: in weight order, first the heaviest member of each region not yet holding
+    // the shard, then (fewer regions than holders) the heaviest of the rest. The primary is the
+    // heaviest member either way, so a region changes only which members hold the replicas.
+    std::sort(ranked.begin(), ranked.end(), heavier);
+    std::vector<uint8_t> taken(rows.size(), 0);
+    std::set<std::string_view> regions;
+    for (const auto& [w, i] : ranked)
+      if (p[s].size() < r && regions.insert(rows[i].second).second) {
+        p[s].push_back(rows[i].first);
+        taken[i] = 1;
+      }
+    for (const auto& [w, i] : ranked)
+      if (p[s].size() < r && !taken[i]) p[s].push_back(rows[i].first);
   }
-  if (shards < members.size()) return p;
+  if (shards < rows.size()) return p;
 
   // Every member primary for at least one shard: idle members, in id order, take the shard where
   // they weigh most among those whose primary has others.
   std::map<std::string, int> primaries;
   for (const auto& holders : p) ++primaries[holders[0]];
-  for (const auto& m : members) {
+  for (const auto& [m, m_region] : rows) {
     if (primaries[m] > 0) continue;
     int64_t best = -1;
     for (uint32_t s = 0; s < shards; ++s)
@@ -59,15 +86,25 @@ Placement place_shards(uint32_t shards, std::span<const std::string> members_in,
     auto it = std::find(holders.begin(), holders.end(), m);
     if (it != holders.end()) holders.erase(it);
     holders.insert(holders.begin(), m);
-    if (holders.size() > r) holders.pop_back();
+    if (holders.size() <= r) continue;
+    // One holder too many: the last whose region another holder before it has, so the shard keeps
+    // its regions; the last one if every region is held once.
+    auto drop = holders.end() - 1;
+    for (auto h = holders.end() - 1; h != holders.begin(); --h)
+      if (std::any_of(holders.begin(), h, [&](const std::string& o) { return region_of[o] == region_of[*h]; })) {
+        drop = h;
+        break;
+      }
+    holders.erase(drop);
   }
   return p;
 }
 
 ShardPlan plan_shards(const gossip::JobStart& record, uint32_t shards, int replicas) {
-  ShardPlan plan{place_shards(shards, record.workers, replicas), std::vector<std::string>(shards), {}};
+  ShardPlan plan{place_shards(shards, record.workers, replicas, record.worker_regions), std::vector<std::string>(shards),
+                 {}};
   if (record.previous_workers.empty()) return plan;  // the first generation
-  const auto before = place_shards(shards, record.previous_workers, replicas);
+  const auto before = place_shards(shards, record.previous_workers, replicas, record.previous_regions);
   for (uint32_t s = 0; s < shards; ++s) {
     if (s < record.shard_sources.size() && !record.shard_sources[s].empty()) {
       plan.sources[s] = record.shard_sources[s];

@@ -24,7 +24,15 @@ uint64_t rendezvous_weight(uint32_t shard, const std::string& member);
 /// placement[s] lists shard s's holders, primary first; min(replicas, members) of them.
 using Placement = std::vector<std::vector<std::string>>;
 
-Placement place_shards(uint32_t shards, std::span<const std::string> members, int replicas);
+/// Rendezvous placement: shard s's primary is the member of highest rendezvous_weight(s, member),
+/// its replicas the next heaviest, so a change of members moves only the shards it must. With
+/// `regions` (aligned with `members`; empty: none known) naming more than one region, the replicas
+/// are the heaviest member of each region not holding the shard yet, then the heaviest of the rest:
+/// every shard is held in min(replicas, regions) regions, so a partition or the loss of one region
+/// leaves a copy of every shard elsewhere. With shards >= members every member is primary of at
+/// least one (a member without one takes the shard it weighs most on, from a primary with others).
+Placement place_shards(uint32_t shards, std::span<const std::string> members, int replicas,
+                       std::span<const std::string> regions = {});
 
 /// Where an async job's shards go when a generation is installed, and where their state comes
 /// from. Every generation places the shards afresh over its workers; every holder of the new

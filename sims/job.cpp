@@ -34,7 +34,9 @@ const std::vector<std::string>& SimJob::broken() {
 }
 
 std::unique_ptr<elastic::JobControl> SimJob::fresh(const std::string& id, uint64_t boot) const {
-  return std::make_unique<elastic::JobControl>(elastic::JobControl::Options{id, boot, s_.quorum, 1, 3000});
+  elastic::JobControl::Options o{id, boot, s_.quorum, 1, 3000};
+  o.replication = s_.replication;
+  return std::make_unique<elastic::JobControl>(o);
 }
 
 void SimJob::fail(std::string why) {

@@ -89,7 +89,7 @@ void SimShards::install(const std::string& id, const gossip::JobStart& record) {
     if (!first && source.empty() && !lost_[s]) {
       lost_[s] = 1;
       if (std::getenv("TEPDIST_SIM_TRACE")) {
-        const auto before = elastic::place_shards(shards_, record.previous_workers, replication_);
+        const auto before = elastic::place_shards(shards_, record.previous_workers, replication_, record.previous_regions);
         for (const auto& w : before[s]) {
           const auto it = nodes_.find(w);
           const bool holds = it != nodes_.end() && it->second.shards.contains(s) && it->second.shards.at(s).server;

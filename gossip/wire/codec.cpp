@@ -156,6 +156,8 @@ struct Encoder {
             auto previous_boots = b.initPreviousBootIds(static_cast<unsigned>(m.previous_boot_ids.size()));
             for (unsigned i = 0; i < m.previous_boot_ids.size(); ++i) previous_boots.set(i, m.previous_boot_ids[i]);
             put_texts(b.initShardSources(static_cast<unsigned>(m.shard_sources.size())), m.shard_sources);
+            put_texts(b.initWorkerRegions(static_cast<unsigned>(m.worker_regions.size())), m.worker_regions);
+            put_texts(b.initPreviousRegions(static_cast<unsigned>(m.previous_regions.size())), m.previous_regions);
           } else if constexpr (std::is_same_v<T, GenerationVote>) {
             auto b = e.initGenerationVote();
             b.setJobId(m.job_id);
@@ -526,6 +528,14 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       if (!j.previous_boot_ids.empty() && j.previous_workers.size() != j.previous_boot_ids.size())
         throw WireError{WireErrc::malformed, fmt::format("job start names {} previous workers but {} boot ids",
                                                          j.previous_workers.size(), j.previous_boot_ids.size())};
+      j.worker_regions = in.names(r.getWorkerRegions(), wire_caps::members, "a job's worker regions");
+      j.previous_regions = in.names(r.getPreviousRegions(), wire_caps::members, "a job's previous regions");
+      if (!j.worker_regions.empty() && j.workers.size() != j.worker_regions.size())
+        throw WireError{WireErrc::malformed, fmt::format("job start names {} workers but {} regions", j.workers.size(),
+                                                         j.worker_regions.size())};
+      if (!j.previous_regions.empty() && j.previous_workers.size() != j.previous_regions.size())
+        throw WireError{WireErrc::malformed, fmt::format("job start names {} previous workers but {} regions",
+                                                         j.previous_workers.size(), j.previous_regions.size())};
       return j;
     }
     case wire::Envelope::GENERATION_VOTE: {

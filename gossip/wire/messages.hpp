@@ -194,6 +194,10 @@ struct JobStart {
   /// Async, from generation 2: per shard, the worker whose state its holders take (the acker that
   /// reported the highest version of it); empty where none did.
   std::vector<std::string> shard_sources = {};
+  /// Each worker's region (Member::region), aligned with workers; empty where not known. Async
+  /// places each shard's holders in as many regions as it can (elastic/placement.hpp).
+  std::vector<std::string> worker_regions = {};
+  std::vector<std::string> previous_regions = {};  ///< the same for previous_workers
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 

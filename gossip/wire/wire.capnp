@@ -220,6 +220,9 @@ struct JobStart {
   previousBootIds @17 :List(UInt64);  # and their boot ids, same order
   shardSources @18 :List(Text);  # async: per shard, the worker whose state its holders take (the
                              # acker that reported the highest version of it); empty: none did
+  workerRegions @19 :List(Text);    # each worker's region, same order as workers (async: each shard's
+                             # holders are spread over regions); empty: not known
+  previousRegions @20 :List(Text);  # the generation before's workers' regions, same order
 }
 
 struct WorkerSpans {

@@ -10,6 +10,7 @@
 #include <set>
 
 #include "elastic/job_control.hpp"
+#include "elastic/placement.hpp"
 #include "elastic/progress.hpp"
 
 using namespace tepdist;
@@ -44,12 +45,15 @@ struct Net {
   std::function<bool(const std::string&, const std::string&, const gossip::Body&)> lose;  // messages lost on the way
   double now = 0;
   elastic::Quorum quorum = elastic::Quorum::majority;
+  int replication = 1;  // async: holders per shard, as job control places them
 
   Node& add(const std::string& id, uint64_t boot = 1) {
     auto& n = nodes[id];
     n.id = id;
     n.boot = boot;
-    n.control = std::make_unique<JobControl>(JobControl::Options{id, boot, quorum, 1, 3000});
+    JobControl::Options o{id, boot, quorum, 1, 3000};
+    o.replication = replication;
+    n.control = std::make_unique<JobControl>(o);
     n.local = {};
     n.installs.clear();
     n.dropped = false;
@@ -715,14 +719,14 @@ TEST_CASE("gossip: the install re-splits every list after its cursor, a worker g
   }
 }
 
-TEST_CASE("async: the install names each shard's source, the acker with its highest version, and none for a lost one",
+TEST_CASE("async: the install names each shard's source, the acker with its highest version",
           "[elastic][job_control]") {
   Net net;
   for (auto id : {"w0", "w1", "w2", "w3"}) net.add(id);
   net.start({"w0", "w1", "w2", "w3"}, 4);
-  // Shard 0: w0 at 7, w1 at 9. Shard 1: w1 and w2 at 5 (a tie: the lower id). Shard 2: only w3,
-  // which dies. Shard 3: w2 alone.
-  net.nodes.at("w0").local.held_shards = {{0, 7}};
+  // Shard 0: w0 at 7, w1 at 9. Shard 1: w1 and w2 at 5 (a tie: the lower id). Shard 2: w3 at 4,
+  // which dies, and w0 at 3. Shard 3: w2 alone.
+  net.nodes.at("w0").local.held_shards = {{0, 7}, {2, 3}};
   net.nodes.at("w1").local.held_shards = {{0, 9}, {1, 5}};
   net.nodes.at("w2").local.held_shards = {{1, 5}, {3, 2}};
   net.nodes.at("w3").local.held_shards = {{2, 4}};
@@ -730,9 +734,92 @@ TEST_CASE("async: the install names each shard's source, the acker with its high
   net.deliver_all();
   const auto& next = net.nodes.at("w0").control->record();
   REQUIRE(next.generation == 2);
-  CHECK(next.shard_sources == std::vector<std::string>{"w1", "w1", "", "w2"});
+  CHECK(next.shard_sources == std::vector<std::string>{"w1", "w1", "w0", "w2"});
   CHECK(next.previous_workers == std::vector<std::string>{"w0", "w1", "w2", "w3"});
   CHECK(net.nodes.at("w2").control->record() == next);
+}
+
+namespace {
+
+/// Five workers of an async job with two holders per shard; every worker reports holding the
+/// shards placement gives it. Returns shard 0's holders, whom the callers cut off.
+std::vector<std::string> five_holding(Net& net) {
+  net.replication = 2;
+  const std::vector<std::string> ids{"w0", "w1", "w2", "w3", "w4"};
+  for (const auto& id : ids) net.add(id);
+  net.start(ids, 10);
+  const auto placement = elastic::place_shards(10, ids, 2);
+  for (uint32_t s = 0; s < placement.size(); ++s)
+    for (const auto& h : placement[s]) net.nodes.at(h).local.held_shards.emplace_back(s, 1);
+  return placement[0];
+}
+
+}  // namespace
+
+TEST_CASE("async, majority: a shard whose every holder is cut off is waited for, then taken from them",
+          "[elastic][job_control]") {
+  Net net;
+  const auto cut = five_holding(net);
+  std::set<std::string> rest;
+  for (const auto& [id, n] : net.nodes)
+    if (std::find(cut.begin(), cut.end(), id) == cut.end()) rest.insert(id);
+  REQUIRE(rest.size() == 3);  // a majority of five
+  // Shard 0's two holders are across a partition: the three others see them dead and ack the
+  // next generation, which no acker holds shard 0 for. It waits instead of losing the shard.
+  net.partitioned = true;
+  net.side_a = rest;
+  for (const auto& id : rest) net.set_view(id, {cut.begin(), cut.end()});
+  net.deliver_all();
+  for (const auto& id : rest) {
+    CHECK(net.nodes.at(id).control->record().generation == 1);
+    CHECK(net.nodes.at(id).lost.empty());
+  }
+  // The partition heals: all five ack, and shard 0 comes from one of its holders.
+  net.partitioned = false;
+  net.settle({"w0", "w1", "w2", "w3", "w4"});
+  const auto& next = net.nodes.at(*rest.begin()).control->record();
+  REQUIRE(next.generation >= 2);
+  REQUIRE(next.shard_sources.size() == 10);
+  CHECK(std::find(cut.begin(), cut.end(), next.shard_sources[0]) != cut.end());
+  for (const auto& [id, n] : net.nodes) CHECK(n.lost.empty());
+}
+
+TEST_CASE("async: a shard whose every holder restarted is lost, naming it and why, and nothing is installed",
+          "[elastic][job_control]") {
+  Net net;
+  const auto cut = five_holding(net);
+  // Both holders of shard 0 come back as new runs (their state gone): they ack as joiners, and
+  // no acker holds shard 0, nor can any holder of it any more.
+  for (const auto& id : cut) {
+    net.add(id, 2);
+    net.nodes.at(id).local = {};
+  }
+  for (const auto& [id, n] : net.nodes) net.set_view(id, {});
+  net.deliver_all();
+  std::string lost;
+  for (const auto& [id, n] : net.nodes)
+    if (!n.lost.empty()) lost = n.lost;
+  INFO(lost);
+  CHECK_THAT(lost, Catch::Contains("no surviving holder of shard 0 (held by ") &&
+                       Catch::Contains(cut[0] + ": restarted") && Catch::Contains(cut[1] + ": restarted") &&
+                       Catch::Contains("replication = 2"));
+  for (const auto& [id, n] : net.nodes)
+    if (n.control->has_record()) CHECK(n.control->record().generation == 1);
+}
+
+TEST_CASE("async, quorum any: a shard whose every holder died is lost at once", "[elastic][job_control]") {
+  Net net;
+  net.quorum = elastic::Quorum::any;
+  const auto cut = five_holding(net);
+  for (const auto& id : cut) net.down.insert(id);
+  for (const auto& [id, n] : net.nodes)
+    if (!net.down.contains(id)) net.set_view(id, {cut.begin(), cut.end()});
+  net.deliver_all();
+  std::string lost;
+  for (const auto& [id, n] : net.nodes)
+    if (!n.lost.empty()) lost = n.lost;
+  CHECK_THAT(lost, Catch::Contains("shard 0 (held by ") && Catch::Contains(cut[0] + ": dead") &&
+                       Catch::Contains(cut[1] + ": dead"));
 }
 
 TEST_CASE("async: a worker handing over before it leaves is the source of the shards no acker holds, once",

@@ -111,3 +111,69 @@ TEST_CASE("a generation's shards come from the sources its record names, or are 
   const auto& held = initial.placement[2];
   CHECK(plan.lost[0] == fmt::format("shard 2 (held by {}, {})", held[0], held[1]));
 }
+
+namespace {
+
+/// node-i in region r{i % n}.
+std::vector<std::string> regions_of(const std::vector<std::string>& ids, int n) {
+  std::vector<std::string> r;
+  for (size_t i = 0; i < ids.size(); ++i) r.push_back(fmt::format("r{}", static_cast<int>(i) % n));
+  return r;
+}
+
+size_t regions_held(const std::vector<std::string>& holders, const std::vector<std::string>& ids,
+                    const std::vector<std::string>& regions) {
+  std::set<std::string> held;
+  for (const auto& h : holders) held.insert(regions[static_cast<size_t>(std::find(ids.begin(), ids.end(), h) - ids.begin())]);
+  return held.size();
+}
+
+}  // namespace
+
+TEST_CASE("with regions, every shard is held in min(r, regions) of them, its primary unchanged", "[elastic][placement]") {
+  for (int n : {4, 7, 12})
+    for (int nregions : {2, 3})
+      for (int r : {2, 3}) {
+        const auto ids = members(n);
+        const auto regions = regions_of(ids, nregions);
+        for (uint32_t shards : {3u, static_cast<uint32_t>(2 * n)}) {
+          INFO("members " << n << ", regions " << nregions << ", replicas " << r << ", shards " << shards);
+          const auto spread = place_shards(shards, ids, r, regions);
+          const auto plain = place_shards(shards, ids, r);
+          for (size_t s = 0; s < spread.size(); ++s) {
+            CHECK(spread[s].size() == static_cast<size_t>(r));
+            CHECK(std::set<std::string>(spread[s].begin(), spread[s].end()).size() == spread[s].size());
+            CHECK(regions_held(spread[s], ids, regions) == static_cast<size_t>(std::min(r, nregions)));
+            CHECK(spread[s][0] == plain[s][0]);  // a region moves replicas, never a primary
+          }
+          if (shards >= static_cast<uint32_t>(n)) CHECK(static_cast<int>(primaries(spread).size()) == n);
+        }
+      }
+}
+
+TEST_CASE("regions that are all one, or unknown, place as no regions do", "[elastic][placement]") {
+  const auto ids = members(9);
+  CHECK(place_shards(40, ids, 2, std::vector<std::string>(9, "a")) == place_shards(40, ids, 2));
+  CHECK(place_shards(40, ids, 2, std::vector<std::string>(9)) == place_shards(40, ids, 2));
+}
+
+TEST_CASE("with regions, a member leaving moves only the shards it held", "[elastic][placement]") {
+  const auto all = members(10);
+  const auto regions = regions_of(all, 3);
+  const auto before = place_shards(300, all, 2, regions);
+  const std::vector<std::string> fewer(all.begin(), all.end() - 1);
+  const std::vector<std::string> fewer_regions(regions.begin(), regions.end() - 1);
+  const auto after = place_shards(300, fewer, 2, fewer_regions);
+  for (size_t s = 0; s < before.size(); ++s)
+    if (std::find(before[s].begin(), before[s].end(), all.back()) == before[s].end()) CHECK(after[s] == before[s]);
+}
+
+TEST_CASE("a generation's record carries its workers' regions into the plan", "[elastic][placement]") {
+  tepdist::gossip::JobStart record;
+  record.workers = {"a", "b", "c", "d"};
+  record.worker_regions = {"east", "east", "west", "west"};
+  for (const auto& holders : plan_shards(record, 16, 2).placement) {
+    INFO(holders[0] << ", " << holders[1]);
+    CHECK((holders[0] < "c") != (holders[1] < "c"));  // one in each region
+  }
+}

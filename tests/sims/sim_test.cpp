@@ -153,6 +153,46 @@ TEST_CASE("an async job's shards: none of the updates declared durable is lost, 
   }
 }
 
+TEST_CASE("async with a majority quorum: shards whose holders are all cut off are waited for, not lost",
+          "[sims][job][async]") {
+  tepdist::test::TempDir dir;
+  const auto file = dir.path / "cut_off.toml";
+  // Five nodes, 30 shards with two holders each: about three shards have both holders among
+  // nodes 3 and 4, which a partition cuts off for 8 s. The three on the other side are a
+  // majority and go on; they must wait for those shards rather than declare them lost.
+  std::ofstream(file) << R"([scenario]
+nodes = 5
+duration_s = 45
+[job]
+samples = 6000
+batch = 16
+step_ms = 40
+shards = 30
+replication = 2
+[[fault]]
+kind = "partition"
+at_s = 8
+duration_s = 8
+nodes = [3, 4]
+[invariants]
+no_false_positives = false
+)";
+  for (int seed = 1; seed <= 3; ++seed) {
+    INFO("seed " << seed);
+    const auto r = sim({file.string(), "--seed", std::to_string(seed), "--json"});
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    const auto report = nlohmann::json::parse(r.out);
+    CHECK(report["broken"].empty());
+    CHECK(report["job"]["lost"] == "");
+    CHECK(report["job"]["shards"]["lost"] == "");
+    // The partition made the cluster change (a generation without nodes 3 and 4, or one waited
+    // for), and the job went on after the heal with all five.
+    CHECK(report["job"]["generations"].get<int>() >= 2);
+    CHECK(report["job"]["shards"]["applied"].get<uint64_t>() > 1000);
+  }
+}
+
 TEST_CASE("with quorum = \"any\" a partition forks the job, and the invariants say so", "[sims][job]") {
   tepdist::test::TempDir dir;
   const auto file = dir.path / "fork.toml";

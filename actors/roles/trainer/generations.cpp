@@ -13,6 +13,7 @@ std::unique_ptr<elastic::JobControl> make_control(const TrainerState& s, const e
   if (config) {
     o.quorum = config->elastic.quorum == "any" ? elastic::Quorum::any : elastic::Quorum::majority;
     o.min_workers = static_cast<size_t>(config->elastic.min_workers);
+    o.replication = static_cast<int>(config->elastic.replication);
   }
   return std::make_unique<elastic::JobControl>(o);
 }
