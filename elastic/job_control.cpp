@@ -343,6 +343,11 @@ std::string JobControl::gone_why(const Proposal& p, const std::string& id,
   if (m && m->state == Member::State::left) return "left";
   if ((m && is_live(*m) && other_run(m->boot_id)) || (ack != p.acks.end() && other_run(ack->second.boot_id)))
     return "restarted";
+  // It asked this duty holder to leave it out (a joiner that declined the job, a drain): live, but
+  // in no roster, so it acks nothing, and it holds nothing it has not handed over. Waiting for it
+  // would be for ever. (A worker evicted for blocking the ring may hold its state and come back.)
+  if (const auto out = excluded_.find(id); out != excluded_.end() && (!m || !out->second || out->second == m->boot_id))
+    if (const auto st = strikes_.find(id); st != strikes_.end() && st->second.asked) return "left out";
   if (ack != p.acks.end() && !holds(ack->second)) return "holds none";
   // Dead on a cluster that cannot be partitioned is gone; with a majority quorum it may be the
   // other side of a partition, holding the state.

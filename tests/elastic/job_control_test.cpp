@@ -807,6 +807,30 @@ TEST_CASE("async: a shard whose every holder restarted is lost, naming it and wh
     if (n.control->has_record()) CHECK(n.control->record().generation == 1);
 }
 
+TEST_CASE("async: a holder that asked to be left out is not waited for", "[elastic][job_control]") {
+  Net net;
+  const auto cut = five_holding(net);
+  // One holder of shard 0 cannot run the job and asks to be left out (as a joiner whose set-up
+  // failed does): live, but it acks nothing. The other restarts. Nobody can hold shard 0 any more:
+  // the job is lost, rather than waiting for the live one for ever.
+  GenerationVote declined{7, GenerationVote::Kind::evict, 1, 1, {cut[0]}};
+  declined.boot_id = 1;
+  for (const auto& [id, n] : net.nodes)
+    if (id != cut[0]) net.queue.emplace_back(cut[0], id, declined);
+  net.deliver_all();
+  net.add(cut[1], 2);
+  net.nodes.at(cut[1]).local = {};
+  for (const auto& [id, n] : net.nodes)
+    if (id != cut[0]) net.set_view(id, {});
+  net.deliver_all();
+  std::string lost;
+  for (const auto& [id, n] : net.nodes)
+    if (!n.lost.empty()) lost = n.lost;
+  INFO(lost);
+  CHECK_THAT(lost, Catch::Contains("shard 0 (held by ") && Catch::Contains(cut[0] + ": left out") &&
+                       Catch::Contains(cut[1] + ": restarted"));
+}
+
 TEST_CASE("async, quorum any: a shard whose every holder died is lost at once", "[elastic][job_control]") {
   Net net;
   net.quorum = elastic::Quorum::any;

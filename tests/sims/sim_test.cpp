@@ -5,6 +5,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "elastic/placement.hpp"
 #include "tests/support/process.hpp"
 #include "tests/support/temp_dir.hpp"
 
@@ -177,6 +178,13 @@ nodes = [3, 4]
 [invariants]
 no_false_positives = false
 )";
+  // The scenario means something only if some shard has both holders on the cut-off side (the
+  // simulator names its nodes n00000, n00001, ...).
+  const std::vector<std::string> ids{"n00000", "n00001", "n00002", "n00003", "n00004"};
+  int cut_off = 0;
+  for (const auto& holders : tepdist::elastic::place_shards(30, ids, 2))
+    cut_off += holders[0] >= "n00003" && holders[1] >= "n00003";
+  REQUIRE(cut_off > 0);
   for (int seed = 1; seed <= 3; ++seed) {
     INFO("seed " << seed);
     const auto r = sim({file.string(), "--seed", std::to_string(seed), "--json"});

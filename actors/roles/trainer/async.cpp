@@ -190,6 +190,9 @@ class AsyncDriver final : public Driver {
     worker_.reset();
     spans_.clear();
     consumed_ = 0;
+    cut_.reset();  // a gather under way is not this worker's to finish any more
+    assembling_ = false;
+    finished_.clear();
     if (!host_ || !j.control) return;
     const auto& r = j.control->record();
     auto next = std::make_shared<ShardHostPlan>();
@@ -245,7 +248,7 @@ class AsyncDriver final : public Driver {
   /// job's last cut is also its final model: rank 0 keeps the gathered values and ends the job
   /// (should the gather fail, the model is pulled from the primaries instead).
   void on_gathered(Trainer* self, Job& j, const ShardGather& g) override {
-    if (!cut_ || g.id != cut_->id) return;  // an older one's
+    if (!cut_ || g.id != cut_->id || !worker_) return;  // an older one's, or left out meanwhile
     auto cut = std::move(*cut_);
     cut_.reset();
     if (!g.error.empty()) {
@@ -362,7 +365,9 @@ class AsyncDriver final : public Driver {
   /// Rank 0, once every worker has applied all its updates: the final model, gathered with the
   /// shards' optimiser state for the job's last checkpoint when one is due, else pulled.
   void maybe_assemble(Trainer* self, Job& j) {
-    if (assembling_ || (cut_ && cut_->final) || finished_.size() < j.world) return;
+    // Not again once the final model is whole: a worker_finished that crossed job_finished on
+    // its way comes while rank 0 evaluates.
+    if (j.finishing || assembling_ || (cut_ && cut_->final) || finished_.size() < j.world) return;
     if (j.checkpoints.take(j.step, true)) return start_checkpoint(j, true);
     start_pull(self, j);
   }
