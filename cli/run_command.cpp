@@ -36,6 +36,16 @@
 namespace tepdist::cli {
 namespace {
 
+/// Steps left in `epochs` epochs of `n` samples once `samples` are consumed, at `global` samples a
+/// step (each epoch's last step takes what is left of it).
+int64_t steps_left(int64_t n, int64_t epochs, int64_t samples, int64_t global) {
+  if (n <= 0 || global <= 0) return 0;
+  const int64_t epoch = samples / n, position = samples % n;
+  if (epoch >= epochs) return 0;
+  const int64_t per_epoch = (n + global - 1) / global;
+  return (n - position + global - 1) / global + (epochs - epoch - 1) * per_epoch;
+}
+
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
@@ -507,11 +517,15 @@ int run_run_command(const RunArgs& args) {
         startup_seconds = std::chrono::duration<double>(Clock::now() - process_start).count() - r.train_seconds;
       // Gossip and async count each worker's local steps: a resumed job's go on from the
       // checkpoint's, through the positions it had left.
+      // Otherwise: the steps taken and the rest of the epochs at the world the job has now (it
+      // changes with every generation; exact for sync, whose reports count the job's samples, an
+      // estimate for gossip and async, whose rank 0 counts its own times the world).
       const int64_t planned =
           resumed_lists && r.members > 0
               ? resumed_lists->first + static_cast<int64_t>((resumed_lists->second + r.members * c.data.batch_size - 1) /
                                                             (r.members * c.data.batch_size))
-              : elastic::sync_steps_per_epoch(train_n, std::max<int64_t>(1, r.members), c.data.batch_size) * c.job.epochs;
+              : static_cast<int64_t>(r.step) + steps_left(train_n, c.job.epochs, static_cast<int64_t>(r.samples),
+                                                          std::max<int64_t>(1, r.members) * c.data.batch_size);
       const int64_t total =
           train_n > 0 && r.members > 0 ? std::min(planned, c.job.max_steps > 0 ? c.job.max_steps : INT64_MAX) : 0;
       // Rank 0 repeats its last step's report, with no rate, while it waits for the others to
