@@ -76,6 +76,23 @@ void ShardServer::apply(const gossip::ShardUpdate& u, float lr) {
   marks_[u.origin] = UpdateMark{u.boot, u.seq};
 }
 
+uint64_t state_digest(const ShardSnapshot& s) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto bytes = [&h](const void* p, size_t n) {
+    for (size_t i = 0; i < n; ++i) h = (h ^ static_cast<const unsigned char*>(p)[i]) * 0x100000001b3ull;
+  };
+  bytes(&s.version, sizeof s.version);
+  bytes(s.values.data(), s.values.size() * sizeof(float));
+  for (const auto& b : s.optimizer) bytes(b.data(), b.size() * sizeof(float));
+  bytes(&s.optimizer_steps, sizeof s.optimizer_steps);
+  for (const auto& [worker, mark] : s.marks) {
+    bytes(worker.data(), worker.size());
+    bytes(&mark.boot, sizeof mark.boot);
+    bytes(&mark.seq, sizeof mark.seq);
+  }
+  return h ? h : 1;
+}
+
 std::expected<gossip::ShardState, std::string> ShardServer::on_push(const gossip::ShardUpdate& push,
                                                                      const std::string& reply_to,
                                                                      Outgoing<gossip::ShardUpdate>& to_replicas) {

@@ -113,6 +113,13 @@ struct ShardSnapshot {
   UpdateMarks marks;
 };
 
+/// A 64-bit digest (FNV-1a) of everything a snapshot holds: version, values and optimiser state
+/// bit for bit, steps and marks. Two holders at one version of a shard hold the same state (each
+/// applies its updates in version order), so equal digests let a holder keep its own copy rather
+/// than fetch the source's; a copy that went another way at the same version (a side of a
+/// partition that applied updates the other did not) differs, and is replaced. Never 0.
+uint64_t state_digest(const ShardSnapshot& s);
+
 /// One shard as its primary or a replica holds it.
 class ShardServer {
  public:

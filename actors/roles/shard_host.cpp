@@ -30,6 +30,10 @@ struct Host {
     std::unique_ptr<elastic::ShardServer> server;  // null while its state is fetched
     bool primary = false;
     bool holder = false;  // of this generation (else only kept as its source)
+    // While fetching: the copy this node held in the generation before, its snapshot and digest.
+    // Should the source answer that it is current, this node takes it instead of the same bytes.
+    std::optional<elastic::ShardSnapshot> own;
+    uint64_t own_digest = 0;
   };
   std::map<uint32_t, Held> shards;
   // Per shard this node is primary of, per worker: the cursor its latest applied push carried in
@@ -130,9 +134,14 @@ struct Host {
     init->counters->installed(generation, std::move(held));
   }
 
-  void fetch(uint32_t s) const {
-    send(s < plan->source_addresses.size() ? plan->source_addresses[s] : worker_address(plan->plan.sources[s]),
-         ShardUpdate{init->job_id, s, ShardUpdate::Kind::fetch, 0, 0, {}, init->self_id, 0, 0, false, generation});
+  /// Asks shard s's source for its state, naming the copy this node holds (if it does).
+  void fetch(uint32_t s, const Held& h) const {
+    ShardUpdate u{init->job_id, s, ShardUpdate::Kind::fetch, 0, 0, {}, init->self_id, 0, 0, false, generation};
+    if (h.own) {
+      u.version = h.own->version;
+      u.digest = h.own_digest;
+    }
+    send(s < plan->source_addresses.size() ? plan->source_addresses[s] : worker_address(plan->plan.sources[s]), u);
   }
 
   /// Shards still being fetched are asked for again, should a fetch or its answer be lost, or
@@ -142,7 +151,7 @@ struct Host {
     bool waiting_for_any = false;
     for (const auto& [s, h] : shards)
       if (h.holder && !h.server) {
-        fetch(s);
+        fetch(s, h);
         waiting_for_any = true;
       }
     if (waiting_for_any) schedule_refetch();
@@ -204,7 +213,13 @@ struct Host {
         if (!server) return lost(fmt::format("shard {}: {}", s, server.error()));
         h.server = std::move(*server);
       } else if (holder) {
-        fetch(s);
+        // A holder in the generation before (its copy whole) offers its copy's digest: holders
+        // that stayed usually hold the source's very state, and then nothing needs to move.
+        if (old != shards.end() && old->second.server && old->second.holder) {
+          h.own = old->second.server->snapshot();
+          h.own_digest = elastic::state_digest(*h.own);
+        }
+        fetch(s, h);
         fetching = true;
       } else {
         continue;
@@ -252,12 +267,21 @@ struct Host {
 
   void on_transfer(const std::string& peer, const ShardTransfer& t) {
     if (t.job_id != init->job_id || t.generation != generation || t.shard >= init->shards) return;  // an older generation's
-    if (gather && gather->pending.contains(t.shard) && peer == plan->plan.placement[t.shard].front()) gathered(peer, t);
+    if (gather && !t.current && gather->pending.contains(t.shard) && peer == plan->plan.placement[t.shard].front())
+      gathered(peer, t);
     const auto it = shards.find(t.shard);
     if (it == shards.end() || it->second.server || !it->second.holder) return;  // not fetched here, or already come
     if (peer != plan->plan.sources[t.shard]) return refuse(peer, t, "not the shard's source");
     if (!t.refused.empty()) return lost(fmt::format("shard {}: its source {} says: {}", t.shard, peer, t.refused));
-    auto snap = snapshot_of(t);
+    std::expected<elastic::ShardSnapshot, std::string> snap;
+    if (t.current) {
+      if (!it->second.own || it->second.own->version != t.version)
+        return refuse(peer, t, "said current, but this node holds no copy at that version");
+      snap = std::move(*it->second.own);
+    } else {
+      snap = snapshot_of(t);
+    }
+    it->second.own.reset();
     if (!snap) return refuse(peer, t, snap.error());
     auto server = restore(t.shard, std::move(*snap));
     if (!server) return refuse(peer, t, server.error());
@@ -268,8 +292,8 @@ struct Host {
       send(worker_address(plan->plan.placement[t.shard].front()),
            ShardUpdate{init->job_id, t.shard, ShardUpdate::Kind::ack, it->second.server->version(), 0, {}, {}, 0, 0, false,
                        generation});
-    node_events().info("shard_fetched job={} generation={} shard={} from={} version={}", init->job_id, generation,
-                       t.shard, peer, t.version);
+    node_events().info("shard_fetched job={} generation={} shard={} from={} version={} kept_own={}", init->job_id,
+                       generation, t.shard, peer, t.version, t.current);
     maybe_ready();
     retry_waiting();
   }
@@ -395,6 +419,14 @@ struct Host {
       return send(to, std::move(t));
     }
     auto snap = it->second.server->snapshot();
+    if (u.digest != 0 && u.version == snap.version && u.digest == elastic::state_digest(snap)) {
+      // The asker holds this very state: it keeps its copy, and nothing else needs to travel.
+      t.version = snap.version;
+      t.current = true;
+      send(to, std::move(t));
+      if (was_owed && owed.empty()) handed_over();
+      return;
+    }
     auto flat = std::make_shared<std::vector<float>>(snap.values);
     for (const auto& b : snap.optimizer) flat->insert(flat->end(), b.begin(), b.end());
     t.version = snap.version;

@@ -209,6 +209,7 @@ struct Encoder {
               cursors[i].setWorker(m.cursors[i].first);
               cursors[i].setConsumed(m.cursors[i].second);
             }
+            b.setCurrent(m.current);
           } else if constexpr (std::is_same_v<T, LeaveRequest>) {
             auto b = e.initLeaveRequest();
             b.setNode(m.node);
@@ -258,6 +259,7 @@ struct Encoder {
             b.setResend(m.resend);
             b.setGeneration(m.generation);
             b.setConsumed(m.consumed);
+            b.setDigest(m.digest);
           } else if constexpr (std::is_same_v<T, ShardState>) {
             auto b = e.initShardState();
             b.setJobId(m.job_id);
@@ -570,6 +572,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       for (auto m : marks) t.marks.push_back({in.name(m.getWorker(), "a mark's worker"), m.getBoot(), m.getSeq()});
       t.refused = in.text(r.getRefused(), wire_caps::reason_bytes, "a shard transfer's refusal");
       t.cursors = in.cursors(r.getCursors(), ShardTransfer::max_marks, "a shard transfer's cursors");
+      t.current = r.getCurrent();
       return t;
     }
     case wire::Envelope::LEAVE_REQUEST: {
@@ -609,7 +612,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       return ShardUpdate{r.getJobId(),  r.getShard(), static_cast<ShardUpdate::Kind>(kind), r.getVersion(),
                          r.getLr(),     get_chunk(r.getChunk(), owner), in.name(r.getOrigin(), "a shard update's origin"),
                          r.getBoot(),   r.getSeq(),   r.getResend(),
-                         r.getGeneration(), r.getConsumed()};
+                         r.getGeneration(), r.getConsumed(), r.getDigest()};
     }
     case wire::Envelope::SHARD_STATE: {
       auto r = e.getShardState();

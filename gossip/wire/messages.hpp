@@ -289,6 +289,8 @@ struct ShardUpdate {
   bool resend = false;  ///< push: sent again to the shard's new primary after a change
   uint64_t generation = 0;  ///< the sender's generation of the job: a holder takes only its own
   uint64_t consumed = 0;    ///< push: the worker's cursor in its positions after the steps it covers
+  /// fetch: the digest (elastic::state_digest) of the copy the asker holds, at `version`; 0: none.
+  uint64_t digest = 0;
   friend bool operator==(const ShardUpdate&, const ShardUpdate&) = default;
 };
 
@@ -329,6 +331,8 @@ struct ShardTransfer {
   /// Per worker, the cursor its latest push applied to the shard in `generation` carried: the
   /// positions this shard's state holds (rank 0's checkpoint cut takes the least over shards).
   std::vector<std::pair<std::string, uint64_t>> cursors = {};
+  /// The asker's copy is the source's state (same version and digest): no values, it keeps its own.
+  bool current = false;
   static constexpr size_t max_marks = 65536;  ///< one per worker that ever pushed to the shard (and so for cursors)
   friend bool operator==(const ShardTransfer&, const ShardTransfer&) = default;
 };

@@ -351,6 +351,7 @@ struct ShardUpdate {
   resend @9 :Bool;           # push: sent again to the shard's new primary after a change
   generation @10 :UInt64;    # the job's generation the sender is in: a holder takes only its own
   consumed @11 :UInt64;      # push: the worker's cursor in its positions after the steps it covers
+  digest @12 :UInt64;        # fetch: the digest of the copy the asker holds (version: its version); 0: none
   enum Kind {
     push @0;                 # worker -> primary
     replicate @1;            # primary -> each replica, in version order
@@ -391,6 +392,8 @@ struct ShardTransfer {
   refused @7 :Text;          # not empty: the source does not hold the shard, and why
   cursors @8 :List(Cursor);  # per worker, the cursor its latest push applied to the shard in this
                              # generation carried (a checkpoint's cut)
+  current @9 :Bool;          # the asker's copy is the source's state (same version and digest):
+                             # no values sent, the asker keeps its own
 }
 
 struct UpdateMark {

@@ -763,3 +763,30 @@ TEST_CASE("a shard's snapshot restores only into an optimiser of its shape", "[e
   REQUIRE_FALSE(short_buffer);
   CHECK_THAT(short_buffer.error(), Catch::Contains("has 2 values, not 3"));
 }
+
+TEST_CASE("a shard's state digest is equal for equal states and moves with every part of one", "[elastic][async]") {
+  ShardSnapshot a;
+  a.version = 12;
+  a.values = {0.5f, -1.25f, 3.0f};
+  a.optimizer = {{0.1f, 0.2f, 0.3f}};
+  a.optimizer_steps = 12;
+  a.marks["node-01"] = {7, 40};
+  const auto d = state_digest(a);
+  CHECK(d != 0);
+  CHECK(state_digest(ShardSnapshot(a)) == d);
+  auto b = a;
+  b.values[1] = std::nextafter(b.values[1], 0.0f);  // one bit of one value
+  CHECK(state_digest(b) != d);
+  b = a;
+  b.optimizer[0][2] = 0.31f;
+  CHECK(state_digest(b) != d);
+  b = a;
+  b.version = 13;
+  CHECK(state_digest(b) != d);
+  b = a;
+  b.marks["node-01"].seq = 41;  // the same values, but another update applied: not the same state
+  CHECK(state_digest(b) != d);
+  b = a;
+  b.marks["node-02"] = {1, 1};
+  CHECK(state_digest(b) != d);
+}
