@@ -206,6 +206,14 @@ int run_train(const TrainArgs& args) {
       const auto computed = compute::try_compute_gradients(net, *backend, x, y, scratch);
       if (!computed) return runtime_error(fmt::format("step {}: {}", state.step + 1, computed.error().message));
       loss = *computed;
+      if (auto finite = compute::check_finite_step(state.step + 1, loss, net.gradients()); !finite) {
+        // Refused before the optimiser steps. The checkpoint is left as it was (the last epoch's
+        // end, or a run before): the steps since may have been blowing up while still finite.
+        return runtime_error(fs::exists(checkpoint_path)
+                                 ? fmt::format("{}; the checkpoint in {} is kept as it was", finite.error().message,
+                                               checkpoint_path.string())
+                                 : finite.error().message);
+      }
       (*optimizer)->step(net.parameters(), net.gradients(), schedule->at(state.step));
       ++state.step;
       samples += static_cast<int64_t>(idx.size());

@@ -13,6 +13,7 @@ enum class Errc {
   io,                ///< A file could not be opened, read, written or renamed.
   corrupt,           ///< A file exists but its contents are malformed or fail their checksum.
   mismatch,          ///< Two things that must agree do not (checkpoint vs model, names, sizes).
+  diverged,          ///< Training met a loss or gradient that is not finite.
 };
 
 /// An error with a message fit to show a user as it is.

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <numeric>
 
+#include <fmt/format.h>
+
 #include "base/check.hpp"
 
 namespace tepdist::compute {
@@ -20,6 +22,16 @@ Result<float> try_compute_gradients(Model& model, Backend& backend, ConstTensorV
   TEPDIST_CHECK(dlogits.has_value());  // the labels the forward accepted
   model.backward(backend, scratch.dlogits);
   return loss;
+}
+
+Result<void> check_finite_step(int64_t step, float loss, std::span<const float> gradient) {
+  if (!std::isfinite(loss))
+    return fail(Errc::diverged, fmt::format("step {}: the loss is {}: the model diverged (lower optimizer.lr)", step, loss));
+  if (!std::all_of(gradient.begin(), gradient.end(), [](float g) { return std::isfinite(g); }))
+    return fail(Errc::diverged,
+                fmt::format("step {}: the gradient is not finite (the loss is {}): the model diverged (lower optimizer.lr)",
+                            step, loss));
+  return {};
 }
 
 Result<Evaluation> try_evaluate(Model& model, Backend& backend, const Dataset& data, int64_t batch) {

@@ -26,6 +26,13 @@ struct LossScratch {
 Result<float> try_compute_gradients(Model& model, Backend& backend, ConstTensorView x, std::span<const int32_t> labels,
                                     LossScratch& scratch);
 
+/// The divergence rule, every trainer alike (`tepdist train`, and the workers of every cluster
+/// mode): step `step`, whose loss and gradient these are, is refused (Errc::diverged, naming the
+/// step and what is not finite) before it steps an optimiser or leaves the worker. Left to go on,
+/// a NaN spreads to every parameter (every replica, every shard) and training ends "done" with a
+/// model that predicts nothing.
+Result<void> check_finite_step(int64_t step, float loss, std::span<const float> gradient);
+
 struct Evaluation {
   double accuracy = 0.0;  ///< fraction of samples whose arg-max class is the label
   double loss = 0.0;      ///< mean softmax cross-entropy

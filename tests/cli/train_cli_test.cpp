@@ -122,6 +122,35 @@ TEST_CASE("a test set with a label the model has no class for ends the run with 
   CHECK_FALSE(fs::exists(out / "result.json"));
 }
 
+TEST_CASE("a run that diverges stops at the first step that is not finite, naming it, and keeps its checkpoint",
+          "[cli][train]") {
+  TempDir dir;
+  // Three linear layers with nothing between them: at the largest rate the config allows the
+  // weights grow by a factor each step until the loss is not finite (as the cluster test's job).
+  const auto out = dir.path / "out";
+  const std::string common = "train" + synthetic +
+                             "--threads 1 --set 'model.layers=[{type=\"flatten\"},{type=\"linear\",out_features=64},"
+                             "{type=\"linear\",out_features=64},{type=\"linear\",out_features=10}]' --out " +
+                             out.string() + " ";
+  // One epoch at a sane rate leaves a checkpoint; resumed at rate 10, the run diverges.
+  REQUIRE(run_tepdist(common + "--set optimizer.lr=0.01 --epochs 1", dir.path).status == 0);
+  const std::string checkpoint = slurp(out / "checkpoint");
+  REQUIRE_FALSE(checkpoint.empty());
+  fs::remove(out / "result.json");
+  const Run r = run_tepdist(common + "--set optimizer.lr=10 --epochs 3 --resume", dir.path);
+  INFO(r.out << r.err);
+  CHECK(r.status == 1);  // before the rule it ended "done", every parameter NaN
+  CHECK_THAT(r.err, Catch::Matches(R"([\s\S]*step [0-9]+: the (loss|gradient) [\s\S]*the model diverged \(lower optimizer\.lr\))"
+                                   R"(; the checkpoint in [\s\S]* is kept as it was[\s\S]*)"));
+  CHECK_FALSE(fs::exists(out / "result.json"));
+  CHECK(slurp(out / "checkpoint") == checkpoint);  // the steps toward the blow-up are not saved over it
+  // And from it, at the sane rate, the run goes on to its end.
+  const Run resumed = run_tepdist(common + "--set optimizer.lr=0.01 --epochs 3 --resume", dir.path);
+  INFO(resumed.out << resumed.err);
+  CHECK(resumed.status == 0);
+  CHECK_THAT(resumed.out, Catch::Contains("resumed from"));
+}
+
 TEST_CASE("a resumed run ends exactly where an uninterrupted one does", "[cli][train]") {
   TempDir dir;
   const std::string common = "train" + synthetic + "--threads 1 --set model.preset=mlp ";

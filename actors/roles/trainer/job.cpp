@@ -269,19 +269,6 @@ void order_for_epoch(Job& j, int64_t epoch) {
   j.order_epoch = epoch;
 }
 
-/// The divergence rule, every mode alike (sync, gossip, async): a step whose loss or gradient is not
-/// finite fails the job on the worker that computed it, before anything of it leaves the worker
-/// (a ring sum, a mixing, a push) or steps an optimiser. Left to go on, a NaN spreads to every
-/// replica or shard and the job ends "done" with a model that predicts nothing.
-std::expected<void, std::string> check_finite(int64_t step, float loss, std::span<const float> gradient) {
-  if (!std::isfinite(loss))
-    return std::unexpected(fmt::format("step {}: the loss is {}: the model diverged (lower optimizer.lr)", step, loss));
-  if (!std::all_of(gradient.begin(), gradient.end(), [](float g) { return std::isfinite(g); }))
-    return std::unexpected(
-        fmt::format("step {}: the gradient is not finite (the loss is {}): the model diverged (lower optimizer.lr)",
-                    step, loss));
-  return {};
-}
 
 /// The gradient of samples `idx` (at least one) into the model's gradients, its loss into `loss`;
 /// the samples, or why the step cannot go on, naming it.
@@ -290,7 +277,10 @@ std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t>
   const auto computed = compute::try_compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
   if (!computed) return std::unexpected(fmt::format("step {}: {}", step, computed.error().message));
   loss = *computed;
-  if (auto ok = check_finite(step, loss, j.model->gradients()); !ok) return std::unexpected(ok.error());
+  // The divergence rule, every mode alike: nothing of a step that is not finite leaves the worker
+  // (a ring sum, a mixing, a push) or steps an optimiser.
+  if (auto ok = compute::check_finite_step(step, loss, j.model->gradients()); !ok)
+    return std::unexpected(ok.error().message);
   return static_cast<int64_t>(idx.size());
 }
 
