@@ -258,7 +258,8 @@ const std::vector<Key>& keys() {
        0, 65536, false, false, {}, assign<&J::elastic, &J::Elastic::shards>},
       {{"elastic", "replication", KeyType::integer, "2",
         "async: workers holding each shard, the primary included; the primary forwards every applied update "
-        "to the others in version order. 1 to 16 (at most the workers)."},
+        "to the others in version order. A job survives replication - 1 holders of a shard lost at once; the "
+        "holders are spread over as many of the workers' regions as they can be. 1 to 16 (at most the workers)."},
        1, 16, false, false, {}, assign<&J::elastic, &J::Elastic::replication>},
       {{"elastic", "push_window", KeyType::integer, "2",
         "async: pushes a worker keeps in flight to one shard; gradients for a shard whose window is full are "
