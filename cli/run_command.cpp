@@ -376,6 +376,7 @@ int run_run_command(const RunArgs& args) {
     implied.push_back("elastic.checkpoint_dir=" + toml_path(fs::absolute(fs::path(args.out) / "checkpoints")));
   // A resumed gossip or async job: the step it resumed at, and the positions it has left.
   std::optional<std::pair<int64_t, uint64_t>> resumed_lists;
+  uint64_t resumed_samples = 0;  // a resumed sync job: the samples its checkpoint had consumed
   if (args.resume) {
     if (loaded->cluster.local_nodes == 0 && loaded->elastic.checkpoint_dir.empty())
       return usage_error(fmt::format("{}: --resume on a running cluster needs [elastic] checkpoint_dir: the folder its "
@@ -389,6 +390,7 @@ int run_run_command(const RunArgs& args) {
     const auto& at = found->state;
     const uint64_t left = at.job ? elastic::span_total(elastic::spans_of(at.job->remaining)) : 0;
     if (at.job && at.job->mode != "sync") resumed_lists.emplace(at.step, left);
+    if (at.job && at.job->mode == "sync") resumed_samples = at.job->samples;
     fmt::print("resuming from {}: step {}, epoch {}{}\n", found->part.string(), at.step, at.epoch + 1,
                !at.job                  ? std::string()
                : at.job->mode == "sync" ? fmt::format(", position {} (job {}, sync mode)", at.job->position, at.job->job_id)
@@ -671,6 +673,12 @@ int run_run_command(const RunArgs& args) {
     // Without a barrier workers end at different times: the job took as long as the slowest.
     if (!sync) wall = std::max(wall, d.train_seconds);
   }
+  // Sync: the samples this run consumed, from the job's own count in rank 0's last report (every
+  // step reports it at the end), which no worker that died, restarted or joined can skew. The
+  // other modes: what the workers that finished trained in their runs (under churn, the final
+  // workers' runs only: a worker's count goes with it).
+  if (sync && collected->last_progress && collected->last_progress->samples >= resumed_samples)
+    samples = collected->last_progress->samples - resumed_samples;
   // Rank 0's own clock starts at its first step: after a membership change the rank 0 at the end
   // may have joined late, or restarted, and seen only the end of the job. The launcher's clock saw
   // all of it: from the first step (the first progress report, less the training it covered) to

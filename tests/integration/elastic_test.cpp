@@ -191,6 +191,8 @@ void check_result(const nlohmann::json& r, const std::string& mode, size_t worke
     for (const auto& w : r["workers"]) checksums.insert(w["parameter_checksum"].get<std::string>());
     CHECK(checksums.size() == 1);
     CHECK(r["epochs"] == 12);
+    // Every epoch's samples once, whoever died or joined (the job's count, not the survivors' own).
+    CHECK(r["samples"] == 12 * 6144);
   }
 }
 
