@@ -231,7 +231,8 @@ int run_node(const NodeOptions& o) {
   } else {
     roles = {monitor_role(&metrics),
              trainer_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation, o.threads,
-                                       o.config.cluster.max_frame_mb << 10, boot_id, o.config.cluster.results_dir},
+                                       o.config.cluster.max_frame_mb << 10, boot_id, o.config.cluster.results_dir,
+                                       o.slowdown},
                                       router_actor)};
     role_names = {"coordinator", "parameter-shard", "worker", "monitor"};
   }

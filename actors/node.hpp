@@ -24,6 +24,7 @@ struct NodeOptions {
   std::vector<std::string> join;    ///< seed addresses
   std::string ready_file;           ///< written with the bound address once listening
   int64_t threads = 0;              ///< kernel threads for the jobs this node trains; 0: the job's
+  double slowdown = 1;              ///< emulation: this node's steps take this many times their compute time
   /// Set: this node is `tepdist run`'s submitter (no worker roles); run_node returns when the job
   /// ends, with its status.
   std::shared_ptr<Submission> submission;

@@ -17,6 +17,9 @@ int run_node_command(const NodeArgs& args) {
   o.listen = args.listen;
   o.join = args.join.empty() ? o.config.cluster.seeds : args.join;
   o.threads = o.config.compute.threads;
+  // Emulation of a slower node: its [nodes.NAME] table, else [compute].
+  const double own = o.config.node(args.name).slowdown;
+  o.slowdown = own > 0 ? own : o.config.compute.slowdown;
   o.ready_file = args.ready_file;
   return actors::run_node(o);
 }

@@ -11,7 +11,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
+#include <cmath>
 #include <chrono>
 #include <filesystem>
 #include <functional>
@@ -27,6 +29,7 @@
 #include "actors/router.hpp"
 #include "cli/quickstart_config.hpp"
 #include "compute/io/checkpoint.hpp"
+#include "elastic/balance.hpp"
 #include "elastic/checkpoints.hpp"
 #include "elastic/progress.hpp"
 #include "compute/io/files.hpp"
@@ -339,7 +342,34 @@ struct Collected {
   std::optional<Clock::time_point> ended_at;  // the launcher's clock at the last done report
   std::vector<std::string> membership_events;  // "id joined|died|left|came back|restarted"
   nlohmann::json generations = nlohmann::json::array();
+  // The rate in effect each time it changed (at most lr_history_limit entries: the oldest go).
+  nlohmann::json lr_history = nlohmann::json::array();
+  static constexpr size_t lr_history_limit = 64;
+  void note_rate(uint64_t step, double lr) {
+    if (!lr_history.empty()) {
+      const double last = lr_history.back()["lr"].get<double>();
+      if (std::abs(lr - last) <= 1e-6 * std::max(std::abs(lr), std::abs(last))) return;
+    }
+    lr_history.push_back({{"step", step}, {"lr", lr}});
+    if (lr_history.size() > lr_history_limit) lr_history.erase(lr_history.begin());
+  }
 };
+
+/// The progress line's part on load: a straggler (far slower than the others), and the sync
+/// shares when they are not even.
+std::string load_note(const std::vector<gossip::WorkerLoad>& loads) {
+  std::vector<double> speeds;
+  for (const auto& w : loads) speeds.push_back(w.samples_per_second);
+  std::string out;
+  if (const int s = elastic::straggler(speeds); s >= 0)
+    out += fmt::format(" straggler {} ({:.0f} samples/s)", loads[static_cast<size_t>(s)].worker, speeds[static_cast<size_t>(s)]);
+  const bool uneven = std::any_of(loads.begin(), loads.end(), [&](const auto& w) { return w.share != loads.front().share; });
+  if (uneven) {
+    out += " shares";
+    for (size_t k = 0; k < loads.size(); ++k) out += fmt::format("{}{}", k ? "/" : " ", loads[k].share);
+  }
+  return out;
+}
 
 }  // namespace
 
@@ -536,12 +566,13 @@ int run_run_command(const RunArgs& args) {
           collected->last_progress && collected->last_progress->step == r.step && r.samples_per_second == 0;
       collected->last_progress = r;
       if (repeat) return;
+      if (r.lr > 0) collected->note_rate(r.step, r.lr);
       const std::string accuracy = collected->evaluations.empty()
                                        ? std::string("-")
                                        : fmt::format("{:.4f}", collected->evaluations.back().test_accuracy);
-      fmt::print("{}epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s members {} mode {} accuracy {}{}",
+      fmt::print("{}epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s members {} mode {} lr {:.4g} accuracy {}{}{}",
                  tty ? "\r\033[K" : "", std::min<int64_t>(r.epoch + 1, c.job.epochs), c.job.epochs, r.step, total, r.loss,
-                 r.samples_per_second, r.members, c.job.mode, accuracy, tty ? "" : "\n");
+                 r.samples_per_second, r.members, c.job.mode, r.lr, accuracy, load_note(r.loads), tty ? "" : "\n");
     } else if (r.kind == K::evaluation) {
       collected->evaluations.push_back(r);
       fmt::print("{}eval  epoch {} step {}: test accuracy {:.4f}, test loss {:.4f} (at {:.1f} s of training)\n",
@@ -706,6 +737,11 @@ int run_run_command(const RunArgs& args) {
   if (!c.elastic.checkpoint_dir.empty())
     if (auto found = elastic::latest_checkpoint(c.elastic.checkpoint_dir))
       checkpoint = fs::absolute(found->manifest).string();
+  // Each worker's measured speed and share as rank 0's last progress report had them.
+  nlohmann::json loads = nlohmann::json::array();
+  if (collected->last_progress)
+    for (const auto& w : collected->last_progress->loads)
+      loads.push_back({{"worker", w.worker}, {"samples_per_second", w.samples_per_second}, {"share", w.share}});
   const nlohmann::json result = {
       {"mode", c.job.mode},
       {"nodes", collected->members},
@@ -741,6 +777,8 @@ int run_run_command(const RunArgs& args) {
       {"gossip_exchanges", c.job.mode == "gossip" ? nlohmann::json(exchanges) : nlohmann::json(nullptr)},
       {"workers", workers},
       {"evaluations", evaluations},
+      {"lr_history", collected->lr_history},
+      {"loads", loads},
   };
   if (auto ok = compute::write_file_atomically(out / "result.json", result.dump(2) + "\n"); !ok)
     return runtime_error(ok.error().message);

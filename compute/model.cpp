@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 #include "base/check.hpp"
 
@@ -79,9 +80,14 @@ NetworkPlan* Model::plan_for(Backend& backend, int64_t batch) {
     plans_.clear();
     plans_backend_ = backend.id();
   }
-  for (auto& e : plans_)
-    if (e.batch == batch) return e.plan.get();
-  constexpr size_t max_plans = 4;  // training batch, last partial batch, evaluation batch, spare
+  // Least recently used last out: the training batch, the evaluation batch, an epoch's short last
+  // batch, and a sync worker's few balanced shares (elastic/balance.hpp moves them in quanta).
+  for (auto it = plans_.begin(); it != plans_.end(); ++it)
+    if (it->batch == batch) {
+      std::rotate(it, it + 1, plans_.end());
+      return plans_.back().plan.get();
+    }
+  constexpr size_t max_plans = 8;
   if (plans_.size() == max_plans) plans_.erase(plans_.begin());
   plans_.push_back({batch, backend.plan_network(planned_layers(batch))});
   return plans_.back().plan.get();

@@ -114,7 +114,7 @@ class Model {
     std::unique_ptr<NetworkPlan> plan;  // null: the backend declined
   };
   uint64_t plans_backend_ = 0;  ///< Backend::id() the plans were made for
-  std::vector<PlanEntry> plans_;          // a few batch sizes, oldest dropped first
+  std::vector<PlanEntry> plans_;          // a few batch sizes, least recently used first
   NetworkPlan* last_plan_ = nullptr;      // the plan the last forward ran, if any
   bool forwarded_ = false;                // a forward has run since build(): backward has its input
 

@@ -178,6 +178,16 @@ const std::vector<Key>& keys() {
        0, 1, true, false, {}, assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::gamma>},
       {{"optimizer", "min_lr", KeyType::number, "0.0", "Cosine schedule floor; [0, lr]."},
        0, 10, false, false, {}, assign<&J::optimizer, &J::Optimizer::schedule, &compute::ScheduleOptions::min_lr>},
+      {{"optimizer", "reference_batch", KeyType::integer, "0",
+        "Cluster jobs: the global batch lr is meant for; the rate in effect follows the actual global batch by "
+        "`scaling`. 0: the job's first global batch (workers x batch_size), so lr is the rate the job starts "
+        "with. Epochs and the schedule's steps are counted in batches of this size."},
+       0, 1e9, false, false, {}, assign<&J::optimizer, &J::Optimizer::reference_batch>},
+      {{"optimizer", "scaling", KeyType::string, "\"auto\"",
+        "Cluster jobs: how the rate follows the global batch B: \"linear\" (lr x B / reference_batch), \"sqrt\" "
+        "(lr x sqrt(B / reference_batch)), \"none\", or \"auto\" (sqrt for adam and adamw, linear for sgd). A "
+        "change of B ramps over [elastic] rescale_batches. Gossip caps the scale at the workers being averaged."},
+       -inf, inf, false, false, {"auto", "linear", "sqrt", "none"}, assign<&J::optimizer, &J::Optimizer::scaling>},
       // [cluster]
       {{"cluster", "cluster_id", KeyType::string, "\"tepdist\"",
         "Name of the cluster; a node refuses peers that name another one."},
@@ -247,7 +257,8 @@ const std::vector<Key>& keys() {
       {{"nodes", "NAME", KeyType::table, "{}",
         "Settings of one node, by its name: `[nodes.node-02]`. `tepdist run` names its local nodes node-00, "
         "node-01, ...; a node started by hand (`tepdist node`) looks up its --name. Keys: region (the link "
-        "emulator's region, default \"local\"; `tepdist node --region` wins over it). Overridden with "
+        "emulator's region, default \"local\"; `tepdist node --region` wins over it) and slowdown ([compute] "
+        "slowdown for this node alone). Overridden with "
         "--set nodes.NAME.KEY=VALUE. A node without a table has the defaults."},
        -inf, inf, false, false, {}, nullptr},
       // [membership]
@@ -291,9 +302,20 @@ const std::vector<Key>& keys() {
        1, 4096, false, false, {}, assign<&J::elastic, &J::Elastic::min_workers>},
       {{"elastic", "rescale_batches", KeyType::integer, "8",
         "After the number of workers changes, the learning rate moves linearly from the old global batch's "
-        "scale to the new one's over this many global batches (the rate is lr x global batch / reference "
-        "batch). 0: at once. 0 to 100000."},
+        "scale to the new one's over this many global batches (the warm-up after a change; the scale is "
+        "[optimizer] scaling's). 0: at once. 0 to 100000."},
        0, 100000, false, false, {}, assign<&J::elastic, &J::Elastic::rescale_batches>},
+      {{"elastic", "balance", KeyType::boolean, "true",
+        "sync: each worker's share of the global batch follows its measured speed (samples per second of its "
+        "own steps, the median of the last 5), so a slower node takes fewer samples and every worker ends the "
+        "step together. The global batch, and so the update and the rate, stay as they are. false: equal "
+        "shares."},
+       -inf, inf, false, false, {}, assign<&J::elastic, &J::Elastic::balance>},
+      {{"elastic", "balance_quantum", KeyType::integer, "8",
+        "sync: shares are multiples of this many samples (a worker's batch sizes stay few, so its compute "
+        "plans are reused), at least one each; a global batch under one quantum a worker is split evenly. 1 "
+        "to 4096."},
+       1, 4096, false, false, {}, assign<&J::elastic, &J::Elastic::balance_quantum>},
       {{"elastic", "restart", KeyType::string, "\"on-failure\"",
         "`tepdist run`: a local node that dies of anything but a clean exit (a crash, SIGKILL) is started again "
         "under its name and rejoins the job (\"on-failure\"), or not (\"never\"). A node stopped by SIGTERM "
@@ -352,6 +374,12 @@ const std::vector<Key>& keys() {
        -inf, inf, false, false, {"onednn", "ref"}, assign<&J::compute, &J::Compute::backend>},
       {{"compute", "threads", KeyType::integer, "0", "Threads for the kernels; 0: every core. --threads overrides."},
        0, 1024, false, false, {}, assign<&J::compute, &J::Compute::threads>},
+      {{"compute", "slowdown", KeyType::number, "1.0",
+        "Emulation (for trying load balancing on one machine): every training step of a node takes this many "
+        "times its compute time (it sleeps for the rest). A node's own setting, read from the file the node "
+        "was started with: [nodes.NAME] slowdown for one local node, or `tepdist node --set "
+        "compute.slowdown=2`. The load balancer never reads it: it measures. 1 to 100."},
+       1, 100, false, false, {}, assign<&J::compute, &J::Compute::slowdown>},
   };
   return k;
 }
@@ -492,8 +520,14 @@ void apply_node(JobConfig& c, const std::string& name, const toml::value& v) {
       if (!value->is_string() || value->as_string().str.empty())
         throw ValueError{error_at(*value, here + ".region must be a non-empty region name")};
       node.region = value->as_string().str;
+    } else if (key == "slowdown") {
+      if (!(value->is_integer() || value->is_floating()))
+        throw ValueError{error_at(*value, here + ".slowdown must be a number from 1 to 100")};
+      const double d = value->is_integer() ? static_cast<double>(value->as_integer()) : value->as_floating();
+      if (!(d >= 1 && d <= 100)) throw ValueError{error_at(*value, here + ".slowdown must be a number from 1 to 100")};
+      node.slowdown = d;
     } else {
-      throw ValueError{error_at(*value, fmt::format("unknown key {}.{} (known: region)", here, key))};
+      throw ValueError{error_at(*value, fmt::format("unknown key {}.{} (known: region, slowdown)", here, key))};
     }
   }
   c.nodes[name] = std::move(node);

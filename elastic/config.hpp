@@ -58,11 +58,24 @@ struct JobConfig {
   struct Optimizer {
     compute::OptimizerOptions options;
     compute::ScheduleOptions schedule;  ///< total_steps is filled in by the training loop
+    /// Cluster jobs: the global batch `lr` is meant for (0: the job's first global batch), and how
+    /// the rate follows the actual global batch: "linear", "sqrt", "none", or "auto" (sqrt for
+    /// Adam and AdamW, linear for SGD).
+    int64_t reference_batch = 0;
+    std::string scaling = "auto";
+    /// The scaling rule `scaling` names for this optimiser: "linear", "sqrt" or "none".
+    std::string scaling_rule() const {
+      if (scaling != "auto") return scaling;
+      return options.name == "sgd" ? "linear" : "sqrt";
+    }
     friend bool operator==(const Optimizer&, const Optimizer&) = default;
   } optimizer;
   struct Compute {
     std::string backend = "onednn";
     int64_t threads = 0;  ///< 0: every core
+    /// Emulation of a slower node: each step takes this many times its compute time. A node
+    /// setting ([nodes.NAME] slowdown overrides it); the load balancer never reads it.
+    double slowdown = 1;
     friend bool operator==(const Compute&, const Compute&) = default;
   } compute;
 
@@ -89,6 +102,7 @@ struct JobConfig {
   /// Settings of one node, from its [nodes.NAME] table (later issues add keys here).
   struct Node {
     std::string region = "local";  ///< the link emulator's region
+    double slowdown = 0;           ///< [compute] slowdown for this node alone; 0: [compute]'s
     friend bool operator==(const Node&, const Node&) = default;
   };
   /// [nodes.NAME]: by node name. `tepdist run`'s local nodes are local_node_name(i); a node started
@@ -113,6 +127,8 @@ struct JobConfig {
     std::string quorum = "majority";  ///< job control: "majority" of the previous generation, or "any" one survivor
     int64_t min_workers = 1;        ///< no generation with fewer workers
     int64_t rescale_batches = 8;    ///< global batches over which the rate moves to a new world's scale
+    bool balance = true;            ///< sync: each worker's share of the global batch follows its measured speed
+    int64_t balance_quantum = 8;    ///< sync: shares are multiples of this many samples
     std::string restart = "on-failure";  ///< `tepdist run`: restart crashed local nodes ("on-failure") or not ("never")
     int64_t restart_budget = 3;     ///< restarts per local node
     int64_t checkpoint_every_steps = 0;  ///< sync: rank 0 writes the state every this many steps (0: not by steps)

@@ -1,12 +1,21 @@
 #include "elastic/progress.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace tepdist::elastic {
 
 std::pair<int64_t, int64_t> sync_slice(const gossip::JobProgress& p, int64_t n, int64_t batch, int64_t rank) {
   const int64_t begin = std::min(n, static_cast<int64_t>(p.position) + rank * batch);
   return {begin, std::min(n, begin + batch)};
+}
+
+std::pair<int64_t, int64_t> sync_slice(const gossip::JobProgress& p, int64_t n, std::span<const int64_t> shares,
+                                       int64_t rank) {
+  int64_t begin = static_cast<int64_t>(p.position);
+  for (int64_t r = 0; r < rank; ++r) begin += shares[static_cast<size_t>(r)];
+  begin = std::min(n, begin);
+  return {begin, std::min(n, begin + shares[static_cast<size_t>(rank)])};
 }
 
 gossip::JobProgress after_sync_step(gossip::JobProgress p, int64_t n, int64_t world, int64_t batch) {
@@ -119,11 +128,27 @@ RatePolicy::RatePolicy(compute::LrSchedule schedule, Options options) : schedule
 void RatePolicy::set_generation(const gossip::JobProgress& resume, int64_t previous, int64_t global) {
   // From the record alone (previous and this generation's batch), so that every member, a joiner
   // too, computes the same rates: a ramp cut short by another change is not continued.
-  const double ref = static_cast<double>(o_.reference_batch);
-  to_scale_ = static_cast<double>(global) / ref;
-  from_scale_ = previous > 0 ? static_cast<double>(previous) / ref : to_scale_;
+  to_scale_ = scale_for(global);
+  from_scale_ = previous > 0 ? scale_for(previous) : to_scale_;
   since_ = resume;
   ramp_global_ = std::max<int64_t>(1, global);
+}
+
+RatePolicy::Options::Rule RatePolicy::rule_named(const std::string& name) {
+  if (name == "sqrt") return Options::Rule::sqrt;
+  if (name == "none") return Options::Rule::none;
+  return Options::Rule::linear;
+}
+
+double RatePolicy::scale_for(int64_t global) const {
+  const double ratio = static_cast<double>(std::max<int64_t>(1, global)) / static_cast<double>(o_.reference_batch);
+  double scale = 1;
+  switch (o_.rule) {
+    case Options::Rule::linear: scale = ratio; break;
+    case Options::Rule::sqrt: scale = std::sqrt(ratio); break;
+    case Options::Rule::none: scale = 1; break;
+  }
+  return o_.max_scale > 0 ? std::min(scale, o_.max_scale) : scale;
 }
 
 int64_t RatePolicy::schedule_step(const gossip::JobProgress& p) const {

@@ -9,9 +9,12 @@
 //               skipped, whatever W does from step to step.
 //   rate        the schedule (warm-up, step, cosine) is read at the schedule step of the samples
 //               consumed, counted in reference batches: epoch·⌈n/ref⌉ + ⌊position/ref⌋. The rate
-//               is scaled linearly with the global batch (ref: the job's initial global batch, so
-//               a job that never changes keeps its rates), and after a change the scale ramps from
-//               the old batch's to the new one's over ramp_batches global batches.
+//               is scaled with the global batch B by a rule: linear (B/ref), square root
+//               (√(B/ref), Adam's usual), or none; ref is [optimizer] reference_batch, by default
+//               the job's initial global batch, so a job that never changes keeps its rates. After
+//               a change the scale ramps from the old batch's to the new one's over ramp_batches
+//               global batches (the warm-up after a change). A cap bounds the scale (gossip: one
+//               mixing averages two replicas, so more workers do not make a larger batch).
 //   gossip      each worker owns a list of spans (epoch, [begin, end)) and trains through it in
 //               order, b positions a local step, never two epochs in one step. The first
 //               generation gives worker r of W the r-th of W equal parts of every epoch. On a
@@ -21,6 +24,8 @@
 //               Within an epoch no position is used twice or skipped, whatever the changes.
 
 #include <cstdint>
+#include <span>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -31,6 +36,10 @@ namespace tepdist::elastic {
 
 /// Sync: positions [begin, end) of the epoch that `rank` of `world` trains on in the step at p.
 std::pair<int64_t, int64_t> sync_slice(const gossip::JobProgress& p, int64_t n, int64_t batch, int64_t rank);
+/// The same with each rank's share of the step's positions (elastic/balance.hpp): rank r trains
+/// on the r-th run, of shares[r] positions; equal shares of batch are the slices above.
+std::pair<int64_t, int64_t> sync_slice(const gossip::JobProgress& p, int64_t n, std::span<const int64_t> shares,
+                                       int64_t rank);
 
 /// Sync: where the job stands after the step at p (samples counts the whole global batch).
 gossip::JobProgress after_sync_step(gossip::JobProgress p, int64_t n, int64_t world, int64_t batch);
@@ -74,7 +83,11 @@ class RatePolicy {
     int64_t samples_per_epoch = 0;  ///< n
     int64_t reference_batch = 1;    ///< the global batch `lr` is meant for
     int64_t ramp_batches = 8;       ///< global batches over which a change's new scale is reached
+    enum class Rule { linear, sqrt, none } rule = Rule::linear;
+    double max_scale = 0;  ///< the scale never exceeds it; 0: no cap
   };
+  /// "linear", "sqrt" or "none" ([optimizer] scaling_rule()).
+  static Options::Rule rule_named(const std::string& name);
   RatePolicy(compute::LrSchedule schedule, Options options);
   /// A generation starts at `resume` with global batch `global`; the one before had `previous`
   /// (0: none). Until then the scale is 1.
@@ -83,6 +96,8 @@ class RatePolicy {
   float at(const gossip::JobProgress& p) const;
   /// The schedule step p counts as (reference batches consumed).
   int64_t schedule_step(const gossip::JobProgress& p) const;
+  /// The factor on the schedule's rate for a global batch of `global` (the rule, then the cap).
+  double scale_for(int64_t global) const;
 
  private:
   compute::LrSchedule schedule_;

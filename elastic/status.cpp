@@ -30,6 +30,12 @@ std::vector<std::pair<uint32_t, bool>> shards_of(const StatusDocument& doc, cons
   return held;
 }
 
+/// What the answering worker knows of `id`'s speed and share (null: nothing).
+const gossip::WorkerLoad* load_of(const gossip::JobStatus& j, const std::string& id) {
+  const auto it = std::ranges::find(j.loads, id, &gossip::WorkerLoad::worker);
+  return it == j.loads.end() ? nullptr : &*it;
+}
+
 }  // namespace
 
 StatusDocument status_document(std::string source, const gossip::StateSync& answer) {
@@ -77,12 +83,19 @@ std::string status_json(const StatusDocument& doc) {
   out["job"] = nullptr;
   if (const auto& j = doc.job) {
     nlohmann::json workers = nlohmann::json::array();
-    for (const auto& [id, position] : j->workers) workers.push_back({{"id", id}, {"position", position}});
+    for (const auto& [id, position] : j->workers) {
+      nlohmann::json w = {{"id", id}, {"position", position}, {"samples_per_second", nullptr}, {"share", nullptr}};
+      if (const auto* load = load_of(*j, id)) {
+        if (load->samples_per_second > 0) w["samples_per_second"] = load->samples_per_second;
+        if (load->share > 0) w["share"] = load->share;
+      }
+      workers.push_back(std::move(w));
+    }
     out["job"] = {{"job_id", j->job_id},          {"mode", j->mode},
                   {"generation", j->generation},  {"phase", j->phase},
                   {"step", j->progress.step},     {"epoch", j->progress.epoch},
                   {"position", j->progress.position}, {"samples", j->progress.samples},
-                  {"workers", workers}};
+                  {"lr", j->lr},                  {"workers", workers}};
   }
   // Ids and names come from peers: invalid UTF-8 is replaced, never thrown on.
   return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -117,8 +130,14 @@ std::string status_table(const StatusDocument& doc) {
     // its own ranges, as the answering worker last heard.
     out += fmt::format("job {} ({}): generation {}, {}, epoch {}, step {}, {} samples\n", j->job_id, j->mode,
                        j->generation, j->phase, j->progress.epoch + 1, j->progress.step, j->progress.samples);
-    out += fmt::format("{:<16} {}\n", "WORKER", "POSITION");
-    for (const auto& [id, position] : j->workers) out += fmt::format("{:<16} {}\n", id, position);
+    out += fmt::format("learning rate in effect {:.4g}\n", j->lr);
+    out += fmt::format("{:<16} {:>10} {:>12} {:>6}\n", "WORKER", "POSITION", "SAMPLES/S", "SHARE");
+    for (const auto& [id, position] : j->workers) {
+      const auto* load = load_of(*j, id);
+      out += fmt::format("{:<16} {:>10} {:>12} {:>6}\n", id, position,
+                         load && load->samples_per_second > 0 ? fmt::format("{:.0f}", load->samples_per_second) : "-",
+                         load && load->share > 0 ? std::to_string(load->share) : "-");
+    }
   } else {
     out += "no job on this member\n";
   }

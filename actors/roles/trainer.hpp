@@ -54,6 +54,9 @@ struct TrainerOptions {
   uint64_t boot_id = 0;             ///< this run of the node's process (job control tells restarts by it)
   /// Where rank 0 saves a job whose submitter is gone: RESULTS_DIR/JOB_ID/ ([cluster] results_dir).
   std::string results_dir = "tepdist-results";
+  /// Emulation of a slower node ([compute] slowdown, read from the node's own file): after a
+  /// step's compute the trainer sleeps (slowdown - 1) times what it took. Nothing else reads it.
+  double slowdown = 1;
 };
 
 /// The role "trainer" under the supervisor. Its snapshot is only the boot id it runs under: a

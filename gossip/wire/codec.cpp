@@ -33,6 +33,14 @@ void put_texts(capnp::List<capnp::Text>::Builder list, const std::vector<std::st
   for (unsigned i = 0; i < texts.size(); ++i) list.set(i, texts[i]);
 }
 
+void put_loads(capnp::List<wire::WorkerLoad>::Builder b, const std::vector<WorkerLoad>& loads) {
+  for (unsigned i = 0; i < loads.size(); ++i) {
+    b[i].setWorker(loads[i].worker);
+    b[i].setSamplesPerSecond(loads[i].samples_per_second);
+    b[i].setShare(loads[i].share);
+  }
+}
+
 void put_progress(wire::JobProgress::Builder b, const JobProgress& p) {
   b.setStep(p.step);
   b.setEpoch(p.epoch);
@@ -110,6 +118,8 @@ struct Encoder {
                 held[i].setShard(m.job->held_shards[i].first);
                 held[i].setVersion(m.job->held_shards[i].second);
               }
+              put_loads(j.initLoads(static_cast<unsigned>(m.job->loads.size())), m.job->loads);
+              j.setLr(m.job->lr);
             }
           } else if constexpr (std::is_same_v<T, TensorChunk>) {
             put_chunk(e.initTensorChunk(), m);
@@ -243,6 +253,8 @@ struct Encoder {
             b.setComputeSeconds(m.compute_seconds);
             b.setStaleRejected(m.stale_rejected);
             b.setUpdatesApplied(m.updates_applied);
+            b.setLr(m.lr);
+            put_loads(b.initLoads(static_cast<unsigned>(m.loads.size())), m.loads);
             b.setExchanges(m.exchanges);
             b.setStalenessSum(m.staleness_sum);
           } else if constexpr (std::is_same_v<T, ShardUpdate>) {
@@ -385,6 +397,13 @@ class Reading {
     return out;
   }
 
+  std::vector<WorkerLoad> loads(capnp::List<wire::WorkerLoad>::Reader l, std::string_view what) {
+    std::vector<WorkerLoad> out;
+    out.reserve(list<WorkerLoad>(l, wire_caps::members, what).size());
+    for (auto w : l) out.push_back({name(w.getWorker(), what), w.getSamplesPerSecond(), w.getShare()});
+    return out;
+  }
+
   template <class List>
   std::vector<std::pair<uint32_t, uint64_t>> held(List l, std::string_view what) {
     std::vector<std::pair<uint32_t, uint64_t>> out;
@@ -459,6 +478,8 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
                       in.name(j.getPhase(), "a status's phase"), get_progress(j.getProgress())};
         job.workers = in.cursors(j.getWorkers(), wire_caps::members, "a status's workers");
         job.held_shards = in.held(j.getHeldShards(), "a status's held shards");
+        job.loads = in.loads(j.getLoads(), "a status's loads");
+        job.lr = j.getLr();
         s.job = std::move(job);
       }
       return s;
@@ -592,7 +613,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       const auto kind = r.getKind();
       if (kind > wire::JobReport::Kind::FAILED)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown job report kind {}", static_cast<int>(kind))};
-      return JobReport{r.getJobId(),        static_cast<JobReport::Kind>(kind),
+      JobReport report{r.getJobId(),        static_cast<JobReport::Kind>(kind),
                        r.getRank(),         r.getEpoch(),
                        r.getStep(),         r.getLoss(),
                        r.getSamplesPerSecond(), r.getMembers(),
@@ -603,6 +624,9 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
                        r.getComputeSeconds(), r.getStaleRejected(),
                        r.getUpdatesApplied(), r.getExchanges(),
                        r.getStalenessSum()};
+      report.lr = r.getLr();
+      report.loads = in.loads(r.getLoads(), "a job report's loads");
+      return report;
     }
     case wire::Envelope::SHARD_UPDATE: {
       auto r = e.getShardUpdate();

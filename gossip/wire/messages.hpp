@@ -79,6 +79,14 @@ struct JobProgress {
 };
 
 /// What one worker knows of the job it runs, for status answers (elastic/status.hpp renders it).
+/// A worker's measured speed and, in sync, its share of the global batch (elastic/balance.hpp).
+struct WorkerLoad {
+  std::string worker;
+  double samples_per_second = 0;
+  uint64_t share = 0;
+  friend bool operator==(const WorkerLoad&, const WorkerLoad&) = default;
+};
+
 struct JobStatus {
   uint64_t job_id = 0;
   std::string mode;
@@ -91,6 +99,8 @@ struct JobStatus {
   std::vector<std::pair<std::string, uint64_t>> workers = {};
   /// Async: the shards the answering node holds in the generation, each with its version.
   std::vector<std::pair<uint32_t, uint64_t>> held_shards = {};
+  std::vector<WorkerLoad> loads = {};  ///< the generation's workers' speeds and shares
+  double lr = 0;                       ///< the rate in effect at the answering worker's last step
   friend bool operator==(const JobStatus&, const JobStatus&) = default;
 };
 
@@ -268,6 +278,8 @@ struct JobReport {
   double eval_seconds = 0;
   double compute_seconds = 0;
   uint64_t stale_rejected = 0, updates_applied = 0, exchanges = 0, staleness_sum = 0;
+  double lr = 0;                       ///< progress: the rate in effect at the last step
+  std::vector<WorkerLoad> loads = {};  ///< progress: the workers' speeds and shares
   friend bool operator==(const JobReport&, const JobReport&) = default;
 };
 

@@ -133,6 +133,8 @@ struct JobStatus {
   progress @4 :JobProgress;  # sync: the job's; gossip and async: the answering worker's own
   workers @5 :List(Cursor);  # the generation's workers, each with its position as this node knows it
   heldShards @6 :List(HeldShard);  # async: the shards this node holds in the generation, with versions
+  loads @7 :List(WorkerLoad);      # the generation's workers' speeds and shares, as this node knows them
+  lr @8 :Float64;                  # the learning rate in effect at this node's last step
 }
 
 struct ShardHolders {
@@ -234,6 +236,12 @@ struct HeldShard {
   version @1 :UInt64;
 }
 
+struct WorkerLoad {
+  worker @0 :Text;
+  samplesPerSecond @1 :Float64;  # its own measured speed (elastic/balance.hpp)
+  share @2 :UInt64;              # sync: positions of each global batch it trains on
+}
+
 struct Cursor {
   worker @0 :Text;
   consumed @1 :UInt64;       # positions of its list it had trained on when it last mixed with the sender
@@ -325,6 +333,8 @@ struct JobReport {
   updatesApplied @18 :UInt64;   # done, async: updates the shards this node is primary for applied
   exchanges @19 :UInt64;        # done, gossip: parameter averagings this worker took part in
   stalenessSum @20 :UInt64;     # done, async: the staleness of every update those shards applied, summed
+  lr @21 :Float64;              # progress: the learning rate in effect at the last step
+  loads @22 :List(WorkerLoad);  # progress: the workers' speeds and shares, as the reporter knows them
   enum Kind {
     progress @0;
     evaluation @1;

@@ -22,8 +22,10 @@ StateSync answer(std::optional<JobStatus> job) {
 
 TEST_CASE("the status document shows the job's generation and each worker's position, in JSON and the table",
           "[elastic][status]") {
-  const auto doc = elastic::status_document(
-      "10.0.0.1:7000", answer(JobStatus{7, "gossip", 3, "voting", {40, 1, 512, 9000}, {{"a", 512}, {"c", 128}}}));
+  JobStatus job{7, "gossip", 3, "voting", {40, 1, 512, 9000}, {{"a", 512}, {"c", 128}}};
+  job.loads = {{"a", 1234.4, 0}, {"c", 0, 0}};  // gossip: the answering worker knows its own speed
+  job.lr = 0.025;
+  const auto doc = elastic::status_document("10.0.0.1:7000", answer(job));
   const auto json = nlohmann::json::parse(elastic::status_json(doc));
   CHECK(json["source"] == "10.0.0.1:7000");
   CHECK(json["members"].size() == 2);
@@ -35,11 +37,17 @@ TEST_CASE("the status document shows the job's generation and each worker's posi
   CHECK(json["job"]["samples"] == 9000);
   CHECK(json["job"]["workers"][1]["id"] == "c");
   CHECK(json["job"]["workers"][1]["position"] == 128);
+  CHECK(json["job"]["workers"][0]["samples_per_second"] == Approx(1234.4));
+  CHECK(json["job"]["workers"][1]["samples_per_second"].is_null());  // not known there
+  CHECK(json["job"]["workers"][0]["share"].is_null());                // gossip has no shares
+  CHECK(json["job"]["lr"] == Approx(0.025));
 
   const auto table = elastic::status_table(doc);
   CHECK_THAT(table, Catch::Contains("job 7 (gossip): generation 3, voting, epoch 2, step 40, 9000 samples"));
   CHECK_THAT(table, Catch::Contains("0p"));
-  CHECK_THAT(table, Catch::Contains("c                128"));
+  CHECK_THAT(table, Catch::Contains("learning rate in effect 0.025"));
+  CHECK_THAT(table, Catch::Contains("a                       512         1234      -"));
+  CHECK_THAT(table, Catch::Contains("c                       128            -      -"));
 }
 
 TEST_CASE("a member without a job says so in both renderings", "[elastic][status]") {

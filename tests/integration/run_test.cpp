@@ -99,7 +99,9 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
   TempDir dir;
   const std::string job = job_file(dir);
   const auto reference = single_process_reference(dir, job);
-  const auto result = three_node_run(dir, job, "sync");
+  // Equal shares: the bit-equal resume below compares with this run (balanced shares follow
+  // timings, so the sums' rounding would differ from run to run; the balancing test is below).
+  const auto result = three_node_run(dir, job, "sync", {"--set", "elastic.balance=false"});
   INFO(result.dump(1));
   CHECK(result["mode"] == "sync");
   CHECK(result["generations"].size() == 1);  // fault-free: a change of workers here is a false death
@@ -131,7 +133,8 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
   REQUIRE(single_short.wait() == 0);
   // With checkpoints every 4 steps: at step 4, and at the end (step 6).
   Child sync_short({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--set", "job.max_steps=6", "--set",
-                    "elastic.checkpoint_every_steps=4", "--out", (dir.path / "sync-short").string()});
+                    "elastic.checkpoint_every_steps=4", "--set", "elastic.balance=false", "--out",
+                    (dir.path / "sync-short").string()});
   REQUIRE(sync_short.wait() == 0);
   const auto checkpoints = dir.path / "sync-short" / "checkpoints";
   CHECK(fs::exists(checkpoints / "step-00000004.ckpt"));
@@ -155,8 +158,8 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
 
   // Resumed from it (the newest: step 6) with the same --out and node count, the job runs to its
   // end (64 steps) and ends bit-equal to the run that was never stopped.
-  Child resumed({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--resume", "--out",
-                 (dir.path / "sync-short").string()});
+  Child resumed({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--resume", "--set",
+                 "elastic.balance=false", "--out", (dir.path / "sync-short").string()});
   INFO(resumed.all());
   REQUIRE(resumed.wait() == 0);
   CHECK_THAT(resumed.all(), Catch::Contains("resuming from") && Catch::Contains("step-00000006.ckpt"));
@@ -169,6 +172,48 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
   CHECK((fs::status(dir.path / "sync" / "secret").permissions() & (fs::perms::group_all | fs::perms::others_all)) ==
         fs::perms::none);
+}
+
+TEST_CASE("sync, balanced: a slower node trains a smaller share, and the update is still one process's at the "
+          "global batch",
+          "[integration][run][fashion]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  // node-01 four times slower (emulated): after the first step its share falls, the other's grows.
+  Child single({TEPDIST_BINARY, "train", job, "--set", "data.batch_size=128", "--set", "job.max_steps=10", "--out",
+                (dir.path / "single").string()});
+  REQUIRE(single.wait() == 0);
+  Child run({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "2", "--set", "job.max_steps=10", "--set",
+             "job.log_every_steps=1", "--set", "nodes.node-01.slowdown=4", "--out", (dir.path / "sync").string()});
+  const int status = run.wait();
+  INFO(run.all());
+  REQUIRE(status == 0);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+  const auto result = read_json(dir.path / "sync" / "result.json");
+  INFO(result.dump(1));
+  CHECK(result["steps"] == 10);
+  CHECK(result["samples"] == 10 * 128);
+  const auto& loads = result["loads"];
+  REQUIRE(loads.size() == 2);
+  CHECK(loads[0]["worker"] == "node-00");
+  CHECK(loads[0]["share"].get<int>() + loads[1]["share"].get<int>() == 128);
+  CHECK(loads[1]["share"].get<int>() < 64);
+  CHECK(loads[1]["share"].get<int>() % 8 == 0);
+  CHECK(loads[1]["samples_per_second"].get<double>() < loads[0]["samples_per_second"].get<double>());
+  CHECK_THAT(run.all(), Catch::Contains("straggler node-01"));
+  // The same positions each step, gradients weighted by the samples each worker took: one
+  // process's update at batch 128, to float rounding.
+  const auto a = tensor_data(dir.path / "single" / "model.safetensors");
+  const auto b = tensor_data(dir.path / "sync" / "model.safetensors");
+  REQUIRE(a.size() == b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - b[i]) * static_cast<double>(a[i] - b[i]);
+    norm += a[i] * static_cast<double>(a[i]);
+  }
+  CHECK(std::sqrt(diff / norm) < 1e-5);
+  // Both replicas the same, bit for bit: every member computed the same shares from the same sums.
+  CHECK(result["workers"][0]["parameter_checksum"] == result["workers"][1]["parameter_checksum"]);
 }
 
 TEST_CASE("gossip and async: a checkpoint of three nodes resumes on two, and the positions left are trained once",

@@ -40,6 +40,20 @@ void to_submitter(Trainer* self, const Job& j, gossip::Body body) {
   if (!j.detached) send_to(self, j.start.submitter, std::move(body));
 }
 
+/// The generation's workers' speeds and shares as this worker knows them: sync, everyone's from the
+/// last ring sum; async and gossip, only its own speed.
+std::vector<gossip::WorkerLoad> loads_of(const Job& j) {
+  std::vector<gossip::WorkerLoad> out;
+  for (size_t r = 0; r < j.start.workers.size(); ++r) {
+    gossip::WorkerLoad w{j.start.workers[r]};
+    if (r < j.speeds.size()) w.samples_per_second = j.speeds[r];
+    else if (r == j.rank) w.samples_per_second = j.speed.speed();
+    if (r < j.shares.size()) w.share = static_cast<uint64_t>(j.shares[r]);
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
 JobReport report_of(const Job& j, JobReport::Kind kind) {
   JobReport r;
   r.job_id = j.start.job_id;
@@ -51,6 +65,10 @@ JobReport report_of(const Job& j, JobReport::Kind kind) {
   r.loss = j.loss;
   r.train_seconds = j.train_seconds();
   r.compute_seconds = j.compute_seconds;
+  if (kind == JobReport::Kind::progress) {
+    if (j.rate && j.driver) r.lr = j.rate->at(j.driver->progress(j));
+    r.loads = loads_of(j);
+  }
   return r;
 }
 
@@ -61,6 +79,8 @@ gossip::JobStatus job_status(const Job& j, const std::string& self_id) {
   else if (!j.member) st.phase = "waiting";
   else if (j.control && j.control->paused()) st.phase = "voting";
   j.driver->add_status(j, self_id, st);
+  st.loads = loads_of(j);
+  if (j.rate) st.lr = j.rate->at(j.driver->progress(j));
   return st;
 }
 
@@ -273,9 +293,14 @@ void order_for_epoch(Job& j, int64_t epoch) {
 /// The gradient of samples `idx` (at least one) into the model's gradients, its loss into `loss`;
 /// the samples, or why the step cannot go on, naming it.
 std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t> idx, int64_t step, float& loss) {
+  const auto began = Clock::now();
   compute::gather_batch(j.data.train, idx, j.x, j.y);
   const auto computed = compute::try_compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
   if (!computed) return std::unexpected(fmt::format("step {}: {}", step, computed.error().message));
+  // [compute] slowdown, the emulated slower node: this thread is held as a slower CPU would hold it.
+  if (j.slowdown > 1)
+    std::this_thread::sleep_for(std::chrono::duration<double>((j.slowdown - 1) * seconds_between(began, Clock::now())));
+  j.speed.add(static_cast<int64_t>(idx.size()), seconds_between(began, Clock::now()));
   loss = *computed;
   // The divergence rule, every mode alike: nothing of a step that is not finite leaves the worker
   // (a ring sum, a mixing, a push) or steps an optimiser.
@@ -395,7 +420,11 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   const int64_t batch = j.config.data.batch_size;
   // The first generation's workers all compute it alike (a resumed job: the checkpoint's); later
   // records carry it.
-  if (j.start.reference_batch == 0) j.start.reference_batch = static_cast<uint64_t>(j.world) * static_cast<uint64_t>(batch);
+  // [optimizer] reference_batch, else the first generation's global batch.
+  if (j.start.reference_batch == 0)
+    j.start.reference_batch = j.config.optimizer.reference_batch > 0
+                                  ? static_cast<uint64_t>(j.config.optimizer.reference_batch)
+                                  : static_cast<uint64_t>(j.world) * static_cast<uint64_t>(batch);
   const auto reference = static_cast<int64_t>(j.start.reference_batch);
   j.steps_per_epoch = elastic::sync_steps_per_epoch(j.data.train.size(), 1, reference);
   j.total_steps = j.steps_per_epoch * j.config.job.epochs;
@@ -405,12 +434,18 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   auto made = compute::LrSchedule::make(schedule);
   if (!made) return std::unexpected(made.error().message);
   j.schedule = *made;
-  j.rate.emplace(*made, elastic::RatePolicy::Options{j.data.train.size(), reference, j.config.elastic.rescale_batches});
+  elastic::RatePolicy::Options rate{j.data.train.size(), reference, j.config.elastic.rescale_batches,
+                                    elastic::RatePolicy::rule_named(j.config.optimizer.scaling_rule())};
+  // Gossip: a mixing averages two replicas, so the scale stops where two workers' batches would put it
+  // (never below the job's starting rate).
+  if (j.config.job.mode == "gossip") rate.max_scale = std::max(1.0, 2.0 * static_cast<double>(batch) / static_cast<double>(reference));
+  j.rate.emplace(*made, rate);
   if (j.config.job.ring_chunk_kb + 64 > o.max_frame_kb)
     return std::unexpected(fmt::format("job.ring_chunk_kb = {} does not fit this node's frames ([cluster] max_frame_mb "
                                        "= {})",
                                        j.config.job.ring_chunk_kb, o.max_frame_kb / 1024));
   j.checkpoints.setup(o.results_dir, j);
+  j.slowdown = o.slowdown;
   // The mode's own set-up comes last: async's registers its shard host, which takes updates from then on.
   const auto& mode = j.config.job.mode;
   if (mode == "sync") j.driver = make_sync_driver();

@@ -22,6 +22,7 @@
 #include <optional>
 #include <random>
 #include <set>
+#include <thread>
 #include "actors/atoms.hpp"
 #include "actors/router.hpp"
 #include "compute/backends.hpp"
@@ -29,6 +30,7 @@
 #include "compute/io/files.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/train.hpp"
+#include "elastic/balance.hpp"
 #include "elastic/checkpoints.hpp"
 #include "elastic/coordination.hpp"
 #include "elastic/job.hpp"
@@ -207,6 +209,12 @@ struct Job {
   };
   std::optional<RingCheck> ring_check;
   double compute_seconds = 0, ring_seconds = 0;  // where the steps' time went
+  // Load: this worker's measured speed (every step's compute, the emulated slowdown included), and
+  // the generation's workers' speeds and shares as the last step knew them (sync; rank order).
+  double slowdown = 1;  // TrainerOptions::slowdown
+  elastic::SpeedMeter speed;
+  std::vector<double> speeds;
+  std::vector<int64_t> shares;
   // Rank 0.
   caf::actor evaluator;
   int pending_evals = 0;

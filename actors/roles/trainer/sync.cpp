@@ -1,7 +1,10 @@
 // The sync driver: every step one ring all-reduce of [gradient x samples, loss x samples, samples,
-// stop votes] over the generation's workers; every worker divides the same sum the same way and
-// steps its optimiser, so the replicas stay bit-identical. Progress is the job's, alike on every
-// member: a position in the epoch's permutation, each step covering the next run of it.
+// stop votes, each rank's speed] over the generation's workers; every worker divides the same sum
+// the same way and steps its optimiser, so the replicas stay bit-identical. Progress is the job's,
+// alike on every member: a position in the epoch's permutation, each step covering the next run
+// of it, cut into the ranks' shares. The shares start equal in every generation and then follow
+// the speeds in the sum ([elastic] balance, elastic/balance.hpp): every member computes them from
+// the same numbers, so all agree without a message of their own.
 
 #include "actors/roles/trainer/job.hpp"
 
@@ -12,10 +15,7 @@ class SyncDriver final : public Driver {
  public:
   const char* name() const override { return "sync"; }
 
-  std::expected<void, std::string> setup(Trainer*, Job& j) override {
-    j.buffer.assign(j.elements() + 3, 0.0f);
-    return {};
-  }
+  std::expected<void, std::string> setup(Trainer*, Job&) override { return {}; }
 
   void step(Trainer* self, Job& j) override {
     if (!may_step(j)) return;
@@ -27,7 +27,7 @@ class SyncDriver final : public Driver {
     const auto now = Clock::now();
     if (!j.first_step) j.first_step = j.window_start = now;
     float loss = 0;
-    const auto [begin, end] = elastic::sync_slice(progress_, j.data.train.size(), j.config.data.batch_size, j.rank);
+    const auto [begin, end] = elastic::sync_slice(progress_, j.data.train.size(), j.shares, j.rank);
     const auto computed = compute_positions(j, static_cast<int64_t>(progress_.epoch), begin, end,
                                             static_cast<int64_t>(progress_.step) + 1, loss);
     if (!computed) return fail_everywhere(self, computed.error());
@@ -42,6 +42,9 @@ class SyncDriver final : public Driver {
       std::fill(j.buffer.begin(), j.buffer.end(), 0.0f);  // a short last step: nothing for this rank
     }
     j.buffer[e + 2] = j.target_reached ? 1.0f : 0.0f;
+    // This rank's speed in its own slot (the others' are zero, so the sum is exact everywhere).
+    std::fill(j.buffer.begin() + static_cast<ptrdiff_t>(e + 3), j.buffer.end(), 0.0f);
+    j.buffer[e + 3 + j.rank] = static_cast<float>(j.speed.speed());
     std::vector<gossip::RingChunk> out;
     j.ring->start(progress_.step + 1, j.buffer, out);
     if (!send_ring(self, out)) return;
@@ -74,8 +77,12 @@ class SyncDriver final : public Driver {
     if (j.has_state && progress_.step > r.resume.step)
       return std::unexpected(fmt::format("this worker is at step {}, past generation {}'s resume step {}",
                                          progress_.step, r.generation, r.resume.step));
-    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.elements() + 3,
+    j.buffer.assign(j.elements() + 3 + j.world, 0.0f);
+    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.buffer.size(),
                                                               chunk_elements(j), r.resume.step});
+    // Every generation starts from equal shares; the first sum's speeds move them.
+    j.shares = elastic::equal_shares(global_batch(j), j.world);
+    j.speeds.assign(j.world, 0.0);
     return {};
   }
 
@@ -112,6 +119,8 @@ class SyncDriver final : public Driver {
   }
 
  private:
+  static int64_t global_batch(const Job& j) { return static_cast<int64_t>(j.world) * j.config.data.batch_size; }
+
   /// Whether the job is over at the progress every member shares (or a stop vote was summed).
   bool finished(const Job& j) const {
     return stop_voted_ || elastic::job_finished(progress_, j.config.job.epochs, j.config.job.max_steps);
@@ -130,6 +139,10 @@ class SyncDriver final : public Driver {
     j.step = static_cast<int64_t>(progress_.step);
     // A stop vote in the sum: every worker ends after this same step.
     if (j.buffer[e + 2] > 0) stop_voted_ = true;
+    // The next step's shares, from the speeds every member now holds alike.
+    j.speeds.assign(j.buffer.begin() + static_cast<ptrdiff_t>(e + 3), j.buffer.end());
+    if (j.config.elastic.balance)
+      j.shares = elastic::sync_shares(j.shares, j.speeds, global_batch(j), j.config.elastic.balance_quantum);
     samples_ += static_cast<uint64_t>(total);
     j.window_samples += static_cast<uint64_t>(total);
     j.last_step_end = Clock::now();

@@ -1,0 +1,115 @@
+#!/usr/bin/env bash
+# Load balancing across uneven nodes, on this machine: `tepdist run` of two local nodes (one kernel
+# thread each, so one core each on a 2-core machine) training LeNet on Fashion-MNIST in sync mode.
+# node-01 is made slower, by the emulation knob ([nodes.node-01] slowdown = SLOWDOWN, default 2)
+# or, with REAL=1, by a busy loop pinned (taskset) to the core its process is pinned to. Per seed,
+# one run with [elastic] balance = true and one with false, alternated; medians over the seeds:
+#   efficiency   the job's samples/s over the sum of the two workers' own speeds, as each measured
+#                itself during the same run (result.json "loads"): 1.0 is a perfect split; equal
+#                shares give 2 x the slower / (sum) = 0.67 at slowdown 2 (goal >= 0.90)
+#   speedup      balanced samples/s over unbalanced samples/s, in the same seed
+#   accuracy     final test accuracy, balanced and unbalanced (goal: within 0.5 points)
+#   shares       the final shares of the global batch (balanced run)
+#
+#   bench/balance.sh [BUILD_DIR] [SEEDS] [EPOCHS]    (defaults: build 3 2; SLOWDOWN=2, REAL=0)
+#
+# Figures depend on the machine; the script prints what it ran on. It is a benchmark, not a test.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+seeds=${2:-3}
+epochs=${3:-2}
+slowdown=${SLOWDOWN:-2}
+real=${REAL:-0}
+tepdist="$(pwd)/$build/cli/tepdist"
+[[ -x $tepdist ]] || { echo "balance: $tepdist not built" >&2; exit 2; }
+dir=$(mktemp -d /tmp/tepdist-balance.XXXXXX)
+busy=()
+cleanup() {
+  for p in "${busy[@]}"; do kill "$p" 2>/dev/null; done
+  wait 2>/dev/null
+  [[ ${KEEP:-0} == 1 ]] && echo "balance: everything in $dir" || rm -rf "$dir"
+}
+trap cleanup EXIT
+
+job() {  # job FILE SEED BALANCE
+  cat >"$1" <<EOF
+[job]
+mode = "sync"
+epochs = $epochs
+seed = $2
+eval_every_steps = 0
+log_every_steps = 20
+[model]
+preset = "lenet"
+[data]
+dataset = "fashion-mnist"
+dir = "/usr/share/datasets/fashion-mnist"
+batch_size = 64
+[optimizer]
+lr = 0.02
+momentum = 0.9
+warmup_steps = 50
+[elastic]
+balance = $3
+[cluster]
+local_nodes = 2
+EOF
+  if [[ $real != 1 ]]; then printf '[nodes.node-01]\nslowdown = %s\n' "$slowdown" >>"$1"; fi
+}
+
+# run OUT SEED BALANCE: one `tepdist run`. REAL=1: each node pinned to its own core, a busy loop
+# beside node-01.
+run() {
+  local out=$1
+  mkdir -p "$out"
+  job "$out/job.toml" "$2" "$3"
+  "$tepdist" run "$out/job.toml" --out "$out/run" >"$out/launcher.log" 2>&1 &
+  local launcher=$!
+  if [[ $real == 1 ]]; then
+    local pids=()
+    for _ in $(seq 300); do
+      mapfile -t pids < <(pgrep -f -- "--name node-0[01] " | sort -n)
+      [[ ${#pids[@]} -ge 2 ]] && break
+      sleep 0.1
+    done
+    taskset -pc 0 "${pids[0]}" >/dev/null && taskset -apc 0 "${pids[0]}" >/dev/null
+    taskset -apc 1 "${pids[1]}" >/dev/null
+    taskset -c 1 bash -c 'while :; do :; done' &
+    busy+=($!)
+  fi
+  wait "$launcher"
+  echo $? >"$out/status"
+  for p in "${busy[@]}"; do kill "$p" 2>/dev/null; done
+  busy=()
+}
+
+median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2) print a[(NR+1)/2]; else print (a[NR/2]+a[NR/2+1])/2}'; }
+
+field() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1"; }
+
+echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "slower node: $([[ $real == 1 ]] && echo 'node-01 beside a busy loop on its core (taskset)' || echo "node-01 at slowdown $slowdown (emulated)")"
+for seed in $(seq 1 "$seeds"); do
+  for balance in true false; do
+    run "$dir/$seed-$balance" "$seed" "$balance"
+    st=$(cat "$dir/$seed-$balance/status")
+    [[ $st == 0 ]] || { echo "seed $seed balance $balance: tepdist run exited $st"; tail -5 "$dir/$seed-$balance/launcher.log"; continue; }
+    r="$dir/$seed-$balance/run/result.json"
+    field "$r" 'r["samples_per_second"]' >"$dir/$seed-$balance/sps"
+    field "$r" 'r["samples_per_second"] / sum(w["samples_per_second"] for w in r["loads"])' >"$dir/$seed-$balance/eff"
+    field "$r" 'r["test_accuracy"]' >"$dir/$seed-$balance/acc"
+    field "$r" '"/".join(str(w["share"]) for w in r["loads"])' >"$dir/$seed-$balance/shares"
+    echo "seed $seed balance $balance: $(cat "$dir/$seed-$balance/sps") samples/s, efficiency $(cat "$dir/$seed-$balance/eff"), accuracy $(cat "$dir/$seed-$balance/acc"), shares $(cat "$dir/$seed-$balance/shares")"
+  done
+  if [[ -f $dir/$seed-true/sps && -f $dir/$seed-false/sps ]]; then
+    awk -v a="$(cat "$dir/$seed-true/sps")" -v b="$(cat "$dir/$seed-false/sps")" 'BEGIN {print a / b}' >"$dir/$seed.speedup"
+  fi
+done
+m() { cat "$dir"/$1 2>/dev/null | median; }
+echo
+echo "| balance | efficiency (samples/s over the sum of own speeds) | accuracy | final shares |"
+echo "|---|---|---|---|"
+echo "| on  | $(m '*-true/eff') | $(m '*-true/acc') | $(cat "$dir"/1-true/shares 2>/dev/null) |"
+echo "| off | $(m '*-false/eff') | $(m '*-false/acc') | $(cat "$dir"/1-false/shares 2>/dev/null) |"
+echo "speedup of balancing (same seed, median): $(m '*.speedup')"

@@ -1,0 +1,102 @@
+#include "elastic/balance.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "base/check.hpp"
+
+namespace tepdist::elastic {
+
+void SpeedMeter::add(int64_t samples, double seconds) {
+  if (samples <= 0 || !(seconds > 0)) return;
+  if (steps_.size() == window) steps_.erase(steps_.begin());
+  steps_.push_back(static_cast<double>(samples) / seconds);
+}
+
+double SpeedMeter::speed() const {
+  if (steps_.empty()) return 0;
+  std::vector<double> sorted = steps_;
+  std::sort(sorted.begin(), sorted.end());
+  const size_t n = sorted.size();
+  return n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+}
+
+std::vector<int64_t> equal_shares(int64_t global, int64_t world) {
+  TEPDIST_CHECK(world > 0);
+  std::vector<int64_t> out(static_cast<size_t>(world), global / world);
+  for (int64_t r = 0; r < global % world; ++r) ++out[static_cast<size_t>(r)];
+  return out;
+}
+
+std::vector<int64_t> sync_shares(std::span<const int64_t> shares, std::span<const double> speeds, int64_t global,
+                                 int64_t quantum) {
+  const auto world = static_cast<int64_t>(shares.size());
+  TEPDIST_CHECK(world > 0 && speeds.size() == shares.size() && quantum > 0);
+  std::vector<int64_t> current(shares.begin(), shares.end());
+  if (std::accumulate(current.begin(), current.end(), int64_t{0}) != global) current = equal_shares(global, world);
+  const int64_t units = global / quantum;
+  if (world == 1 || units < world) return current;
+  double total = 0;
+  for (const double s : speeds) {
+    if (!(s > 0) || !std::isfinite(s)) return current;  // someone not measured yet
+    total += s;
+  }
+  // Half-way from the current shares to the proportional ones, in quanta.
+  std::vector<double> want(current.size());
+  for (size_t r = 0; r < want.size(); ++r) {
+    const double target = static_cast<double>(global) * speeds[r] / total;
+    want[r] = (static_cast<double>(current[r]) + 0.5 * (target - static_cast<double>(current[r]))) /
+              static_cast<double>(quantum);
+  }
+  // Largest remainder: every rank its whole quanta (at least one), the units left to the largest
+  // fractions (ties to the lower rank, so every member picks alike); too many (the floor of one
+  // quantum) are taken back from the largest shares.
+  std::vector<int64_t> u(want.size());
+  for (size_t r = 0; r < u.size(); ++r) u[r] = std::max<int64_t>(1, static_cast<int64_t>(std::floor(want[r])));
+  int64_t left = units - std::accumulate(u.begin(), u.end(), int64_t{0});
+  std::vector<size_t> order(u.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  auto fraction = [&](size_t r) { return want[r] - static_cast<double>(u[r]); };
+  while (left > 0) {
+    const size_t r = *std::max_element(order.begin(), order.end(),
+                                       [&](size_t a, size_t b) { return fraction(a) < fraction(b); });
+    ++u[r];
+    --left;
+  }
+  while (left < 0) {
+    size_t r = order.size();
+    for (const size_t k : order)
+      if (u[k] > 1 && (r == order.size() || fraction(k) < fraction(r))) r = k;
+    TEPDIST_CHECK(r < order.size());  // units >= world, so some rank has more than one quantum
+    --u[r];
+    ++left;
+  }
+  std::vector<int64_t> out(u.size());
+  for (size_t r = 0; r < u.size(); ++r) out[r] = u[r] * quantum;
+  // What does not fill a quantum goes to the largest share.
+  const auto largest = static_cast<size_t>(std::max_element(out.begin(), out.end()) - out.begin());
+  out[largest] += global - units * quantum;
+  // A dead band: shares move only for a step at least min_gain shorter (the slowest rank's share
+  // over its speed), so that the noise of equal nodes does not shuffle their shares (and plans).
+  auto step_time = [&](const std::vector<int64_t>& s) {
+    double t = 0;
+    for (size_t r = 0; r < s.size(); ++r) t = std::max(t, static_cast<double>(s[r]) / speeds[r]);
+    return t;
+  };
+  return step_time(out) <= (1 - min_gain) * step_time(current) ? out : current;
+}
+
+int straggler(std::span<const double> speeds, double factor) {
+  if (speeds.size() < 2) return -1;
+  const auto slowest = std::min_element(speeds.begin(), speeds.end());
+  std::vector<double> others;
+  for (auto it = speeds.begin(); it != speeds.end(); ++it)
+    if (it != slowest) others.push_back(*it);
+  std::sort(others.begin(), others.end());
+  const size_t n = others.size();
+  const double median = n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2;
+  return *slowest > 0 && *slowest < factor * median ? static_cast<int>(slowest - speeds.begin()) : -1;
+}
+
+}  // namespace tepdist::elastic

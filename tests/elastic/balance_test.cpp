@@ -1,0 +1,166 @@
+// Load balancing (elastic/balance.hpp) and the learning rate's scaling rules (elastic/progress.hpp),
+// each as a plain class.
+
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+#include "elastic/balance.hpp"
+#include "elastic/progress.hpp"
+
+using namespace tepdist;
+using gossip::JobProgress;
+
+namespace {
+int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+}  // namespace
+
+TEST_CASE("speed meter: the median of the last steps, so one slow step moves nothing", "[elastic][balance]") {
+  elastic::SpeedMeter m;
+  CHECK(m.speed() == 0);
+  for (int k = 0; k < 4; ++k) m.add(100, 0.1);  // 1000 samples/s
+  m.add(100, 10.0);                             // one step a hundred times slower
+  CHECK(m.speed() == Approx(1000));
+  // A lasting change is followed within the window.
+  for (int k = 0; k < 3; ++k) m.add(100, 0.2);
+  CHECK(m.speed() == Approx(500));
+  m.add(0, 1.0);  // a step with nothing to compute says nothing
+  m.add(10, 0.0);
+  CHECK(m.speed() == Approx(500));
+}
+
+TEST_CASE("sync shares: proportional to speed, reached smoothly, in quanta that sum to the global batch",
+          "[elastic][balance]") {
+  const int64_t global = 128, quantum = 8;
+  std::vector<int64_t> shares = elastic::equal_shares(global, 2);
+  CHECK(shares == std::vector<int64_t>{64, 64});
+  const std::vector<double> speeds = {1000, 500};  // the second node at half speed
+  std::vector<std::vector<int64_t>> seen;
+  for (int step = 0; step < 12; ++step) {
+    const auto next = elastic::sync_shares(shares, speeds, global, quantum);
+    REQUIRE(sum(next) == global);
+    for (const auto s : next) {
+      CHECK(s % quantum == 0);
+      CHECK(s >= quantum);
+    }
+    // Smooth: a step moves each share at most half-way (and a quantum of rounding).
+    const double target0 = global * 2.0 / 3.0;
+    CHECK(std::abs(static_cast<double>(next[0] - shares[0])) <=
+          std::abs(target0 - static_cast<double>(shares[0])) / 2 + quantum);
+    shares = next;
+    seen.push_back(shares);
+  }
+  // Settled within a quantum of 2:1 (85.3 : 42.7), and steady.
+  CHECK(std::abs(static_cast<double>(shares[0]) - global * 2.0 / 3.0) <= quantum);
+  CHECK(seen[10] == seen[11]);
+  CHECK(shares[0] > shares[1]);
+}
+
+TEST_CASE("sync shares: unmeasured workers, tiny batches and one worker keep what they have", "[elastic][balance]") {
+  const std::vector<int64_t> even = {32, 32, 32};
+  CHECK(elastic::sync_shares(even, std::vector<double>{100, 0, 100}, 96, 8) == even);  // one not measured yet
+  CHECK(elastic::sync_shares(even, std::vector<double>{100, 50, 100}, 96, 64) == even);  // 1 quantum, 3 workers
+  CHECK(elastic::sync_shares(std::vector<int64_t>{96}, std::vector<double>{7}, 96, 8) == std::vector<int64_t>{96});
+  // Shares that do not sum to the global batch (a bug elsewhere) are replaced by equal ones.
+  CHECK(sum(elastic::sync_shares(std::vector<int64_t>{10, 10, 10}, std::vector<double>{0, 0, 0}, 96, 8)) == 96);
+}
+
+TEST_CASE("sync shares: never below one quantum, and what is not a quantum goes to the largest", "[elastic][balance]") {
+  // One worker 100x slower: it keeps one quantum. 100 = 12 quanta of 8 and 4 over.
+  std::vector<int64_t> shares = elastic::equal_shares(100, 3);
+  for (int step = 0; step < 20; ++step) shares = elastic::sync_shares(shares, std::vector<double>{10, 1000, 1000}, 100, 8);
+  CHECK(sum(shares) == 100);
+  CHECK(shares[0] == 8);
+  CHECK((shares[1] % 8 == 4) != (shares[2] % 8 == 4));  // the rest went to one of them
+}
+
+TEST_CASE("sync shares: every member computes the same shares from the same sums", "[elastic][balance]") {
+  // Ties in the remainders go to the lower rank, so the answer does not depend on anything but the inputs.
+  const std::vector<int64_t> shares = {40, 40, 40};
+  const std::vector<double> speeds = {300, 300, 300};
+  CHECK(elastic::sync_shares(shares, speeds, 120, 8) == elastic::sync_shares(shares, speeds, 120, 8));
+  CHECK(sum(elastic::sync_shares(shares, speeds, 120, 8)) == 120);
+}
+
+TEST_CASE("sync slices with shares: contiguous runs that cover each step's positions once", "[elastic][balance]") {
+  const int64_t n = 1000;
+  const std::vector<int64_t> shares = {80, 16, 32};  // 128 = 2 workers x 64 would be the even split
+  JobProgress p{3, 0, 384, 384};
+  int64_t expected_begin = 384;
+  for (int64_t r = 0; r < 3; ++r) {
+    const auto [b, e] = elastic::sync_slice(p, n, shares, r);
+    CHECK(b == expected_begin);
+    CHECK(e - b == shares[static_cast<size_t>(r)]);
+    expected_begin = e;
+  }
+  CHECK(expected_begin == 384 + 128);
+  // The epoch's last, short step: the runs are cut at its end.
+  p.position = 950;
+  CHECK(elastic::sync_slice(p, n, shares, 0) == std::pair<int64_t, int64_t>{950, 1000});
+  CHECK(elastic::sync_slice(p, n, shares, 1) == std::pair<int64_t, int64_t>{1000, 1000});
+  // Equal shares are the slices of the fixed split.
+  JobProgress q;
+  const auto even = elastic::equal_shares(192, 3);
+  for (int64_t r = 0; r < 3; ++r) CHECK(elastic::sync_slice(q, n, even, r) == elastic::sync_slice(q, n, 64, r));
+}
+
+TEST_CASE("straggler: the slowest, when far below the median of the others", "[elastic][balance]") {
+  CHECK(elastic::straggler(std::vector<double>{1000, 990, 300}) == 2);
+  CHECK(elastic::straggler(std::vector<double>{1000, 600}) == -1);
+  CHECK(elastic::straggler(std::vector<double>{1000, 400}) == 1);
+  CHECK(elastic::straggler(std::vector<double>{1000}) == -1);
+  CHECK(elastic::straggler(std::vector<double>{0, 1000, 1000}) == -1);  // not measured is not slow
+}
+
+TEST_CASE("rate rules: linear, square root and none follow the global batch; the cap bounds them",
+          "[elastic][progress]") {
+  compute::ScheduleOptions s;
+  s.base_lr = 0.1f;
+  auto schedule = compute::LrSchedule::make(s);
+  REQUIRE(schedule);
+  using Rule = elastic::RatePolicy::Options::Rule;
+  const int64_t n = 6400, ref = 128;
+  auto rate_at = [&](Rule rule, double cap, int64_t global) {
+    elastic::RatePolicy policy(*schedule, {n, ref, 0, rule, cap});
+    policy.set_generation({}, 0, global);
+    return policy.at({});
+  };
+  CHECK(rate_at(Rule::linear, 0, 128) == Approx(0.1));  // at the reference batch: lr itself
+  CHECK(rate_at(Rule::sqrt, 0, 128) == Approx(0.1));
+  CHECK(rate_at(Rule::linear, 0, 512) == Approx(0.4));
+  CHECK(rate_at(Rule::sqrt, 0, 512) == Approx(0.2));
+  CHECK(rate_at(Rule::none, 0, 512) == Approx(0.1));
+  CHECK(rate_at(Rule::linear, 0, 64) == Approx(0.05));
+  CHECK(rate_at(Rule::sqrt, 0, 32) == Approx(0.05));
+  CHECK(rate_at(Rule::linear, 1.0, 512) == Approx(0.1));  // capped
+  CHECK(rate_at(Rule::linear, 1.0, 64) == Approx(0.05));  // the cap bounds only from above
+  CHECK(elastic::RatePolicy::rule_named("sqrt") == Rule::sqrt);
+  CHECK(elastic::RatePolicy::rule_named("none") == Rule::none);
+  CHECK(elastic::RatePolicy::rule_named("linear") == Rule::linear);
+}
+
+TEST_CASE("rate rules: a change ramps from the old batch's scale to the new one's by the rule", "[elastic][progress]") {
+  compute::ScheduleOptions s;
+  s.base_lr = 0.1f;
+  auto schedule = compute::LrSchedule::make(s);
+  REQUIRE(schedule);
+  elastic::RatePolicy policy(*schedule, {6400, 128, 4, elastic::RatePolicy::Options::Rule::sqrt});
+  const JobProgress at{10, 0, 1280, 1280};
+  policy.set_generation(at, 128, 512);  // 1 worker -> 4 workers
+  CHECK(policy.at(at) == Approx(0.1));  // the old scale
+  JobProgress half = at;
+  half.samples += 2 * 512;
+  CHECK(policy.at(half) == Approx(0.15));  // half-way from 1 to 2
+  JobProgress done = at;
+  done.samples += 4 * 512;
+  CHECK(policy.at(done) == Approx(0.2));
+}
+
+TEST_CASE("sync shares: equal nodes' noise does not move their shares (the dead band)", "[elastic][balance]") {
+  const std::vector<int64_t> even = {64, 64, 64};
+  CHECK(elastic::sync_shares(even, std::vector<double>{1000, 970, 1030}, 192, 8) == even);
+  CHECK(elastic::sync_shares(even, std::vector<double>{1000, 1000, 1000}, 192, 8) == even);
+  // A real difference does move them.
+  CHECK(elastic::sync_shares(even, std::vector<double>{1000, 600, 1000}, 192, 8) != even);
+}
