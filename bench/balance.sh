@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Load balancing across uneven nodes, on this machine: `tepdist run` of two local nodes (one kernel
-# thread each, so one core each on a 2-core machine) training LeNet on Fashion-MNIST in sync mode.
+# thread each, so one core each on a 2-core machine) training LeNet on Fashion-MNIST in MODE (sync
+# by default; gossip or async).
 # node-01 is made slower, by the emulation knob ([nodes.node-01] slowdown = SLOWDOWN, default 2)
 # or, with REAL=1, by a busy loop pinned (taskset) to the core its process is pinned to. Per seed,
 # one run with [elastic] balance = true and one with false, alternated; medians over the seeds:
@@ -9,9 +10,12 @@
 #                shares give 2 x the slower / (sum) = 0.67 at slowdown 2 (goal >= 0.90)
 #   speedup      balanced samples/s over unbalanced samples/s, in the same seed
 #   accuracy     final test accuracy, balanced and unbalanced (goal: within 0.5 points)
-#   shares       the final shares of the global batch (balanced run)
+#   shares       the final shares of the global batch (balanced run, sync)
+#   epoch ends   gossip and async: per epoch, how far apart the two workers trained the last of
+#                their positions of it, over the time from the first step to the later one
+#                (goal: within 5%); the worst epoch of the run; and the rebalancing generations
 #
-#   bench/balance.sh [BUILD_DIR] [SEEDS] [EPOCHS]    (defaults: build 3 2; SLOWDOWN=2, REAL=0)
+#   bench/balance.sh [BUILD_DIR] [SEEDS] [EPOCHS]    (defaults: build 3 2; MODE=sync, SLOWDOWN=2, REAL=0)
 #
 # Figures depend on the machine; the script prints what it ran on. It is a benchmark, not a test.
 set -uo pipefail
@@ -21,6 +25,7 @@ seeds=${2:-3}
 epochs=${3:-2}
 slowdown=${SLOWDOWN:-2}
 real=${REAL:-0}
+mode=${MODE:-sync}
 tepdist="$(pwd)/$build/cli/tepdist"
 [[ -x $tepdist ]] || { echo "balance: $tepdist not built" >&2; exit 2; }
 dir=$(mktemp -d /tmp/tepdist-balance.XXXXXX)
@@ -35,7 +40,7 @@ trap cleanup EXIT
 job() {  # job FILE SEED BALANCE
   cat >"$1" <<EOF
 [job]
-mode = "sync"
+mode = "$mode"
 epochs = $epochs
 seed = $2
 eval_every_steps = 0
@@ -88,6 +93,26 @@ median() { sort -g | awk '{a[NR]=$1} END {if (NR==0) print "nan"; else if (NR%2)
 
 field() { python3 -c "import json,sys; r=json.load(open(sys.argv[1])); print($2)" "$1"; }
 
+# The worst epoch's spread of the workers' ends of it, over the time from the first step (node logs).
+spread() {
+  python3 - "$1" <<'PY'
+import re, sys, glob, datetime
+t = lambda s: datetime.datetime.fromisoformat(s).timestamp()
+first, ends = None, {}
+for f in glob.glob(sys.argv[1] + "/node-*.log"):
+    for line in open(f):
+        m = re.match(r"(\S+) generation_first_step .*generation=1 ", line)
+        if m: first = min(first or t(m.group(1)), t(m.group(1)))
+        m = re.match(r"(\S+) epoch_part_done .*epoch=(\d+)", line)
+        if m: ends.setdefault(int(m.group(2)), {})[f] = t(m.group(1))
+worst = 0
+for e, by in ends.items():
+    if len(by) < 2 or first is None: continue
+    worst = max(worst, (max(by.values()) - min(by.values())) / (max(by.values()) - first))
+print(f"{worst:.3f}")
+PY
+}
+
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "slower node: $([[ $real == 1 ]] && echo 'node-01 beside a busy loop on its core (taskset)' || echo "node-01 at slowdown $slowdown (emulated)")"
 for seed in $(seq 1 "$seeds"); do
@@ -100,7 +125,9 @@ for seed in $(seq 1 "$seeds"); do
     field "$r" 'r["samples_per_second"] / sum(w["samples_per_second"] for w in r["loads"])' >"$dir/$seed-$balance/eff"
     field "$r" 'r["test_accuracy"]' >"$dir/$seed-$balance/acc"
     field "$r" '"/".join(str(w["share"]) for w in r["loads"])' >"$dir/$seed-$balance/shares"
-    echo "seed $seed balance $balance: $(cat "$dir/$seed-$balance/sps") samples/s, efficiency $(cat "$dir/$seed-$balance/eff"), accuracy $(cat "$dir/$seed-$balance/acc"), shares $(cat "$dir/$seed-$balance/shares")"
+    field "$r" 'len(r["generations"]) - 1' >"$dir/$seed-$balance/rebalances"
+    spread "$dir/$seed-$balance/run/logs" >"$dir/$seed-$balance/spread"
+    echo "seed $seed balance $balance: $(cat "$dir/$seed-$balance/sps") samples/s, efficiency $(cat "$dir/$seed-$balance/eff"), accuracy $(cat "$dir/$seed-$balance/acc"), shares $(cat "$dir/$seed-$balance/shares"), epoch ends apart $(cat "$dir/$seed-$balance/spread"), generations after the first $(cat "$dir/$seed-$balance/rebalances")"
   done
   if [[ -f $dir/$seed-true/sps && -f $dir/$seed-false/sps ]]; then
     awk -v a="$(cat "$dir/$seed-true/sps")" -v b="$(cat "$dir/$seed-false/sps")" 'BEGIN {print a / b}' >"$dir/$seed.speedup"
@@ -108,8 +135,9 @@ for seed in $(seq 1 "$seeds"); do
 done
 m() { cat "$dir"/$1 2>/dev/null | median; }
 echo
-echo "| balance | efficiency (samples/s over the sum of own speeds) | accuracy | final shares |"
-echo "|---|---|---|---|"
-echo "| on  | $(m '*-true/eff') | $(m '*-true/acc') | $(cat "$dir"/1-true/shares 2>/dev/null) |"
-echo "| off | $(m '*-false/eff') | $(m '*-false/acc') | $(cat "$dir"/1-false/shares 2>/dev/null) |"
+echo "mode $mode"
+echo "| balance | samples/s | efficiency (samples/s over the sum of own speeds) | accuracy | final shares | epoch ends apart (worst epoch) | rebalancing generations |"
+echo "|---|---|---|---|---|---|---|"
+echo "| on  | $(m '*-true/sps') | $(m '*-true/eff') | $(m '*-true/acc') | $(cat "$dir"/1-true/shares 2>/dev/null) | $(m '*-true/spread') | $(m '*-true/rebalances') |"
+echo "| off | $(m '*-false/sps') | $(m '*-false/eff') | $(m '*-false/acc') | $(cat "$dir"/1-false/shares 2>/dev/null) | $(m '*-false/spread') | $(m '*-false/rebalances') |"
 echo "speedup of balancing (same seed, median): $(m '*.speedup')"

@@ -737,11 +737,18 @@ int run_run_command(const RunArgs& args) {
   if (!c.elastic.checkpoint_dir.empty())
     if (auto found = elastic::latest_checkpoint(c.elastic.checkpoint_dir))
       checkpoint = fs::absolute(found->manifest).string();
-  // Each worker's measured speed and share as rank 0's last progress report had them.
+  // Each worker's measured speed and share as rank 0's last progress report had them (sync: all;
+  // async and gossip: its own), each speed not known there from the worker's own done report.
   nlohmann::json loads = nlohmann::json::array();
-  if (collected->last_progress)
-    for (const auto& w : collected->last_progress->loads)
+  if (collected->last_progress) {
+    std::vector<gossip::WorkerLoad> known = collected->last_progress->loads;
+    for (const auto& d : collected->done)
+      for (const auto& own : d.loads)
+        for (auto& w : known)
+          if (w.worker == own.worker && w.samples_per_second == 0) w.samples_per_second = own.samples_per_second;
+    for (const auto& w : known)
       loads.push_back({{"worker", w.worker}, {"samples_per_second", w.samples_per_second}, {"share", w.share}});
+  }
   const nlohmann::json result = {
       {"mode", c.job.mode},
       {"nodes", collected->members},

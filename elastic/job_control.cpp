@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <functional>
+#include <limits>
 #include <numeric>
 
 #include "elastic/coordination.hpp"
@@ -133,6 +134,7 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
     }
     promised_at_ = now;
   }
+  if (o_.rebalance && has_record() && !left_out_ && !paused()) note_rates(now, mine);
   if (!holds_duty() || now < quiet_until_) return;
   // This node's own promise with no proposal behind it (its proposal was given up below
   // min_workers, or overtaken): it proposes again rather than leave the others waiting.
@@ -155,6 +157,61 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
   // A change the last install did not cover (it came while the proposal was out), or a roster
   // that was too small before.
   if (!proposal_) on_view(now, view_, mine, out);
+  // Workers that would end far apart: the same workers again, their positions re-split by rate.
+  if (!proposal_ && !paused() && o_.rebalance)
+    if (const auto why = imbalance(now); !why.empty()) {
+      out.log.push_back(why);
+      propose(now, mine, out);
+    }
+}
+
+void JobControl::note_rates(double now, const Local& mine) {
+  if (installed_at_ < 0) installed_at_ = now;
+  auto note = [&](const std::string& id, uint64_t cursor) {
+    auto& r = rates_[id];
+    if (r.first_at < 0) r.first_at = now, r.first = cursor;
+    if (cursor > r.last || r.last_at < 0) r.last_at = now, r.last = std::max(r.last, cursor);
+  };
+  note(o_.self, mine.progress.position);
+  for (const auto& [id, cursor] : mine.cursors) note(id, cursor);
+}
+
+std::string JobControl::imbalance(double now) const {
+  if (record_.spans.empty() || installed_at_ < 0 || now - installed_at_ < o_.rebalance_window_ms) return {};
+  double longest = 0, shortest = std::numeric_limits<double>::infinity();
+  std::string ends;
+  for (size_t i = 0; i < record_.workers.size() && i < record_.spans.size(); ++i) {
+    const auto it = rates_.find(record_.workers[i]);
+    // Every worker's rate, over half a window at least, or nothing is decided.
+    if (it == rates_.end() || it->second.last_at - it->second.first_at < o_.rebalance_window_ms / 2) return {};
+    const double rate = it->second.per_ms();
+    if (!(rate > 0)) return {};
+    const uint64_t total = span_total(spans_of(record_.spans[i])), at = std::min(total, it->second.last);
+    const double end_ms = static_cast<double>(total - at) / rate - (now - it->second.last_at);
+    longest = std::max(longest, end_ms);
+    shortest = std::min(shortest, std::max(0.0, end_ms));
+    ends += fmt::format("{}{} {:.1f} s at {:.0f}/s", ends.empty() ? "" : ", ", record_.workers[i], end_ms / 1000,
+                        rate * 1000);
+  }
+  if (ends.empty() || longest < o_.rebalance_window_ms || longest - shortest <= o_.rebalance_gap * longest) return {};
+  return fmt::format("rebalancing generation {}: its workers would end {:.1f} s apart ({})", record_.generation,
+                     (longest - shortest) / 1000, ends);
+}
+
+std::vector<double> JobControl::weights_for(const Roster& roster) const {
+  std::vector<double> out;
+  double sum = 0;
+  size_t known = 0;
+  for (const auto& id : roster.ids) {
+    const auto it = rates_.find(id);
+    const bool measured = it != rates_.end() && it->second.last_at - it->second.first_at >= o_.rebalance_window_ms / 2;
+    out.push_back(measured ? it->second.per_ms() : 0.0);
+    if (out.back() > 0) sum += out.back(), ++known;
+  }
+  if (known == 0) return {};
+  for (auto& w : out)
+    if (!(w > 0)) w = sum / static_cast<double>(known);
+  return out;
 }
 
 void JobControl::propose(double now, const Local& mine, Output& out) {
@@ -171,6 +228,7 @@ void JobControl::propose(double now, const Local& mine, Output& out) {
   p.number = std::max(highest_seen_, promised_) + 1;
   p.at = p.sent_at = now;
   p.roster = std::move(want);
+  if (o_.rebalance) p.weights = weights_for(p.roster);
   highest_seen_ = p.number;
   out.log.push_back(fmt::format("proposing generation {} after {}: {} workers", p.number, record_.generation,
                                 p.roster.ids.size()));
@@ -485,7 +543,8 @@ void JobControl::try_install(Output& out) {
       rests.push_back(rest_after(i < record_.spans.size() ? spans_of(record_.spans[i]) : Spans{}, consumed));
     }
     next.spans.clear();
-    for (const auto& list : resplit(rests, next.workers.size())) next.spans.push_back(triples_of(list));
+    // Rebalance: in proportion to each worker's measured rate (the proposal's weights).
+    for (const auto& list : resplit(rests, next.workers.size(), p.weights)) next.spans.push_back(triples_of(list));
   }
   if (record_.shards > 0) {
     // Async: each shard's holders take the state of the acker holding its highest version (a
@@ -589,6 +648,8 @@ std::expected<void, std::string> JobControl::on_install(const JobStart& record, 
 
 void JobControl::install(const JobStart& record, Output& out) {
   record_ = record;
+  rates_.clear();  // cursors count in the list of the generation they move in
+  installed_at_ = -1;
   promised_ = std::max(promised_, record.generation);
   highest_seen_ = std::max(highest_seen_, record.generation);
   if (proposal_ && proposal_->number <= record.generation) proposal_.reset();

@@ -46,6 +46,14 @@
 //   resend      the workers of a proposal that have not acked it are sent it again every
 //               resend_ms (a proposal or an ack lost, a worker whose view did not yet hold the
 //               proposer); a worker acks a proposal it has promised again, to its proposer only.
+//   rebalance   (gossip and async, Options::rebalance) the duty holder follows how fast each
+//               worker's cursor moves (its own, and the others' as mixings or pushes applied here
+//               tell it) over the installed generation. Once every worker's rate is measured over
+//               rebalance_window_ms and their predicted ends (positions left / rate) differ by more
+//               than rebalance_gap, it proposes a generation of the same workers; every proposal
+//               then re-splits the rests in proportion to the rates it knows (a worker not measured
+//               gets the mean), so all end each epoch's part together. No sooner than
+//               rebalance_window_ms after an install, and not for the last rebalance_window_ms of work.
 //   retry       a proposal not installed after retry_ms is proposed again, numbered higher; a
 //               view change while proposing does it at once. A worker paused for retry_ms acks
 //               its promise again to the proposer, which answers a repeated ack of a generation
@@ -103,6 +111,9 @@ class JobControl {
     double retry_ms = 3000;   ///< a proposal not installed by then is made again, numbered higher
     double resend_ms = 500;   ///< until then, its workers that have not acked are sent it again this often
     int replication = 1;      ///< async: holders of each shard ([elastic] replication), to know who may hold one
+    bool rebalance = false;   ///< gossip and async: re-split the positions by the workers' measured rates
+    double rebalance_window_ms = 5000;  ///< rates are measured over at least this long
+    double rebalance_gap = 0.15;        ///< predicted ends further apart than this fraction: rebalance
   };
   /// What this node holds, for its acks.
   struct Local {
@@ -158,7 +169,20 @@ class JobControl {
     std::set<std::string> refused;  // workers that refused it: not sent it again
     Roster roster;
     std::map<std::string, gossip::GenerationVote> acks;  // by worker id
+    std::vector<double> weights;  // rebalance: per roster worker, its rate (positions/s); empty: equal
   };
+  /// A worker's cursor as the duty holder saw it move in the installed generation.
+  struct Rate {
+    double first_at = -1, last_at = -1;
+    uint64_t first = 0, last = 0;
+    double per_ms() const { return last_at > first_at ? static_cast<double>(last - first) / (last_at - first_at) : 0; }
+  };
+  /// Notes the cursors `mine` holds (the duty holder's, each tick).
+  void note_rates(double now, const Local& mine);
+  /// Why the installed generation's positions should be re-split now (empty: they should not).
+  std::string imbalance(double now) const;
+  /// Per worker of `roster`, its measured rate (the mean where not measured); empty when none is.
+  std::vector<double> weights_for(const Roster& roster) const;
   /// The duty holder as this node sees it: the rule, passing over workers this node evicted.
   std::string duty_holder() const;
   bool holds_duty() const;
@@ -216,6 +240,8 @@ class JobControl {
   double promised_at_ = 0;            // when the promise was made or last repeated
   bool left_out_ = false;             // not a worker of the installed generation, though running
   double back_said_at_ = -1;          // when `back` was last said (-1: at the install; timed from the next tick)
+  std::map<std::string, Rate> rates_;  // rebalance: by worker, in the installed generation
+  double installed_at_ = -1;           // when this node installed it (-1: at the next tick)
 };
 
 }  // namespace tepdist::elastic

@@ -77,8 +77,18 @@ Spans rest_after(const Spans& spans, uint64_t consumed) {
   return out;
 }
 
-std::vector<Spans> resplit(const std::vector<Spans>& rests, size_t workers) {
+std::vector<Spans> resplit(const std::vector<Spans>& rests, size_t workers, std::span<const double> weights) {
   std::vector<Spans> out(std::max<size_t>(1, workers));
+  // Weights that do not fit (another count, one not positive) are not used: equal shares.
+  bool weighted = weights.size() == out.size();
+  long double weight_total = 0;
+  for (const double w : weights) {
+    weighted = weighted && w > 0 && std::isfinite(w);
+    weight_total += w;
+  }
+  std::vector<long double> cumulative(out.size() + 1, 0);
+  if (weighted)
+    for (size_t k = 0; k < out.size(); ++k) cumulative[k + 1] = cumulative[k] + weights[k] / weight_total;
   std::vector<Span> all;
   for (const auto& r : rests) all.insert(all.end(), r.begin(), r.end());
   std::sort(all.begin(), all.end(), [](const Span& a, const Span& b) {
@@ -92,8 +102,14 @@ std::vector<Spans> resplit(const std::vector<Spans>& rests, size_t workers) {
     const auto w = static_cast<uint64_t>(out.size());
     size_t k = i;
     uint64_t offset = 0;  // into all[k]
+    // Where share s begins in the epoch's rest.
+    auto boundary = [&](uint64_t s) -> uint64_t {
+      if (s >= w) return total;
+      if (!weighted) return total * s / w;
+      return std::min<uint64_t>(total, static_cast<uint64_t>(static_cast<long double>(total) * cumulative[s]));
+    };
     for (uint64_t share = 0; share < w; ++share) {
-      uint64_t want = total * (share + 1) / w - total * share / w;
+      uint64_t want = boundary(share + 1) - boundary(share);
       while (want > 0 && k < j) {
         const uint64_t begin = all[k].begin + offset;
         const uint64_t take = std::min(want, all[k].end - begin);

@@ -66,8 +66,9 @@ uint64_t span_total(const Spans& spans);
 Spans rest_after(const Spans& spans, uint64_t consumed);
 /// The rests of the old workers' lists re-split among `workers` new ones: epoch by epoch, the
 /// epoch's rest in position order cut into `workers` contiguous shares of sizes differing by at
-/// most one; each new list has the earlier epochs first.
-std::vector<Spans> resplit(const std::vector<Spans>& rests, size_t workers);
+/// most one, or, with `weights` (one per new worker, > 0: their measured speeds), proportional to
+/// them, so that all end each epoch's part together; each new list has the earlier epochs first.
+std::vector<Spans> resplit(const std::vector<Spans>& rests, size_t workers, std::span<const double> weights = {});
 /// The next local step after `consumed` positions of `spans`: up to `batch` positions, all of one
 /// epoch, as [begin, end) pieces. count 0: the list is done.
 struct StepSlice {

@@ -164,3 +164,30 @@ TEST_CASE("sync shares: equal nodes' noise does not move their shares (the dead 
   // A real difference does move them.
   CHECK(elastic::sync_shares(even, std::vector<double>{1000, 600, 1000}, 192, 8) != even);
 }
+
+TEST_CASE("resplit with weights: each epoch's rest cut in proportion, contiguous, every position once",
+          "[elastic][balance]") {
+  const auto lists = elastic::initial_spans(900, 2, 3);
+  std::vector<elastic::Spans> rests;
+  for (size_t k = 0; k < lists.size(); ++k) rests.push_back(elastic::rest_after(lists[k], 100 * k));
+  const std::vector<double> weights = {3, 1, 2};
+  const auto out = elastic::resplit(rests, 3, weights);
+  REQUIRE(out.size() == 3);
+  std::vector<std::vector<int>> used(2, std::vector<int>(900, 0));
+  for (size_t w = 0; w < 3; ++w) {
+    uint64_t per_epoch[2] = {0, 0};
+    for (const auto& s : out[w]) {
+      per_epoch[s.epoch] += s.end - s.begin;
+      for (auto p = s.begin; p < s.end; ++p) ++used[s.epoch][p];
+    }
+    // Epoch 0's rest is 900 - 300 = 600, epoch 1's 900: shares 3:1:2 of each (floored).
+    CHECK(per_epoch[0] == Approx(600.0 * weights[w] / 6).margin(1));
+    CHECK(per_epoch[1] == Approx(900.0 * weights[w] / 6).margin(1));
+  }
+  for (int e = 0; e < 2; ++e)
+    for (int p = 0; p < 900; ++p) CHECK(used[e][p] == (e == 0 && p % 300 < 100 * (p / 300) ? 0 : 1));
+  // No weights, or weights that do not fit: the equal split.
+  CHECK(elastic::resplit(rests, 3, std::vector<double>{1, 1, 1}) == elastic::resplit(rests, 3));
+  CHECK(elastic::resplit(rests, 3, std::vector<double>{1, 0, 1}) == elastic::resplit(rests, 3));
+  CHECK(elastic::resplit(rests, 3, std::vector<double>{1, 2}) == elastic::resplit(rests, 3));
+}

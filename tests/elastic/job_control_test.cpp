@@ -931,3 +931,83 @@ TEST_CASE("a proposal numbered near the top of the range is ignored, not promise
   CHECK_FALSE(w1.control->paused());
   CHECK(w1.control->promised() == 1);
 }
+
+TEST_CASE("gossip, rebalance: workers that would end far apart get their rests re-split by their measured rates",
+          "[elastic][job_control][balance]") {
+  Net net;
+  const std::vector<std::string> ids = {"w0", "w1"};
+  for (const auto& id : ids) net.add(id);
+  net.start(ids);
+  // 2 epochs of 6000 positions: 3000 of each epoch per worker.
+  JobStart r = net.nodes.at("w0").control->record();
+  for (const auto& list : elastic::initial_spans(6000, 2, 2)) r.spans.push_back(elastic::triples_of(list));
+  for (const auto& id : ids) {
+    JobControl::Options o{id, 1, elastic::Quorum::any, 1, 3000};
+    o.rebalance = true;
+    net.nodes.at(id).control = std::make_unique<JobControl>(o);
+    net.nodes.at(id).control->adopt(r);
+  }
+  for (const auto& id : ids) net.set_view(id, {});
+  // w0 trains 200 positions a second, w1 100 (as w0 learns from their mixings); until an install.
+  auto advance = [&](int seconds) {
+    for (int k = 0; k < seconds; ++k) {
+      const auto before = net.nodes.at("w0").control->record().generation;
+      auto& w0 = net.nodes.at("w0").local;
+      auto& w1 = net.nodes.at("w1").local;
+      w0.progress.position += 200;
+      w1.progress.position += 100;
+      w0.cursors = {{"w1", w1.progress.position}};
+      net.tick(1000);
+      net.deliver_all();
+      if (net.nodes.at("w0").control->record().generation != before) return;
+    }
+  };
+  advance(4);
+  CHECK(net.nodes.at("w0").control->record().generation == 1);  // not measured long enough yet
+  advance(10);
+  const auto& next = net.nodes.at("w0").control->record();
+  REQUIRE(next.generation == 2);
+  CHECK(next.workers == ids);
+  // What was left is split 2:1 (the measured rates), epoch by epoch, every position once.
+  const uint64_t left = 12000 - net.nodes.at("w0").local.progress.position - net.nodes.at("w1").local.progress.position;
+  const auto l0 = elastic::spans_of(next.spans[0]), l1 = elastic::spans_of(next.spans[1]);
+  const uint64_t t0 = elastic::span_total(l0), t1 = elastic::span_total(l1);
+  CHECK(t0 + t1 == left);
+  CHECK(static_cast<double>(t0) / static_cast<double>(t1) == Approx(2.0).epsilon(0.05));
+  for (uint64_t e = 0; e < 2; ++e) {
+    uint64_t e0 = 0, e1 = 0;
+    for (const auto& s : l0) e0 += s.epoch == e ? s.end - s.begin : 0;
+    for (const auto& s : l1) e1 += s.epoch == e ? s.end - s.begin : 0;
+    CHECK(static_cast<double>(e0) / static_cast<double>(e1) == Approx(2.0).epsilon(0.05));
+  }
+  // Balanced now: the next window measures the same rates and proposes nothing.
+  for (const auto& id : ids) net.nodes.at(id).local.progress.position = 0;
+  advance(14);
+  CHECK(net.nodes.at("w0").control->record().generation == 2);
+}
+
+TEST_CASE("gossip, rebalance: equal workers are left alone", "[elastic][job_control][balance]") {
+  Net net;
+  const std::vector<std::string> ids = {"w0", "w1"};
+  for (const auto& id : ids) net.add(id);
+  net.start(ids);
+  JobStart r = net.nodes.at("w0").control->record();
+  for (const auto& list : elastic::initial_spans(6000, 2, 2)) r.spans.push_back(elastic::triples_of(list));
+  for (const auto& id : ids) {
+    JobControl::Options o{id, 1, elastic::Quorum::any, 1, 3000};
+    o.rebalance = true;
+    net.nodes.at(id).control = std::make_unique<JobControl>(o);
+    net.nodes.at(id).control->adopt(r);
+  }
+  for (const auto& id : ids) net.set_view(id, {});
+  for (int k = 0; k < 20; ++k) {
+    auto& w0 = net.nodes.at("w0").local;
+    auto& w1 = net.nodes.at("w1").local;
+    w0.progress.position += 150 + (k % 2) * 20;  // some noise, the same speed on average
+    w1.progress.position += 160;
+    w0.cursors = {{"w1", w1.progress.position}};
+    net.tick(1000);
+    net.deliver_all();
+  }
+  CHECK(net.nodes.at("w0").control->record().generation == 1);
+}

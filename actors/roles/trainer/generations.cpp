@@ -14,6 +14,8 @@ std::unique_ptr<elastic::JobControl> make_control(const TrainerState& s, const e
     o.quorum = config->elastic.quorum == "any" ? elastic::Quorum::any : elastic::Quorum::majority;
     o.min_workers = static_cast<size_t>(config->elastic.min_workers);
     o.replication = static_cast<int>(config->elastic.replication);
+    // Gossip and async balance by re-splitting positions (sync balances every step's shares).
+    o.rebalance = config->elastic.balance && config->job.mode != "sync";
   }
   return std::make_unique<elastic::JobControl>(o);
 }

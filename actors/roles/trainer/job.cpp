@@ -65,9 +65,9 @@ JobReport report_of(const Job& j, JobReport::Kind kind) {
   r.loss = j.loss;
   r.train_seconds = j.train_seconds();
   r.compute_seconds = j.compute_seconds;
-  if (kind == JobReport::Kind::progress) {
+  if (kind == JobReport::Kind::progress || kind == JobReport::Kind::done) {
     if (j.rate && j.driver) r.lr = j.rate->at(j.driver->progress(j));
-    r.loads = loads_of(j);
+    r.loads = loads_of(j);  // done: async and gossip workers' own speeds reach the result this way
   }
   return r;
 }
@@ -355,6 +355,11 @@ std::expected<int64_t, std::string> compute_slice(Job& j, const elastic::StepSli
 
 bool may_step(const Job& j) {
   return !j.control || (j.member && !j.control->paused() && !j.pulling && j.has_state);
+}
+
+void note_epoch_part(const Job& j) {
+  node_events().info("epoch_part_done job={} epoch={} generation={} samples={}", j.start.job_id, j.epoch, j.generation,
+                     j.own_samples);
 }
 
 void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool epoch_end, bool last) {

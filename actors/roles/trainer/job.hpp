@@ -375,6 +375,9 @@ bool may_step(const Job& j);
 /// sync); rank 0's own steps stand for them, and its rate times the workers for the cluster's.
 /// `last`: this worker's last local step.
 void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool epoch_end, bool last);
+/// Gossip and async: this worker trained the last of its positions of epoch j.epoch (logged:
+/// bench/balance.sh compares when the workers get there).
+void note_epoch_part(const Job& j);
 
 std::expected<void, std::string> setup(Trainer* self, Job& j);
 
