@@ -188,6 +188,14 @@ const std::vector<Key>& keys() {
         "(lr x sqrt(B / reference_batch)), \"none\", or \"auto\" (sqrt for adam and adamw, linear for sgd). A "
         "change of B ramps over [elastic] rescale_batches. Gossip caps the scale at the workers being averaged."},
        -inf, inf, false, false, {"auto", "linear", "sqrt", "none"}, assign<&J::optimizer, &J::Optimizer::scaling>},
+      {{"optimizer", "plateau_patience", KeyType::integer, "0",
+        "Cluster jobs: once this many evaluations in a row ([job] eval_every_steps, epoch ends) bring no test "
+        "loss 0.1% below the best so far, the rate is multiplied by plateau_factor (and the count starts "
+        "again). Rank 0 decides; the next generation's record carries the factor, so every worker applies it "
+        "from the same point. 0: never. 0 to 1000000."},
+       0, 1e6, false, false, {}, assign<&J::optimizer, &J::Optimizer::plateau_patience>},
+      {{"optimizer", "plateau_factor", KeyType::number, "0.5", "What each plateau decay multiplies the rate by; (0, 1)."},
+       0, 1, true, true, {}, assign<&J::optimizer, &J::Optimizer::plateau_factor>},
       // [cluster]
       {{"cluster", "cluster_id", KeyType::string, "\"tepdist\"",
         "Name of the cluster; a node refuses peers that name another one."},

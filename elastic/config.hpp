@@ -63,6 +63,8 @@ struct JobConfig {
     /// Adam and AdamW, linear for SGD).
     int64_t reference_batch = 0;
     std::string scaling = "auto";
+    int64_t plateau_patience = 0;  ///< cluster jobs: evaluations without a better loss before a decay; 0: none
+    double plateau_factor = 0.5;   ///< what a decay multiplies the rate by
     /// The scaling rule `scaling` names for this optimiser: "linear", "sqrt" or "none".
     std::string scaling_rule() const {
       if (scaling != "auto") return scaling;

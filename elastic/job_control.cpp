@@ -157,6 +157,11 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
   // A change the last install did not cover (it came while the proposal was out), or a roster
   // that was too small before.
   if (!proposal_) on_view(now, view_, mine, out);
+  // A decay of the rate this node decided: a generation that carries it.
+  if (!proposal_ && !paused() && rate_factor_ > 0 && rate_factor_ != record_.lr_factor) {
+    out.log.push_back(fmt::format("the rate decays to {:.4g} of its schedule's (a plateau)", rate_factor_));
+    return propose(now, mine, out);
+  }
   // Workers that would end far apart: the same workers again, their positions re-split by rate.
   if (!proposal_ && !paused() && o_.rebalance)
     if (const auto why = imbalance(now); !why.empty()) {
@@ -523,6 +528,7 @@ void JobControl::try_install(Output& out) {
   next.previous_workers = record_.workers;
   next.previous_boot_ids = record_.worker_boot_ids;
   next.previous_regions = record_.worker_regions;
+  if (rate_factor_ > 0) next.lr_factor = rate_factor_;
   next.donors.clear();
   for (const auto& id : counted)
     if (p.acks.at(id).progress == resume) next.donors.push_back(id);
@@ -544,6 +550,7 @@ void JobControl::try_install(Output& out) {
     }
     next.spans.clear();
     // Rebalance: in proportion to each worker's measured rate (the proposal's weights).
+    // (Gossip and async lists; the plateau factor below is every mode's.)
     for (const auto& list : resplit(rests, next.workers.size(), p.weights)) next.spans.push_back(triples_of(list));
   }
   if (record_.shards > 0) {

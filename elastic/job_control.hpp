@@ -54,6 +54,9 @@
 //               then re-splits the rests in proportion to the rates it knows (a worker not measured
 //               gets the mean), so all end each epoch's part together. No sooner than
 //               rebalance_window_ms after an install, and not for the last rebalance_window_ms of work.
+//   decay       rank 0 decides a plateau decay of the rate (set_rate_factor); as duty holder it
+//               proposes a generation of the same workers whose record carries the factor, so
+//               every worker applies it from the same install (sync: the same step).
 //   retry       a proposal not installed after retry_ms is proposed again, numbered higher; a
 //               view change while proposing does it at once. A worker paused for retry_ms acks
 //               its promise again to the proposer, which answers a repeated ack of a generation
@@ -149,6 +152,9 @@ class JobControl {
   /// out of the next generation (this node, or the one it asks unless `forward` is false). This
   /// node passes `id`'s run over from then on, for the duty too (the accused may hold it).
   void evict(double now, const std::string& id, const Local& mine, Output& out, bool forward = true);
+  /// The rate's plateau factor this node decided (rank 0): the next generation this node installs
+  /// carries it; as duty holder it proposes one for it at the next tick.
+  void set_rate_factor(double factor) { rate_factor_ = factor; }
   /// A record of a generation (from its proposer, or forwarded by a member that has it).
   std::expected<void, std::string> on_install(const gossip::JobStart& record, Output& out);
 
@@ -240,6 +246,7 @@ class JobControl {
   double promised_at_ = 0;            // when the promise was made or last repeated
   bool left_out_ = false;             // not a worker of the installed generation, though running
   double back_said_at_ = -1;          // when `back` was last said (-1: at the install; timed from the next tick)
+  double rate_factor_ = 0;             // set_rate_factor's, until a record carries it (0: none)
   std::map<std::string, Rate> rates_;  // rebalance: by worker, in the installed generation
   double installed_at_ = -1;           // when this node installed it (-1: at the next tick)
 };

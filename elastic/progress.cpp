@@ -173,6 +173,18 @@ int64_t RatePolicy::schedule_step(const gossip::JobProgress& p) const {
   return static_cast<int64_t>(p.epoch) * per_epoch + static_cast<int64_t>(p.position) / ref;
 }
 
+std::optional<double> PlateauPolicy::on_evaluation(double loss, double current) {
+  if (o_.patience <= 0 || !std::isfinite(loss)) return std::nullopt;
+  if (loss < best_ * (1 - o_.threshold)) {
+    best_ = loss;
+    bad_ = 0;
+    return std::nullopt;
+  }
+  if (++bad_ < o_.patience) return std::nullopt;
+  bad_ = 0;
+  return (current > 0 ? current : 1.0) * o_.factor;
+}
+
 float RatePolicy::at(const gossip::JobProgress& p) const {
   double scale = to_scale_;
   if (from_scale_ != to_scale_ && o_.ramp_batches > 0) {
@@ -180,6 +192,7 @@ float RatePolicy::at(const gossip::JobProgress& p) const {
     const double done = std::clamp(static_cast<double>(p.samples - std::min(p.samples, since_.samples)) / span, 0.0, 1.0);
     scale = from_scale_ + (to_scale_ - from_scale_) * done;
   }
+  scale *= factor_;
   const float base = schedule_.at(schedule_step(p));
   return scale == 1.0 ? base : static_cast<float>(base * scale);
 }

@@ -24,6 +24,8 @@
 //               Within an epoch no position is used twice or skipped, whatever the changes.
 
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -99,6 +101,9 @@ class RatePolicy {
   int64_t schedule_step(const gossip::JobProgress& p) const;
   /// The factor on the schedule's rate for a global batch of `global` (the rule, then the cap).
   double scale_for(int64_t global) const;
+  /// The plateau decays so far (JobStart::lr_factor; 0 or 1: none), on top of everything else.
+  void set_factor(double factor) { factor_ = factor > 0 ? factor : 1.0; }
+  double factor() const { return factor_; }
 
  private:
   compute::LrSchedule schedule_;
@@ -106,6 +111,27 @@ class RatePolicy {
   gossip::JobProgress since_;
   double from_scale_ = 1, to_scale_ = 1;
   int64_t ramp_global_ = 1;
+  double factor_ = 1;
+};
+
+/// [optimizer] plateau_patience / plateau_factor: the rate decays by `factor` once the evaluated
+/// loss has not improved on its best (by more than `threshold`, relative) for `patience`
+/// evaluations in a row; the count starts again after each decay. Rank 0 runs it.
+class PlateauPolicy {
+ public:
+  struct Options {
+    int64_t patience = 0;  ///< 0: never decays
+    double factor = 0.5;
+    double threshold = 1e-3;
+  };
+  explicit PlateauPolicy(Options o) : o_(o) {}
+  /// An evaluation's loss; the new total factor (current x factor) when it decays now.
+  std::optional<double> on_evaluation(double loss, double current);
+
+ private:
+  Options o_;
+  double best_ = std::numeric_limits<double>::infinity();
+  int64_t bad_ = 0;
 };
 
 }  // namespace tepdist::elastic

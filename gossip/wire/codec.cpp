@@ -168,6 +168,7 @@ struct Encoder {
             put_texts(b.initShardSources(static_cast<unsigned>(m.shard_sources.size())), m.shard_sources);
             put_texts(b.initWorkerRegions(static_cast<unsigned>(m.worker_regions.size())), m.worker_regions);
             put_texts(b.initPreviousRegions(static_cast<unsigned>(m.previous_regions.size())), m.previous_regions);
+            b.setLrFactor(m.lr_factor);
           } else if constexpr (std::is_same_v<T, GenerationVote>) {
             auto b = e.initGenerationVote();
             b.setJobId(m.job_id);
@@ -559,6 +560,9 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       if (!j.previous_regions.empty() && j.previous_workers.size() != j.previous_regions.size())
         throw WireError{WireErrc::malformed, fmt::format("job start names {} previous workers but {} regions",
                                                          j.previous_workers.size(), j.previous_regions.size())};
+      j.lr_factor = r.getLrFactor();
+      if (!(j.lr_factor >= 0 && j.lr_factor <= 1))
+        throw WireError{WireErrc::malformed, fmt::format("job start's rate factor {} is not in [0, 1]", j.lr_factor)};
       return j;
     }
     case wire::Envelope::GENERATION_VOTE: {

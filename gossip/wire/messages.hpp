@@ -208,6 +208,9 @@ struct JobStart {
   /// places each shard's holders in as many regions as it can (elastic/placement.hpp).
   std::vector<std::string> worker_regions = {};
   std::vector<std::string> previous_regions = {};  ///< the same for previous_workers
+  /// [optimizer] plateau_patience: the decays decided so far, as one factor on the rate (rank 0
+  /// decides, the next generation carries it, every worker applies it from its install); 0: 1.
+  double lr_factor = 0;
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 

@@ -225,6 +225,7 @@ struct JobStart {
   workerRegions @19 :List(Text);    # each worker's region, same order as workers (async: each shard's
                              # holders are spread over regions); empty: not known
   previousRegions @20 :List(Text);  # the generation before's workers' regions, same order
+  lrFactor @21 :Float64;     # the plateau decays so far, as one factor on the rate; 0: 1 (none)
 }
 
 struct WorkerSpans {

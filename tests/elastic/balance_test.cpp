@@ -191,3 +191,37 @@ TEST_CASE("resplit with weights: each epoch's rest cut in proportion, contiguous
   CHECK(elastic::resplit(rests, 3, std::vector<double>{1, 0, 1}) == elastic::resplit(rests, 3));
   CHECK(elastic::resplit(rests, 3, std::vector<double>{1, 2}) == elastic::resplit(rests, 3));
 }
+
+TEST_CASE("plateau: the rate decays after `patience` evaluations without a better loss, and counts again",
+          "[elastic][progress]") {
+  elastic::PlateauPolicy off({0, 0.5});
+  CHECK_FALSE(off.on_evaluation(1.0, 1.0));
+  CHECK_FALSE(off.on_evaluation(2.0, 1.0));
+  elastic::PlateauPolicy p({2, 0.5});
+  CHECK_FALSE(p.on_evaluation(1.0, 1.0));     // the first is the best so far
+  CHECK_FALSE(p.on_evaluation(0.8, 1.0));     // better
+  CHECK_FALSE(p.on_evaluation(0.7999, 1.0));  // not better by 0.1%: one
+  const auto first = p.on_evaluation(0.9, 1.0);  // two: decay
+  REQUIRE(first);
+  CHECK(*first == Approx(0.5));
+  CHECK_FALSE(p.on_evaluation(0.85, 0.5));  // the count started again
+  const auto second = p.on_evaluation(0.81, 0.5);
+  REQUIRE(second);
+  CHECK(*second == Approx(0.25));
+  CHECK_FALSE(p.on_evaluation(0.5, 0.25));  // better again
+  CHECK_FALSE(p.on_evaluation(std::nan(""), 0.25));  // a loss that is not a number decides nothing
+}
+
+TEST_CASE("plateau: the factor scales the rate on top of the batch scale", "[elastic][progress]") {
+  compute::ScheduleOptions s;
+  s.base_lr = 0.1f;
+  auto schedule = compute::LrSchedule::make(s);
+  REQUIRE(schedule);
+  elastic::RatePolicy policy(*schedule, {6400, 128, 0});
+  policy.set_generation({}, 0, 256);
+  CHECK(policy.at({}) == Approx(0.2));
+  policy.set_factor(0.5);
+  CHECK(policy.at({}) == Approx(0.1));
+  policy.set_factor(0);  // the record's "none"
+  CHECK(policy.at({}) == Approx(0.2));
+}

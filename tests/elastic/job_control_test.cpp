@@ -1011,3 +1011,32 @@ TEST_CASE("gossip, rebalance: equal workers are left alone", "[elastic][job_cont
   }
   CHECK(net.nodes.at("w0").control->record().generation == 1);
 }
+
+TEST_CASE("a plateau decay decided by the duty holder reaches every worker in the next generation's record",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+  net.tick(1000);
+  net.deliver_all();
+  CHECK(net.nodes.at("w1").control->record().generation == 1);  // nothing to change
+  net.nodes.at("w0").control->set_rate_factor(0.5);
+  net.tick(1000);
+  net.deliver_all();
+  for (auto id : {"w0", "w1", "w2"}) {
+    const auto& r = net.nodes.at(id).control->record();
+    CHECK(r.generation == 2);
+    CHECK(r.workers == std::vector<std::string>{"w0", "w1", "w2"});
+    CHECK(r.lr_factor == 0.5);
+  }
+  // Carried by every later record, and proposed once only.
+  net.tick(1000);
+  net.deliver_all();
+  CHECK(net.nodes.at("w2").control->record().generation == 2);
+  net.down.insert("w2");
+  for (auto id : {"w0", "w1"}) net.set_view(id, {"w2"});
+  net.deliver_all();
+  CHECK(net.nodes.at("w1").control->record().generation == 3);
+  CHECK(net.nodes.at("w1").control->record().lr_factor == 0.5);
+}

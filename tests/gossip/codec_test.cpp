@@ -86,6 +86,11 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       Control{"node-0", 5, Control::Command::target_reached, 11, {}},
       JobStart{9, "[job]", "127.0.0.1:9000", {"a", "b"}, {"127.0.0.1:1", "127.0.0.1:2"}, "a", 4, "submitter-7", {5, 6},
                3, JobProgress{40, 1, 192, 6336}, {"a"}, 3, 192, {{0, 0, 10, 1, 0, 10}, {0, 10, 20}}},
+      [] {
+        JobStart j{9, "[job]", "127.0.0.1:9000", {"a"}, {"127.0.0.1:1"}, "a", 4, "submitter-7", {5}, 4};
+        j.lr_factor = 0.25;  // a plateau decay the record carries
+        return j;
+      }(),
       GossipAverage{9, 78, false, chunk, 4, 1234},
       RingChunk{9, 0, 1, chunk, 3},
       GenerationVote{9, GenerationVote::Kind::propose, 4, 3, {"a", "c"}},

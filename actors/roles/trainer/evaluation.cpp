@@ -73,6 +73,14 @@ void evaluate_snapshot(Trainer* self) {
         job->last_accuracy = r.test_accuracy = accuracy;
         job->last_test_loss = r.test_loss = loss;
         job->eval_seconds += seconds;
+        // A plateau: rank 0 decides the decay; the next generation carries it to every worker.
+        if (job->plateau && job->control && !job->finishing)
+          if (const auto factor = job->plateau->on_evaluation(loss, job->decided_factor)) {
+            job->decided_factor = *factor;
+            job->control->set_rate_factor(*factor);
+            node_events().info("plateau_decay job={} step={} test_loss={:.4f} factor={:.4g}", job_id, job->step, loss,
+                               *factor);
+          }
         // Sync votes to stop in the next ring; async and gossip tell the workers (Driver::on_target).
         const bool reached = job->config.job.stop_at_target && accuracy >= job->config.job.target_accuracy;
         if (reached && !job->target_reached) {

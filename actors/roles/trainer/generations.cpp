@@ -153,6 +153,8 @@ void enter_generation(Trainer* self) {
   j.waiting_since = j.progress_at = Clock::now();
   const auto batch = static_cast<int64_t>(j.config.data.batch_size);
   j.rate->set_generation(r.resume, static_cast<int64_t>(r.previous_world) * batch, static_cast<int64_t>(j.world) * batch);
+  j.rate->set_factor(r.lr_factor);  // the plateau decays so far
+  if (r.lr_factor > 0) j.decided_factor = std::min(j.decided_factor, r.lr_factor);
   if (auto ok = j.driver->enter(self, j); !ok) return fail(self, ok.error());
   if (j.rank == 0)
     if (auto ok = ensure_evaluator(self, j); !ok) return fail(self, ok.error());

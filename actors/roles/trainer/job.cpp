@@ -47,7 +47,8 @@ std::vector<gossip::WorkerLoad> loads_of(const Job& j) {
   for (size_t r = 0; r < j.start.workers.size(); ++r) {
     gossip::WorkerLoad w{j.start.workers[r]};
     if (r < j.speeds.size()) w.samples_per_second = j.speeds[r];
-    else if (r == j.rank) w.samples_per_second = j.speed.speed();
+    // Its own speed it always knows (sync: also before a generation's first sum).
+    if (r == j.rank && w.samples_per_second <= 0) w.samples_per_second = j.speed.speed();
     if (r < j.shares.size()) w.share = static_cast<uint64_t>(j.shares[r]);
     out.push_back(std::move(w));
   }
@@ -445,6 +446,7 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   // (never below the job's starting rate).
   if (j.config.job.mode == "gossip") rate.max_scale = std::max(1.0, 2.0 * static_cast<double>(batch) / static_cast<double>(reference));
   j.rate.emplace(*made, rate);
+  j.plateau.emplace(elastic::PlateauPolicy::Options{j.config.optimizer.plateau_patience, j.config.optimizer.plateau_factor});
   if (j.config.job.ring_chunk_kb + 64 > o.max_frame_kb)
     return std::unexpected(fmt::format("job.ring_chunk_kb = {} does not fit this node's frames ([cluster] max_frame_mb "
                                        "= {})",

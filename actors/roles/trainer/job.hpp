@@ -212,6 +212,9 @@ struct Job {
   // Load: this worker's measured speed (every step's compute, the emulated slowdown included), and
   // the generation's workers' speeds and shares as the last step knew them (sync; rank order).
   double slowdown = 1;  // TrainerOptions::slowdown
+  // Rank 0: [optimizer] plateau_patience, and the factor it last decided (the record carries it).
+  std::optional<elastic::PlateauPolicy> plateau;
+  double decided_factor = 1;
   elastic::SpeedMeter speed;
   std::vector<double> speeds;
   std::vector<int64_t> shares;
