@@ -157,13 +157,16 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
   // A change the last install did not cover (it came while the proposal was out), or a roster
   // that was too small before.
   if (!proposal_) on_view(now, view_, mine, out);
-  // A decay of the rate this node decided: a generation that carries it.
-  if (!proposal_ && !paused() && rate_factor_ > 0 && rate_factor_ != record_.lr_factor) {
+  // A decay of the rate this node decided: a generation that carries it. Neither this nor a
+  // rebalance while a roster below min_workers keeps every proposal back (said once, in propose).
+  const bool may_propose = !proposal_ && !paused() &&
+                           desired_roster(record_, view_, excluded_).ids.size() >= std::max<size_t>(1, o_.min_workers);
+  if (may_propose && rate_factor_ > 0 && rate_factor_ != record_.lr_factor) {
     out.log.push_back(fmt::format("the rate decays to {:.4g} of its schedule's (a plateau)", rate_factor_));
     return propose(now, mine, out);
   }
   // Workers that would end far apart: the same workers again, their positions re-split by rate.
-  if (!proposal_ && !paused() && o_.rebalance)
+  if (may_propose && o_.rebalance)
     if (const auto why = imbalance(now); !why.empty()) {
       out.log.push_back(why);
       propose(now, mine, out);
@@ -528,7 +531,9 @@ void JobControl::try_install(Output& out) {
   next.previous_workers = record_.workers;
   next.previous_boot_ids = record_.worker_boot_ids;
   next.previous_regions = record_.worker_regions;
-  if (rate_factor_ > 0) next.lr_factor = rate_factor_;
+  // A decay never undoes another: the smaller factor (one decided here before another node's
+  // later decay was installed is not taken back up).
+  if (rate_factor_ > 0) next.lr_factor = record_.lr_factor > 0 ? std::min(rate_factor_, record_.lr_factor) : rate_factor_;
   next.donors.clear();
   for (const auto& id : counted)
     if (p.acks.at(id).progress == resume) next.donors.push_back(id);
@@ -655,6 +660,8 @@ std::expected<void, std::string> JobControl::on_install(const JobStart& record, 
 
 void JobControl::install(const JobStart& record, Output& out) {
   record_ = record;
+  // A decay this node decided is done once a record carries it, or a smaller one.
+  if (rate_factor_ > 0 && record.lr_factor > 0 && record.lr_factor <= rate_factor_) rate_factor_ = 0;
   rates_.clear();  // cursors count in the list of the generation they move in
   installed_at_ = -1;
   promised_ = std::max(promised_, record.generation);

@@ -113,7 +113,7 @@ TEST_CASE("straggler: the slowest, when far below the median of the others", "[e
   CHECK(elastic::straggler(std::vector<double>{0, 1000, 1000}) == -1);  // not measured is not slow
 }
 
-TEST_CASE("rate rules: linear, square root and none follow the global batch; the cap bounds them",
+TEST_CASE("rate rules: linear, square root and none follow the global batch, and the cap bounds them",
           "[elastic][progress]") {
   compute::ScheduleOptions s;
   s.base_lr = 0.1f;

@@ -1034,9 +1034,18 @@ TEST_CASE("a plateau decay decided by the duty holder reaches every worker in th
   net.tick(1000);
   net.deliver_all();
   CHECK(net.nodes.at("w2").control->record().generation == 2);
+  // A factor decided before a smaller one was installed never takes the rate back up.
+  net.nodes.at("w0").control->set_rate_factor(0.8);
+  net.tick(1000);
+  net.deliver_all();
+  CHECK(net.nodes.at("w2").control->record().lr_factor == 0.5);
+  const auto settled = net.nodes.at("w2").control->record().generation;
+  net.tick(1000);
+  net.deliver_all();
+  CHECK(net.nodes.at("w2").control->record().generation == settled);
   net.down.insert("w2");
   for (auto id : {"w0", "w1"}) net.set_view(id, {"w2"});
   net.deliver_all();
-  CHECK(net.nodes.at("w1").control->record().generation == 3);
+  CHECK(net.nodes.at("w1").control->record().generation == settled + 1);
   CHECK(net.nodes.at("w1").control->record().lr_factor == 0.5);
 }
