@@ -7,6 +7,16 @@
 #include "base/check.hpp"
 
 namespace tepdist::elastic {
+namespace {
+
+double median(std::vector<double> v) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  const size_t n = v.size();
+  return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+}  // namespace
 
 void SpeedMeter::add(int64_t samples, double seconds) {
   if (samples <= 0 || !(seconds > 0)) return;
@@ -14,13 +24,7 @@ void SpeedMeter::add(int64_t samples, double seconds) {
   steps_.push_back(static_cast<double>(samples) / seconds);
 }
 
-double SpeedMeter::speed() const {
-  if (steps_.empty()) return 0;
-  std::vector<double> sorted = steps_;
-  std::sort(sorted.begin(), sorted.end());
-  const size_t n = sorted.size();
-  return n % 2 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
-}
+double SpeedMeter::speed() const { return median(steps_); }
 
 std::vector<int64_t> equal_shares(int64_t global, int64_t world) {
   TEPDIST_CHECK(world > 0);
@@ -93,10 +97,7 @@ int straggler(std::span<const double> speeds, double factor) {
   std::vector<double> others;
   for (auto it = speeds.begin(); it != speeds.end(); ++it)
     if (it != slowest) others.push_back(*it);
-  std::sort(others.begin(), others.end());
-  const size_t n = others.size();
-  const double median = n % 2 ? others[n / 2] : (others[n / 2 - 1] + others[n / 2]) / 2;
-  return *slowest > 0 && *slowest < factor * median ? static_cast<int>(slowest - speeds.begin()) : -1;
+  return *slowest > 0 && *slowest < factor * median(std::move(others)) ? static_cast<int>(slowest - speeds.begin()) : -1;
 }
 
 }  // namespace tepdist::elastic

@@ -157,20 +157,27 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
   // A change the last install did not cover (it came while the proposal was out), or a roster
   // that was too small before.
   if (!proposal_) on_view(now, view_, mine, out);
-  // A decay of the rate this node decided: a generation that carries it. Neither this nor a
-  // rebalance while a roster below min_workers keeps every proposal back (said once, in propose).
-  const bool may_propose = !proposal_ && !paused() &&
-                           desired_roster(record_, view_, excluded_).ids.size() >= std::max<size_t>(1, o_.min_workers);
-  if (may_propose && rate_factor_ > 0 && rate_factor_ != record_.lr_factor) {
+  // A generation of the same workers: for a decay of the rate this node decided, or for workers
+  // that would end far apart. Neither while a roster below min_workers keeps every proposal back
+  // (said once, in propose).
+  const bool decay = rate_factor_ > 0 && rate_factor_ != record_.lr_factor;
+  if ((!decay && !o_.rebalance) || proposal_ || paused() ||
+      desired_roster(record_, view_, excluded_).ids.size() < std::max<size_t>(1, o_.min_workers))
+    return;
+  if (decay) {
     out.log.push_back(fmt::format("the rate decays to {:.4g} of its schedule's (a plateau)", rate_factor_));
     return propose(now, mine, out);
   }
-  // Workers that would end far apart: the same workers again, their positions re-split by rate.
-  if (may_propose && o_.rebalance)
-    if (const auto why = imbalance(now); !why.empty()) {
-      out.log.push_back(why);
-      propose(now, mine, out);
-    }
+  if (const auto why = imbalance(now); !why.empty()) {
+    out.log.push_back(why);
+    propose(now, mine, out);
+  }
+}
+
+double JobControl::measured_rate(const std::string& id) const {
+  const auto it = rates_.find(id);
+  if (it == rates_.end() || it->second.last_at - it->second.first_at < o_.rebalance_window_ms / 2) return 0;
+  return it->second.per_ms();
 }
 
 void JobControl::note_rates(double now, const Local& mine) {
@@ -189,13 +196,12 @@ std::string JobControl::imbalance(double now) const {
   double longest = 0, shortest = std::numeric_limits<double>::infinity();
   std::string ends;
   for (size_t i = 0; i < record_.workers.size() && i < record_.spans.size(); ++i) {
-    const auto it = rates_.find(record_.workers[i]);
-    // Every worker's rate, over half a window at least, or nothing is decided.
-    if (it == rates_.end() || it->second.last_at - it->second.first_at < o_.rebalance_window_ms / 2) return {};
-    const double rate = it->second.per_ms();
+    // Every worker's rate, or nothing is decided.
+    const double rate = measured_rate(record_.workers[i]);
     if (!(rate > 0)) return {};
-    const uint64_t total = span_total(spans_of(record_.spans[i])), at = std::min(total, it->second.last);
-    const double end_ms = static_cast<double>(total - at) / rate - (now - it->second.last_at);
+    const auto& seen = rates_.at(record_.workers[i]);
+    const uint64_t total = span_total(spans_of(record_.spans[i])), at = std::min(total, seen.last);
+    const double end_ms = static_cast<double>(total - at) / rate - (now - seen.last_at);
     longest = std::max(longest, end_ms);
     shortest = std::min(shortest, std::max(0.0, end_ms));
     ends += fmt::format("{}{} {:.1f} s at {:.0f}/s", ends.empty() ? "" : ", ", record_.workers[i], end_ms / 1000,
@@ -211,9 +217,7 @@ std::vector<double> JobControl::weights_for(const Roster& roster) const {
   double sum = 0;
   size_t known = 0;
   for (const auto& id : roster.ids) {
-    const auto it = rates_.find(id);
-    const bool measured = it != rates_.end() && it->second.last_at - it->second.first_at >= o_.rebalance_window_ms / 2;
-    out.push_back(measured ? it->second.per_ms() : 0.0);
+    out.push_back(measured_rate(id));
     if (out.back() > 0) sum += out.back(), ++known;
   }
   if (known == 0) return {};

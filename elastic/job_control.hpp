@@ -183,8 +183,10 @@ class JobControl {
     uint64_t first = 0, last = 0;
     double per_ms() const { return last_at > first_at ? static_cast<double>(last - first) / (last_at - first_at) : 0; }
   };
-  /// Notes the cursors `mine` holds (the duty holder's, each tick).
+  /// Notes the cursors `mine` holds (every member's, each tick: the duty may move to it).
   void note_rates(double now, const Local& mine);
+  /// `id`'s rate in positions per ms, once seen over half a rebalance window; else 0.
+  double measured_rate(const std::string& id) const;
   /// Why the installed generation's positions should be re-split now (empty: they should not).
   std::string imbalance(double now) const;
   /// Per worker of `roster`, its measured rate (the mean where not measured); empty when none is.

@@ -932,15 +932,16 @@ TEST_CASE("a proposal numbered near the top of the range is ignored, not promise
   CHECK(w1.control->promised() == 1);
 }
 
-TEST_CASE("gossip, rebalance: workers that would end far apart get their rests re-split by their measured rates",
-          "[elastic][job_control][balance]") {
-  Net net;
-  const std::vector<std::string> ids = {"w0", "w1"};
+namespace {
+
+/// Workers `ids` (w0 first) start a gossip job of 2 epochs of 6,000 positions (an equal part of
+/// each epoch each) with rebalancing on, every one alive in every view.
+void start_rebalancing_gossip(Net& net, const std::vector<std::string>& ids) {
   for (const auto& id : ids) net.add(id);
   net.start(ids);
-  // 2 epochs of 6000 positions: 3000 of each epoch per worker.
-  JobStart r = net.nodes.at("w0").control->record();
-  for (const auto& list : elastic::initial_spans(6000, 2, 2)) r.spans.push_back(elastic::triples_of(list));
+  JobStart r = net.nodes.at(ids[0]).control->record();
+  for (const auto& list : elastic::initial_spans(6000, 2, static_cast<int64_t>(ids.size())))
+    r.spans.push_back(elastic::triples_of(list));
   for (const auto& id : ids) {
     JobControl::Options o{id, 1, elastic::Quorum::any, 1, 3000};
     o.rebalance = true;
@@ -948,17 +949,32 @@ TEST_CASE("gossip, rebalance: workers that would end far apart get their rests r
     net.nodes.at(id).control->adopt(r);
   }
   for (const auto& id : ids) net.set_view(id, {});
-  // w0 trains 200 positions a second, w1 100 (as w0 learns from their mixings); until an install.
+}
+
+/// A second of training: w0 and w1 move their cursors by these many positions, and w0 (the duty
+/// holder) hears w1's from a mixing; then a tick, and everything it sets off is delivered.
+void train_one_second(Net& net, uint64_t w0_positions, uint64_t w1_positions) {
+  auto& w0 = net.nodes.at("w0").local;
+  auto& w1 = net.nodes.at("w1").local;
+  w0.progress.position += w0_positions;
+  w1.progress.position += w1_positions;
+  w0.cursors = {{"w1", w1.progress.position}};
+  net.tick(1000);
+  net.deliver_all();
+}
+
+}  // namespace
+
+TEST_CASE("gossip, rebalance: workers that would end far apart get their rests re-split by their measured rates",
+          "[elastic][job_control][balance]") {
+  Net net;
+  const std::vector<std::string> ids = {"w0", "w1"};
+  start_rebalancing_gossip(net, ids);
+  // w0 trains 200 positions a second, w1 100; until an install.
   auto advance = [&](int seconds) {
     for (int k = 0; k < seconds; ++k) {
       const auto before = net.nodes.at("w0").control->record().generation;
-      auto& w0 = net.nodes.at("w0").local;
-      auto& w1 = net.nodes.at("w1").local;
-      w0.progress.position += 200;
-      w1.progress.position += 100;
-      w0.cursors = {{"w1", w1.progress.position}};
-      net.tick(1000);
-      net.deliver_all();
+      train_one_second(net, 200, 100);
       if (net.nodes.at("w0").control->record().generation != before) return;
     }
   };
@@ -988,27 +1004,8 @@ TEST_CASE("gossip, rebalance: workers that would end far apart get their rests r
 
 TEST_CASE("gossip, rebalance: equal workers are left alone", "[elastic][job_control][balance]") {
   Net net;
-  const std::vector<std::string> ids = {"w0", "w1"};
-  for (const auto& id : ids) net.add(id);
-  net.start(ids);
-  JobStart r = net.nodes.at("w0").control->record();
-  for (const auto& list : elastic::initial_spans(6000, 2, 2)) r.spans.push_back(elastic::triples_of(list));
-  for (const auto& id : ids) {
-    JobControl::Options o{id, 1, elastic::Quorum::any, 1, 3000};
-    o.rebalance = true;
-    net.nodes.at(id).control = std::make_unique<JobControl>(o);
-    net.nodes.at(id).control->adopt(r);
-  }
-  for (const auto& id : ids) net.set_view(id, {});
-  for (int k = 0; k < 20; ++k) {
-    auto& w0 = net.nodes.at("w0").local;
-    auto& w1 = net.nodes.at("w1").local;
-    w0.progress.position += 150 + (k % 2) * 20;  // some noise, the same speed on average
-    w1.progress.position += 160;
-    w0.cursors = {{"w1", w1.progress.position}};
-    net.tick(1000);
-    net.deliver_all();
-  }
+  start_rebalancing_gossip(net, {"w0", "w1"});
+  for (int k = 0; k < 20; ++k) train_one_second(net, 150 + (k % 2) * 20, 160);  // some noise, the same speed on average
   CHECK(net.nodes.at("w0").control->record().generation == 1);
 }
 

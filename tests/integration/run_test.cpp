@@ -43,6 +43,18 @@ std::vector<float> tensor_data(const fs::path& file) {
   return out;
 }
 
+/// ||a - b|| / ||a|| over the parameters of two models written by tepdist (the same layout).
+double relative_difference(const fs::path& a_file, const fs::path& b_file) {
+  const auto a = tensor_data(a_file), b = tensor_data(b_file);
+  REQUIRE(a.size() == b.size());
+  double diff = 0, norm = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff += (a[i] - b[i]) * static_cast<double>(a[i] - b[i]);
+    norm += a[i] * static_cast<double>(a[i]);
+  }
+  return std::sqrt(diff / norm);
+}
+
 /// Fashion-MNIST, 6,144 training samples: 32 global steps of 3 x 64 per epoch.
 std::string job_file(const TempDir& dir) {
   return tepdist::test::fashion_subset_job(dir, "mode = \"single\"\nepochs = 2\nlog_every_steps = 8\n");
@@ -146,15 +158,8 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
   REQUIRE(exported.wait() == 0);
   CHECK(tepdist::test::read_bytes(dir.path / "exported.safetensors") ==
         tepdist::test::read_bytes(dir.path / "sync-short" / "model.safetensors"));
-  const auto a = tensor_data(dir.path / "single-short" / "model.safetensors");
-  const auto b = tensor_data(dir.path / "sync-short" / "model.safetensors");
-  REQUIRE(a.size() == b.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (a[i] - b[i]) * static_cast<double>(a[i] - b[i]);
-    norm += a[i] * static_cast<double>(a[i]);
-  }
-  CHECK(std::sqrt(diff / norm) < 1e-5);
+  CHECK(relative_difference(dir.path / "single-short" / "model.safetensors",
+                            dir.path / "sync-short" / "model.safetensors") < 1e-5);
 
   // Resumed from it (the newest: step 6) with the same --out and node count, the job runs to its
   // end (64 steps) and ends bit-equal to the run that was never stopped.
@@ -203,15 +208,7 @@ TEST_CASE("sync, balanced: a slower node trains a smaller share, and the update 
   CHECK_THAT(run.all(), Catch::Contains("straggler node-01"));
   // The same positions each step, gradients weighted by the samples each worker took: one
   // process's update at batch 128, to float rounding.
-  const auto a = tensor_data(dir.path / "single" / "model.safetensors");
-  const auto b = tensor_data(dir.path / "sync" / "model.safetensors");
-  REQUIRE(a.size() == b.size());
-  double diff = 0, norm = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    diff += (a[i] - b[i]) * static_cast<double>(a[i] - b[i]);
-    norm += a[i] * static_cast<double>(a[i]);
-  }
-  CHECK(std::sqrt(diff / norm) < 1e-5);
+  CHECK(relative_difference(dir.path / "single" / "model.safetensors", dir.path / "sync" / "model.safetensors") < 1e-5);
   // Both replicas the same, bit for bit: every member computed the same shares from the same sums.
   CHECK(result["workers"][0]["parameter_checksum"] == result["workers"][1]["parameter_checksum"]);
 }

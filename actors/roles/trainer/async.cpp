@@ -102,7 +102,7 @@ class AsyncDriver final : public Driver {
       const bool last = next.count == 0 || j.step + 1 >= j.total_steps;
       const bool epoch_end = next.epoch != static_cast<uint64_t>(j.epoch);
       if (epoch_end || last) note_epoch_part(j);
-    if (last) j.epoch = static_cast<int64_t>(spans_.empty() ? 0 : spans_.back().epoch + 1);
+      if (last) j.epoch = static_cast<int64_t>(spans_.empty() ? 0 : spans_.back().epoch + 1);
       after_local_step(self, j, samples, loss, epoch_end, last);
       if (j.rank == 0 && !last && j.checkpoints.take(j.step, false)) start_checkpoint(j);
     }

@@ -212,12 +212,13 @@ struct Job {
   // Load: this worker's measured speed (every step's compute, the emulated slowdown included), and
   // the generation's workers' speeds and shares as the last step knew them (sync; rank order).
   double slowdown = 1;  // TrainerOptions::slowdown
-  // Rank 0: [optimizer] plateau_patience, and the factor it last decided (the record carries it).
-  std::optional<elastic::PlateauPolicy> plateau;
-  double decided_factor = 1;
   elastic::SpeedMeter speed;
   std::vector<double> speeds;
   std::vector<int64_t> shares;
+  // [optimizer] plateau_patience (only rank 0 evaluates, so only its policy sees losses), and the
+  // factor last decided or installed (the record carries it).
+  std::optional<elastic::PlateauPolicy> plateau;
+  double decided_factor = 1;
   // Rank 0.
   caf::actor evaluator;
   int pending_evals = 0;
