@@ -480,7 +480,8 @@ int run_run_command(const RunArgs& args) {
     const fs::path cluster_file = out / "cluster.toml";
     if (auto ok = write_private_file(cluster_file, node_config->text); !ok) return runtime_error(ok.error());
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-    const int64_t threads = std::max<int64_t>(1, cores / local);
+    // Each local node its share of the cores, unless the job names a count ([compute] threads).
+    const int64_t threads = c.compute.threads > 0 ? c.compute.threads : std::max<int64_t>(1, cores / local);
     std::vector<fs::path> ready, logs;
     std::string first;
     for (int64_t i = 0; i < local; ++i) {

@@ -380,7 +380,8 @@ const std::vector<Key>& keys() {
         "Kernels: \"onednn\" (oneDNN primitives, the fast path) or \"ref\" (the readable reference: plain "
         "loops, OpenMP over the batch; every oneDNN kernel is tested against it)."},
        -inf, inf, false, false, {"onednn", "ref"}, assign<&J::compute, &J::Compute::backend>},
-      {{"compute", "threads", KeyType::integer, "0", "Threads for the kernels; 0: every core. --threads overrides."},
+      {{"compute", "threads", KeyType::integer, "0", "Threads for the kernels; 0: every core (`tepdist run`'s local nodes: each its share of the cores). "
+        "--threads overrides."},
        0, 1024, false, false, {}, assign<&J::compute, &J::Compute::threads>},
       {{"compute", "slowdown", KeyType::number, "1.0",
         "Emulation (for trying load balancing on one machine): every training step of a node takes this many "
