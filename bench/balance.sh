@@ -5,9 +5,11 @@
 # node-01 is made slower, by the emulation knob ([nodes.node-01] slowdown = SLOWDOWN, default 2)
 # or, with REAL=1, by a busy loop pinned (taskset) to the core its process is pinned to. Per seed,
 # one run with [elastic] balance = true and one with false, alternated; medians over the seeds:
-#   efficiency   the job's samples/s over the sum of the two workers' own speeds, as each measured
-#                itself during the same run (result.json "loads"): 1.0 is a perfect split; equal
-#                shares give 2 x the slower / (sum) = 0.67 at slowdown 2 (goal >= 0.90)
+#   efficiency   the job's samples/s over the sum of the two nodes' own speeds: each node's
+#                samples/s training alone (one node, one thread, the same batch, 300 steps; the
+#                slower one at the same slowdown or beside the same busy loop), measured per seed
+#                next to the runs: 1.0 is a perfect split with free communication; equal shares give
+#                2 x the slower / (sum) = 0.67 at slowdown 2 (goal >= 0.90)
 #   speedup      balanced samples/s over unbalanced samples/s, in the same seed
 #   accuracy     final test accuracy, balanced and unbalanced (goal: within 0.5 points)
 #   shares       the final shares of the global batch (balanced run, sync)
@@ -37,7 +39,7 @@ cleanup() {
 }
 trap cleanup EXIT
 
-job() {  # job FILE SEED BALANCE
+job() {  # job FILE SEED BALANCE [NODES]
   cat >"$1" <<EOF
 [job]
 mode = "$mode"
@@ -57,10 +59,33 @@ momentum = 0.9
 warmup_steps = 50
 [elastic]
 balance = $3
+[compute]
+threads = 1
 [cluster]
-local_nodes = 2
+local_nodes = ${4:-2}
 EOF
-  if [[ $real != 1 ]]; then printf '[nodes.node-01]\nslowdown = %s\n' "$slowdown" >>"$1"; fi
+  if [[ $real != 1 && ${4:-2} == 2 ]]; then printf '[nodes.node-01]\nslowdown = %s\n' "$slowdown" >>"$1"; fi
+}
+
+# alone OUT SEED SLOW: one node alone, 300 steps; SLOW=1: at the slowdown, or beside the busy loop
+# (REAL=1: pinned to a core as in the pair's run).
+alone() {
+  local out=$1
+  mkdir -p "$out"
+  job "$out/job.toml" "$2" false 1
+  if [[ $3 == 1 && $real != 1 ]]; then printf '[nodes.node-00]\nslowdown = %s\n' "$slowdown" >>"$out/job.toml"; fi
+  local pin=()
+  if [[ $real == 1 ]]; then
+    pin=(taskset -c "$3")
+    if [[ $3 == 1 ]]; then
+      taskset -c 1 bash -c 'while :; do :; done' &
+      busy+=($!)
+    fi
+  fi
+  "${pin[@]}" "$tepdist" run "$out/job.toml" --set job.max_steps=300 --out "$out/run" >"$out/launcher.log" 2>&1
+  echo $? >"$out/status"
+  for p in "${busy[@]}"; do kill "$p" 2>/dev/null; done
+  busy=()
 }
 
 # run OUT SEED BALANCE: one `tepdist run`. REAL=1: each node pinned to its own core, a busy loop
@@ -116,13 +141,22 @@ PY
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
 echo "slower node: $([[ $real == 1 ]] && echo 'node-01 beside a busy loop on its core (taskset)' || echo "node-01 at slowdown $slowdown (emulated)")"
 for seed in $(seq 1 "$seeds"); do
+  own=0
+  for slow in 0 1; do
+    alone "$dir/$seed-alone-$slow" "$seed" "$slow"
+    r="$dir/$seed-alone-$slow/run/result.json"
+    [[ $(cat "$dir/$seed-alone-$slow/status") == 0 ]] || { echo "seed $seed alone $slow: tepdist run failed"; continue; }
+    sps=$(field "$r" 'r["samples_per_second"]')
+    own=$(awk -v a="$own" -v b="$sps" 'BEGIN {print a + b}')
+    echo "seed $seed: $([[ $slow == 1 ]] && echo 'the slower node' || echo 'the faster node') alone: $sps samples/s"
+  done
   for balance in true false; do
     run "$dir/$seed-$balance" "$seed" "$balance"
     st=$(cat "$dir/$seed-$balance/status")
     [[ $st == 0 ]] || { echo "seed $seed balance $balance: tepdist run exited $st"; tail -5 "$dir/$seed-$balance/launcher.log"; continue; }
     r="$dir/$seed-$balance/run/result.json"
     field "$r" 'r["samples_per_second"]' >"$dir/$seed-$balance/sps"
-    field "$r" 'r["samples_per_second"] / sum(w["samples_per_second"] for w in r["loads"])' >"$dir/$seed-$balance/eff"
+    field "$r" "r['samples_per_second'] / $own" >"$dir/$seed-$balance/eff"
     field "$r" 'r["test_accuracy"]' >"$dir/$seed-$balance/acc"
     field "$r" '"/".join(str(w["share"]) for w in r["loads"])' >"$dir/$seed-$balance/shares"
     field "$r" 'len(r["generations"]) - 1' >"$dir/$seed-$balance/rebalances"
@@ -136,7 +170,7 @@ done
 m() { cat "$dir"/$1 2>/dev/null | median; }
 echo
 echo "mode $mode"
-echo "| balance | samples/s | efficiency (samples/s over the sum of own speeds) | accuracy | final shares | epoch ends apart (worst epoch) | rebalancing generations |"
+echo "| balance | samples/s | efficiency (samples/s over the sum of the nodes' speeds alone) | accuracy | final shares | epoch ends apart (worst epoch) | rebalancing generations |"
 echo "|---|---|---|---|---|---|---|"
 echo "| on  | $(m '*-true/sps') | $(m '*-true/eff') | $(m '*-true/acc') | $(cat "$dir"/1-true/shares 2>/dev/null) | $(m '*-true/spread') | $(m '*-true/rebalances') |"
 echo "| off | $(m '*-false/sps') | $(m '*-false/eff') | $(m '*-false/acc') | $(cat "$dir"/1-false/shares 2>/dev/null) | $(m '*-false/spread') | $(m '*-false/rebalances') |"
