@@ -15,24 +15,29 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <optional>
 #include <random>
 
 #include "actors/atoms.hpp"
+#include "actors/monitor_http.hpp"
 #include "actors/roles/monitor.hpp"
 #include "actors/roles/trainer.hpp"
 #include "actors/router.hpp"
 #include "actors/supervisor.hpp"
+#include "elastic/status.hpp"
 #include "gossip/transport/transport.hpp"
 
 namespace tepdist::actors {
 namespace {
 
-/// Writes the ready file atomically: a reader sees nothing or the whole address.
-bool write_ready_file(const std::string& path, const std::string& address) {
+/// Writes the ready file atomically: a reader sees nothing or all of it. The first line is the
+/// node's address; a second, "http=HOST:PORT", its monitor endpoint when it has one.
+bool write_ready_file(const std::string& path, const std::string& address, const std::string& http) {
   const std::string tmp = path + ".tmp";
   {
     std::ofstream out(tmp);
     out << address << "\n";
+    if (!http.empty()) out << "http=" << http << "\n";
     if (!out) return false;
   }
   std::error_code ec;
@@ -214,6 +219,31 @@ int run_node(const NodeOptions& o) {
   }
   const std::string id = o.name.empty() ? *bound : o.name;  // the transport made the same choice
 
+  // The monitor's HTTP endpoint, before the node joins (a port it cannot have stops the node before
+  // anyone counts on it). Stopped before the actors it asks are: it is declared after the teardown,
+  // so it goes first. Its status view waits in the router's mailbox until the router is set up.
+  std::optional<MonitorHttp> http;
+  std::string http_address;
+  if (!o.config.monitor.http.empty()) {
+    MonitorHttpViews views;
+    views.metrics = [&metrics] { return metrics.render_prometheus(); };
+    views.status_json = [&sys, router = router_actor, source = *bound]() -> std::expected<std::string, std::string> {
+      caf::scoped_actor asker{sys};
+      std::expected<std::string, std::string> json = std::unexpected(std::string("the router did not answer"));
+      asker->request(router, std::chrono::seconds(2), get_atom::value, status_atom::value)
+          .receive([&](const gossip::StateSync& sync) { json = elastic::status_json(elastic::status_document(source, sync)); },
+                   [&](const caf::error& e) { json = std::unexpected("the router did not answer: " + sys.render(e)); });
+      return json;
+    };
+    http.emplace(MonitorHttpOptions{o.config.monitor.http}, std::move(views));
+    auto started = http->start();
+    if (!started) {
+      fmt::print(stderr, "tepdist node: {}\n", started.error());
+      return 1;
+    }
+    http_address = *started;
+  }
+
   // The roles, under the supervisor. The names a node advertises in its member record are what it
   // can do: coordinate (the one rule picks who does), host async shards, train, monitor; the
   // trainer actor does the first three for each job.
@@ -232,7 +262,7 @@ int run_node(const NodeOptions& o) {
     roles = {monitor_role(&metrics),
              trainer_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation, o.threads,
                                        o.config.cluster.max_frame_mb << 10, boot_id, o.config.cluster.results_dir,
-                                       o.slowdown},
+                                       o.slowdown, &metrics},
                                       router_actor)};
     role_names = {"coordinator", "parameter-shard", "worker", "monitor"};
   }
@@ -265,12 +295,12 @@ int run_node(const NodeOptions& o) {
   });
   teardown.add(watcher);
 
-  if (!o.ready_file.empty() && !write_ready_file(o.ready_file, *bound)) {
+  if (!o.ready_file.empty() && !write_ready_file(o.ready_file, *bound, http_address)) {
     fmt::print(stderr, "tepdist node: cannot write the ready file {}\n", o.ready_file);
     return 1;
   }
-  node_events().info("node_ready id={} address={} region={} incarnation={} boot_id={:016x}", id, *bound, o.region,
-                     incarnation, boot_id);
+  node_events().info("node_ready id={} address={} region={} incarnation={} boot_id={:016x} http={}", id, *bound,
+                     o.region, incarnation, boot_id, http_address.empty() ? "off" : http_address);
 
   int sig = 0;
   caf::scoped_actor asker{sys};

@@ -233,6 +233,11 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
           s.early_shard_bytes = 0;
         },
         [self](status_atom, std::optional<gossip::JobStatus> status) { self->state.job_status = std::move(status); },
+        // The node's own HTTP endpoint (/status): the answer a status query over the wire gets.
+        [self](get_atom, status_atom) {
+          const auto& s = self->state;
+          return gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms, s.placement, s.job_status};
+        },
         [self](boot_atom, uint64_t boot_id) {
           auto& s = self->state;
           if (boot_id == 0 || boot_id == s.swim->self().boot_id) return;

@@ -67,8 +67,9 @@ struct RouterState {
 /// membership views, (shards_atom, actor, placement) from the trainer: the shard host of its async
 /// job and where that job's shards live (an empty actor when the job ends), (status_atom,
 /// optional JobStatus) from the trainer: its job for status answers, (boot_atom, boot id) from a
-/// restarted trainer: the node announces a new run of itself, and (leave_atom) -> true once the
-/// leave is announced.
+/// restarted trainer: the node announces a new run of itself, (get_atom, status_atom) -> StateSync:
+/// what a status query over the wire is answered with (the node's HTTP /status), and (leave_atom)
+/// -> true once the leave is announced.
 caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id);
 
 /// The node's event stream on stdout: one line per event, key=value fields.
@@ -85,3 +86,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::actors::RouterInit)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tepdist::gossip::Member>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tepdist::gossip::ShardHolders>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::optional<tepdist::gossip::JobStatus>)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::gossip::StateSync)

@@ -25,7 +25,7 @@ TOML
 "$bin" run "$work/job.toml" --out "$work/out" >"$work/run.log" 2>&1 &
 run_pid=$!
 for _ in $(seq 600); do grep -q "samples/s" "$work/run.log" 2>/dev/null && break; sleep 0.1; done
-target=$(cat "$work/out/run/node-1.ready")
+target=$(head -1 "$work/out/run/node-1.ready")
 pid=$(pgrep -f -- "--name node-01 " | head -1)
 mem() { awk '/^(VmRSS|VmHWM|VmSize):/ {printf "%s %.0f MiB, ", $1, $2 / 1024}' "/proc/$pid/status" | sed 's/, $//'; }
 step() { grep -o 'step [0-9]*' "$work/run.log" | tail -1 | cut -d' ' -f2; }

@@ -65,7 +65,7 @@ log_ms() {  # the first line of FILE matching PATTERN after line N, as ms since 
 }
 
 start n1
-seed=$(cat "$dir/n1.ready")
+seed=$(head -1 "$dir/n1.ready")
 for n in n2 n3 n4 n5; do start $n "$seed"; done
 wait_for "view members=5" 5 30 "$dir"/n?.log || { echo "kill_detection: the cluster did not form" >&2; exit 1; }
 

@@ -255,6 +255,14 @@ std::string read_ready_file(const fs::path& path) {
   return address;
 }
 
+/// The monitor endpoint a ready file names (its "http=" line); empty: the node has none.
+std::string ready_http(const fs::path& path) {
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);)
+    if (line.starts_with("http=")) return line.substr(5);
+  return {};
+}
+
 std::string tail_of(const fs::path& log, size_t lines = 5) {
   std::ifstream in(log);
   std::vector<std::string> all;
@@ -482,6 +490,13 @@ int run_run_command(const RunArgs& args) {
     const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
     // Each local node its share of the cores, unless the job names a count ([compute] threads).
     const int64_t threads = c.compute.threads > 0 ? c.compute.threads : std::max<int64_t>(1, cores / local);
+    // A fixed monitor port: local node i takes the i-th port from it (they share one machine).
+    const auto& http = c.monitor.http;
+    const std::string http_host = http.substr(0, http.rfind(':'));
+    const int http_port = http.empty() ? 0 : std::stoi(http.substr(http.rfind(':') + 1));  // validated
+    if (http_port > 0 && http_port + local - 1 > 65535)
+      return usage_error(fmt::format("{}: monitor.http {}: {} local nodes would need ports up to {}", c.source, http,
+                                     local, http_port + local - 1));
     std::vector<fs::path> ready, logs;
     std::string first;
     for (int64_t i = 0; i < local; ++i) {
@@ -493,6 +508,8 @@ int run_run_command(const RunArgs& args) {
                                             "--ready-file", ready.back().string(),
                                             "--set", fmt::format("compute.threads={}", threads)};
       if (i > 0) node_args.insert(node_args.end(), {"--join", first});
+      if (i > 0 && http_port > 0)
+        node_args.insert(node_args.end(), {"--set", fmt::format("monitor.http=\"{}:{}\"", http_host, http_port + i)});
       if (auto started = nodes.start(node_args, logs.back()); !started) return runtime_error(started.error());
       if (i == 0) {  // the others join through the first
         auto addresses = wait_ready(nodes, ready, logs);
@@ -518,6 +535,8 @@ int run_run_command(const RunArgs& args) {
     fmt::print("tepdist run: {} local nodes ({} threads each), logs in {}\n", local, threads, (out / "logs").string());
     fmt::print("  add a node:   tepdist node {} --join {}\n", cluster_file.string(), seeds[0]);
     fmt::print("  see them:     tepdist status {} --peer {}\n", cluster_file.string(), seeds[0]);
+    if (const auto http = ready_http(ready[0]); !http.empty())
+      fmt::print("  dashboard:    http://{}/  (also /metrics and /status)\n", http);
   } else {
     auto s = elastic::load_secret(c.cluster);
     if (!s) return usage_error(fmt::format("{}: {}", c.source, s.error().message));
@@ -640,6 +659,7 @@ int run_run_command(const RunArgs& args) {
     return runtime_error(fmt::format("cannot write {}", submitter_log.string()));
   actors::NodeOptions node;
   node.config = cluster;
+  node.config.monitor.http.clear();  // the launcher trains nothing: the nodes' endpoints show the job
   node.secret = secret;
   node.name = fmt::format("submitter-{}", ::getpid());
   node.listen = args.listen;

@@ -80,7 +80,8 @@ std::expected<fs::path, std::string> write_checkpoint(const fs::path& dir, compu
   if (state.job)
     m["job"] = {{"job_id", state.job->job_id},     {"generation", state.job->generation},
                 {"mode", state.job->mode},         {"position", state.job->position},
-                {"samples", state.job->samples},   {"reference_batch", state.job->reference_batch}};
+                {"samples", state.job->samples},   {"reference_batch", state.job->reference_batch},
+                {"lr_factor", state.job->lr_factor}};
   if (auto ok = compute::write_file_atomically(manifest, m.dump(2) + "\n"); !ok) return std::unexpected(ok.error().message);
   // The oldest beyond `keep` go, never the one just written, manifest first (a part without one
   // is not a checkpoint; a manifest left without its part would be).

@@ -7,6 +7,8 @@
 #include <limits>
 #include <optional>
 #include <sys/stat.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <fstream>
 #include <iterator>
 #include <sstream>
@@ -389,6 +391,15 @@ const std::vector<Key>& keys() {
         "was started with: [nodes.NAME] slowdown for one local node, or `tepdist node --set "
         "compute.slowdown=2`. The load balancer never reads it: it measures. 1 to 100."},
        1, 100, false, false, {}, assign<&J::compute, &J::Compute::slowdown>},
+      // [monitor]
+      {{"monitor", "http", KeyType::string, "\"127.0.0.1:0\"",
+        "The node's HTTP endpoint, read-only: GET /metrics (Prometheus text), /status (the status document "
+        "as JSON, as `tepdist status --json`), / (the dashboard). HOST:PORT with HOST an IP address; port 0: "
+        "any free one (the node logs the bound address and `tepdist run` prints node-00's; its local node i "
+        "takes PORT + i of a fixed one). Loopback unless "
+        "the operator names another address: it needs no secret, and anyone who can reach it sees the "
+        "cluster's members and training figures. \"\": no endpoint."},
+       -inf, inf, false, false, {}, assign<&J::monitor, &J::Monitor::http>},
   };
   return k;
 }
@@ -656,6 +667,20 @@ std::expected<void, ConfigError> apply_override(toml::value& root, const std::st
   return {};
 }
 
+/// HOST:PORT with HOST an IPv4 address or a bracketed IPv6 one, PORT 0 to 65535.
+bool valid_listen_address(const std::string& text) {
+  const auto colon = text.rfind(':');
+  if (colon == std::string::npos || colon + 1 == text.size() || text.size() - colon - 1 > 5) return false;
+  const std::string port = text.substr(colon + 1);
+  if (!std::all_of(port.begin(), port.end(), [](char ch) { return ch >= '0' && ch <= '9'; }) || std::stoi(port) > 65535)
+    return false;
+  std::string host = text.substr(0, colon);
+  unsigned char buf[sizeof(in6_addr)];
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']')
+    return inet_pton(AF_INET6, host.substr(1, host.size() - 2).c_str(), buf) == 1;
+  return inet_pton(AF_INET, host.c_str(), buf) == 1;
+}
+
 std::expected<JobConfig, ConfigError> validate(const toml::value& root, const std::string& name) {
   JobConfig c;
   c.source = name;
@@ -710,6 +735,11 @@ std::expected<JobConfig, ConfigError> validate(const toml::value& root, const st
       return std::unexpected(ConfigError{fmt::format("{}: cluster.{} ({}) is below cluster.max_frame_mb ({}): a frame "
                                                      "that large could never be received",
                                                      name, key, mb, c.cluster.max_frame_mb)});
+  if (!c.monitor.http.empty() && !valid_listen_address(c.monitor.http))
+    return std::unexpected(ConfigError{fmt::format("{}: monitor.http \"{}\" is not HOST:PORT with HOST an IP address "
+                                                   "(\"127.0.0.1:9090\", \"[::1]:0\") and PORT 0 to 65535; \"\" "
+                                                   "turns the endpoint off",
+                                                   name, c.monitor.http)});
   if (c.optimizer.options.nesterov && c.optimizer.options.momentum <= 0)
     return std::unexpected(ConfigError{fmt::format("{}: optimizer.nesterov needs optimizer.momentum > 0", name)});
   return c;

@@ -152,6 +152,13 @@ struct JobConfig {
     gossip::swim::Config swim() const;
   } membership;
 
+  struct Monitor {
+    /// The node's read-only HTTP endpoint (/metrics, /status, the dashboard), host:port; port 0:
+    /// any free one (the bound address is in the ready file and the log); "": none.
+    std::string http = "127.0.0.1:0";
+    friend bool operator==(const Monitor&, const Monitor&) = default;
+  } monitor;
+
   /// Where the configuration came from, for messages: a path or "(built-in defaults)".
   std::string source;
   /// The document with every override applied, as TOML: what `tepdist run` sends the nodes, so

@@ -95,7 +95,20 @@ std::string status_json(const StatusDocument& doc) {
                   {"generation", j->generation},  {"phase", j->phase},
                   {"step", j->progress.step},     {"epoch", j->progress.epoch},
                   {"position", j->progress.position}, {"samples", j->progress.samples},
-                  {"lr", j->lr},                  {"workers", workers}};
+                  {"lr", j->lr},                  {"loss", j->loss},
+                  {"workers", workers}};
+    auto& evaluations = out["job"]["evaluations"] = nlohmann::json::array();
+    for (const auto& e : j->evaluations)
+      evaluations.push_back({{"step", e.step}, {"epoch", e.epoch}, {"train_seconds", e.train_seconds},
+                             {"test_accuracy", e.accuracy}, {"test_loss", e.loss}});
+    auto& history = out["job"]["history"] = nlohmann::json::array();
+    for (const auto& p : j->history)
+      history.push_back({{"step", p.step}, {"train_seconds", p.train_seconds}, {"loss", p.loss},
+                         {"samples_per_second", p.samples_per_second}, {"lr", p.lr}});
+    auto& generations = out["job"]["generations"] = nlohmann::json::array();
+    for (const auto& g : j->generations)
+      generations.push_back({{"generation", g.generation}, {"resume_step", g.step}, {"workers", g.workers},
+                             {"installed_unix_ms", g.unix_ms}});
   }
   // Ids and names come from peers: invalid UTF-8 is replaced, never thrown on.
   return out.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
@@ -130,7 +143,12 @@ std::string status_table(const StatusDocument& doc) {
     // its own ranges, as the answering worker last heard.
     out += fmt::format("job {} ({}): generation {}, {}, epoch {}, step {}, {} samples\n", j->job_id, j->mode,
                        j->generation, j->phase, j->progress.epoch + 1, j->progress.step, j->progress.samples);
-    out += fmt::format("learning rate in effect {:.4g}\n", j->lr);
+    out += fmt::format("learning rate in effect {:.4g}, training loss {:.4f}\n", j->lr, j->loss);
+    if (!j->evaluations.empty()) {
+      const auto& e = j->evaluations.back();
+      out += fmt::format("test accuracy {:.4f}, test loss {:.4f} (step {}, {} evaluations)\n", e.accuracy, e.loss,
+                         e.step, j->evaluations.size());
+    }
     out += fmt::format("{:<16} {:>10} {:>12} {:>6}\n", "WORKER", "POSITION", "SAMPLES/S", "SHARE");
     for (const auto& [id, position] : j->workers) {
       const auto* load = load_of(*j, id);

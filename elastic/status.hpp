@@ -36,8 +36,10 @@ std::vector<gossip::Member> shard_primaries(const StatusDocument& doc);
 
 /// JSON, indented: {source, epoch_unix_ms, members: [{id, state, incarnation, address, region,
 /// roles, shards: [{shard, primary}]}], shards: [{shard, primary, replicas, version (null: not
-/// heard)}], job: null | {job_id, mode, generation, phase, step, epoch, position, samples,
-/// workers: [{id, position}]}}.
+/// heard)}], job: null | {job_id, mode, generation, phase, step, epoch, position, samples, lr, loss,
+/// workers: [{id, position, samples_per_second, share}], evaluations: [{step, epoch, train_seconds,
+/// test_accuracy, test_loss}] (rank 0's), history: [{step, train_seconds, loss, samples_per_second,
+/// lr}], generations: [{generation, resume_step, workers, installed_unix_ms}]}}.
 std::string status_json(const StatusDocument& doc);
 
 /// The table `tepdist status` prints: one row per member, then the job's generation and each

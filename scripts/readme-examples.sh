@@ -60,6 +60,11 @@ elastic() {
   local seed
   seed="$(head -1 out/elastic/run/node-0.ready)"
   build/cli/tepdist status out/elastic/cluster.toml --peer "$seed" || return 1
+  # Watching a job: node-00's endpoint, from its ready file.
+  local http
+  http=$(sed -n 's/^http=//p' out/elastic/run/node-0.ready)
+  curl -sf "http://$http/metrics" | grep '^tepdist_' | grep -q '^tepdist_train_steps_total' || return 1
+  curl -sf "http://$http/status" | grep -q '"job"' || return 1
   build/cli/tepdist leave extra out/elastic/cluster.toml --peer "$seed" || return 1
   wait $run
   local status=$?

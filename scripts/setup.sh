@@ -9,6 +9,8 @@ packages=(
   libcaf-dev libcapnp-dev capnproto libuv1-dev libtoml11-dev
   libdnnl-dev ocl-icd-opencl-dev  # Debian's oneDNN CMake package insists on finding OpenCL
   catch2 libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libssl-dev zlib1g-dev
+  python3-prometheus-client  # the tests check /metrics with its exposition-format parser
+  curl  # the README's examples of the monitor endpoint
   libbenchmark-dev clang afl++  # AFL++: the fuzz targets in tests/fuzz
   dataset-fashion-mnist
 )

@@ -38,6 +38,7 @@
 #include "actors/atoms.hpp"
 #include "actors/router.hpp"
 #include "actors/supervisor.hpp"
+#include "gossip/metrics/registry.hpp"
 #include "gossip/transport/transport.hpp"
 
 namespace tepdist::actors {
@@ -57,6 +58,9 @@ struct TrainerOptions {
   /// Emulation of a slower node ([compute] slowdown, read from the node's own file): after a
   /// step's compute the trainer sleeps (slowdown - 1) times what it took. Nothing else reads it.
   double slowdown = 1;
+  /// The node's registry: the trainer records its training figures there (tepdist_train_*,
+  /// tepdist_worker_*, tepdist_learning_rate) for /metrics. Null: not recorded.
+  gossip::MetricsRegistry* metrics = nullptr;
 };
 
 /// The role "trainer" under the supervisor. Its snapshot is only the boot id it runs under: a

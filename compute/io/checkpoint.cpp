@@ -60,6 +60,7 @@ json job_json(const TrainingState::Job& j) {
   json out = {{"job_id", j.job_id},     {"generation", j.generation}, {"mode", j.mode},
               {"position", j.position}, {"samples", j.samples},       {"reference_batch", j.reference_batch}};
   if (!j.remaining.empty()) out["remaining"] = j.remaining;
+  if (j.lr_factor != 1) out["lr_factor"] = j.lr_factor;
   return out;
 }
 
@@ -76,6 +77,11 @@ TrainingState state_of(const json& header) {
                                    j.at("samples").get<uint64_t>(),  j.at("reference_batch").get<uint64_t>()};
     if (j.contains("remaining")) state.job->remaining = j.at("remaining").get<std::vector<uint64_t>>();
     if (state.job->remaining.size() % 3 != 0) throw json::other_error::create(501, "job.remaining is not triples", &j);
+    if (j.contains("lr_factor")) {
+      state.job->lr_factor = j.at("lr_factor").get<double>();
+      if (!(state.job->lr_factor > 0 && state.job->lr_factor <= 1))
+        throw json::other_error::create(501, "job.lr_factor is not in (0, 1]", &j);
+    }
   }
   return state;
 }

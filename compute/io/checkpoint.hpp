@@ -37,6 +37,9 @@ struct TrainingState {
     /// epoch and position order (whichever workers held them); a resumed job re-splits them over
     /// its workers. Sync: empty (`position` says where the epoch stands).
     std::vector<uint64_t> remaining = {};
+    /// The plateau decays in effect at the cut ([optimizer] plateau_factor, compounded): a resumed
+    /// job goes on at the decayed rate. 1: none (and absent from the file).
+    double lr_factor = 1;
     friend bool operator==(const Job&, const Job&) = default;
   };
   std::optional<Job> job;

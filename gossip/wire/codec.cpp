@@ -120,6 +120,33 @@ struct Encoder {
               }
               put_loads(j.initLoads(static_cast<unsigned>(m.job->loads.size())), m.job->loads);
               j.setLr(m.job->lr);
+              j.setLoss(m.job->loss);
+              auto evals = j.initEvaluations(static_cast<unsigned>(m.job->evaluations.size()));
+              for (unsigned i = 0; i < m.job->evaluations.size(); ++i) {
+                const auto& p = m.job->evaluations[i];
+                evals[i].setStep(p.step);
+                evals[i].setEpoch(p.epoch);
+                evals[i].setTrainSeconds(p.train_seconds);
+                evals[i].setAccuracy(p.accuracy);
+                evals[i].setLoss(p.loss);
+              }
+              auto history = j.initHistory(static_cast<unsigned>(m.job->history.size()));
+              for (unsigned i = 0; i < m.job->history.size(); ++i) {
+                const auto& p = m.job->history[i];
+                history[i].setStep(p.step);
+                history[i].setTrainSeconds(p.train_seconds);
+                history[i].setLoss(p.loss);
+                history[i].setSamplesPerSecond(p.samples_per_second);
+                history[i].setLr(p.lr);
+              }
+              auto marks = j.initGenerations(static_cast<unsigned>(m.job->generations.size()));
+              for (unsigned i = 0; i < m.job->generations.size(); ++i) {
+                const auto& g = m.job->generations[i];
+                marks[i].setGeneration(g.generation);
+                marks[i].setStep(g.step);
+                marks[i].setWorkers(g.workers);
+                marks[i].setUnixMs(g.unix_ms);
+              }
             }
           } else if constexpr (std::is_same_v<T, TensorChunk>) {
             put_chunk(e.initTensorChunk(), m);
@@ -481,6 +508,13 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
         job.held_shards = in.held(j.getHeldShards(), "a status's held shards");
         job.loads = in.loads(j.getLoads(), "a status's loads");
         job.lr = j.getLr();
+        job.loss = j.getLoss();
+        for (auto p : in.list<EvaluationPoint>(j.getEvaluations(), wire_caps::status_points, "a status's evaluations"))
+          job.evaluations.push_back({p.getStep(), p.getEpoch(), p.getTrainSeconds(), p.getAccuracy(), p.getLoss()});
+        for (auto p : in.list<ProgressPoint>(j.getHistory(), wire_caps::status_points, "a status's history"))
+          job.history.push_back({p.getStep(), p.getTrainSeconds(), p.getLoss(), p.getSamplesPerSecond(), p.getLr()});
+        for (auto g : in.list<GenerationMark>(j.getGenerations(), wire_caps::status_points, "a status's generations"))
+          job.generations.push_back({g.getGeneration(), g.getStep(), g.getWorkers(), g.getUnixMs()});
         s.job = std::move(job);
       }
       return s;

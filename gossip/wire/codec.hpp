@@ -72,6 +72,7 @@ constexpr size_t holders = 64;                ///< holders of one shard (replica
 constexpr size_t roles = 64;                  ///< roles of one member
 constexpr size_t span_values = 3 * 65536;     ///< one worker's position spans, (epoch, begin, end) each
 constexpr size_t metrics = 65536, labels = 64;
+constexpr size_t status_points = 1024;       ///< a status's evaluations, history points, generations
 constexpr size_t name_bytes = 1024;           ///< ids, addresses, regions, roles, modes, metric names
 constexpr size_t reason_bytes = 64u << 10;    ///< errors, refusals, details
 constexpr size_t config_bytes = 1u << 20;     ///< a job's TOML text

@@ -87,6 +87,28 @@ struct WorkerLoad {
   friend bool operator==(const WorkerLoad&, const WorkerLoad&) = default;
 };
 
+struct EvaluationPoint {
+  uint64_t step = 0;
+  uint32_t epoch = 0;
+  double train_seconds = 0, accuracy = 0, loss = 0;
+  friend bool operator==(const EvaluationPoint&, const EvaluationPoint&) = default;
+};
+
+struct ProgressPoint {
+  uint64_t step = 0;
+  double train_seconds = 0, loss = 0;
+  double samples_per_second = 0;  ///< sync: the job's; gossip and async: the worker's own
+  double lr = 0;
+  friend bool operator==(const ProgressPoint&, const ProgressPoint&) = default;
+};
+
+struct GenerationMark {
+  uint64_t generation = 0, step = 0;  ///< step: where it resumed
+  uint32_t workers = 0;
+  uint64_t unix_ms = 0;  ///< when the node installed it
+  friend bool operator==(const GenerationMark&, const GenerationMark&) = default;
+};
+
 struct JobStatus {
   uint64_t job_id = 0;
   std::string mode;
@@ -101,6 +123,10 @@ struct JobStatus {
   std::vector<std::pair<uint32_t, uint64_t>> held_shards = {};
   std::vector<WorkerLoad> loads = {};  ///< the generation's workers' speeds and shares
   double lr = 0;                       ///< the rate in effect at the answering worker's last step
+  double loss = 0;                     ///< the training loss of its last step (sync: the job's)
+  std::vector<EvaluationPoint> evaluations = {};  ///< rank 0: the job's, the latest 256
+  std::vector<ProgressPoint> history = {};        ///< its recent training, about a point a second
+  std::vector<GenerationMark> generations = {};   ///< the generations it installed, the latest 64
   friend bool operator==(const JobStatus&, const JobStatus&) = default;
 };
 

@@ -135,6 +135,33 @@ struct JobStatus {
   heldShards @6 :List(HeldShard);  # async: the shards this node holds in the generation, with versions
   loads @7 :List(WorkerLoad);      # the generation's workers' speeds and shares, as this node knows them
   lr @8 :Float64;                  # the learning rate in effect at this node's last step
+  loss @9 :Float64;                # the training loss of this node's last step (sync: the job's)
+  evaluations @10 :List(EvaluationPoint);  # rank 0: the job's evaluations, the latest 256
+  history @11 :List(ProgressPoint);        # this node's recent training, about a point a second, the latest 240
+  generations @12 :List(GenerationMark);   # the generations this node installed, the latest 64
+}
+
+struct EvaluationPoint {
+  step @0 :UInt64;
+  epoch @1 :UInt32;
+  trainSeconds @2 :Float64;
+  accuracy @3 :Float64;
+  loss @4 :Float64;
+}
+
+struct ProgressPoint {
+  step @0 :UInt64;
+  trainSeconds @1 :Float64;
+  loss @2 :Float64;
+  samplesPerSecond @3 :Float64;    # sync: the job's; gossip and async: this worker's
+  lr @4 :Float64;
+}
+
+struct GenerationMark {
+  generation @0 :UInt64;
+  step @1 :UInt64;           # the step it resumed at
+  workers @2 :UInt32;
+  unixMs @3 :UInt64;         # when this node installed it
 }
 
 struct ShardHolders {

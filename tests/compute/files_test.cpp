@@ -92,12 +92,14 @@ TEST_CASE("a cluster checkpoint says where its job stood, and exports without a 
   const auto loaded = load_checkpoint(dir.path / "ckpt", *fresh, *fresh_opt);
   REQUIRE(loaded.has_value());
   CHECK(loaded->job == saved.job);
-  // Gossip and async: the positions left, whichever workers held them.
-  const TrainingState async{40, 0, 42, TrainingState::Job{99, 2, "async", 0, 7680, 192, {0, 128, 2048, 0, 4096, 6144, 1, 0, 6144}}};
+  // Gossip and async: the positions left, whichever workers held them; and a plateau decay in effect.
+  const TrainingState async{40, 0, 42, TrainingState::Job{99, 2, "async", 0, 7680, 192, {0, 128, 2048, 0, 4096, 6144, 1, 0, 6144}, 0.25}};
   REQUIRE(save_checkpoint(dir.path / "async", *m, *opt, async).has_value());
   const auto async_loaded = load_checkpoint(dir.path / "async", *fresh, *fresh_opt);
   REQUIRE(async_loaded.has_value());
   CHECK(async_loaded->job == async.job);
+  CHECK(async_loaded->job->lr_factor == 0.25);
+  CHECK(loaded->job->lr_factor == 1);  // none decayed: absent from the file, 1 when read
   // tepdist train's checkpoints have no job.
   REQUIRE(save_checkpoint(dir.path / "plain", *m, *opt, {3, 1, 42, {}}).has_value());
   CHECK_FALSE(check_checkpoint(dir.path / "plain")->state.job.has_value());

@@ -306,3 +306,16 @@ TEST_CASE("a receive budget below the largest frame is refused, naming both keys
   const std::vector<std::string> both = {"cluster.max_frame_mb=256", "cluster.receive_queue_mb=256"};
   CHECK(parse_config("[job]\nmode = \"sync\"\n", "job.toml", both));
 }
+
+TEST_CASE("the monitor endpoint listens on loopback by default, takes an IP address and port, and can be turned off",
+          "[elastic][config]") {
+  CHECK(parse_ok("").monitor.http == "127.0.0.1:0");
+  CHECK(parse_ok("[monitor]\nhttp = \"0.0.0.0:9464\"\n").monitor.http == "0.0.0.0:9464");
+  CHECK(parse_ok("[monitor]\nhttp = \"[::1]:0\"\n").monitor.http == "[::1]:0");
+  CHECK(parse_ok("[monitor]\nhttp = \"\"\n").monitor.http.empty());
+  for (const auto* bad : {"localhost:9464", "127.0.0.1", "127.0.0.1:65536", "127.0.0.1:-1", "::1:0", "127.0.0.1:80x"}) {
+    INFO(bad);
+    CHECK_THAT(parse_error(std::string("[monitor]\nhttp = \"") + bad + "\"\n"),
+               Catch::Contains("monitor.http") && Catch::Contains(bad));
+  }
+}

@@ -76,3 +76,28 @@ TEST_CASE("async: each shard's version is its primary's, a replica's is not take
   CHECK_THAT(table, Catch::Contains("SHARD") && Catch::Contains("91 b"));
   CHECK_THAT(table, Catch::Contains("? a"));
 }
+
+TEST_CASE("the status document carries the job's course: loss, evaluations, history and generations", "[elastic][status]") {
+  JobStatus job{7, "sync", 2, "training", {96, 1, 0, 12288}, {{"a", 0}}};
+  job.lr = 0.05;
+  job.loss = 0.4375;
+  job.evaluations = {{48, 0, 2.5, 0.8125, 0.5}, {96, 1, 5.25, 0.84375, 0.4375}};
+  job.history = {{40, 2.0, 0.625, 6400.5, 0.05}};
+  job.generations = {{1, 0, 2, 1796273776109}, {2, 40, 3, 1796273779109}};
+  const auto doc = elastic::status_document("10.0.0.1:7000", answer(job));
+  const auto json = nlohmann::json::parse(elastic::status_json(doc));
+  CHECK(json["job"]["loss"] == Approx(0.4375));
+  REQUIRE(json["job"]["evaluations"].size() == 2);
+  CHECK(json["job"]["evaluations"][1]["step"] == 96);
+  CHECK(json["job"]["evaluations"][1]["test_accuracy"] == Approx(0.84375));
+  CHECK(json["job"]["evaluations"][1]["test_loss"] == Approx(0.4375));
+  REQUIRE(json["job"]["history"].size() == 1);
+  CHECK(json["job"]["history"][0]["samples_per_second"] == Approx(6400.5));
+  CHECK(json["job"]["history"][0]["lr"] == Approx(0.05));
+  REQUIRE(json["job"]["generations"].size() == 2);
+  CHECK(json["job"]["generations"][1]["resume_step"] == 40);
+  CHECK(json["job"]["generations"][1]["workers"] == 3);
+  const auto table = elastic::status_table(doc);
+  CHECK_THAT(table, Catch::Contains("training loss 0.4375"));
+  CHECK_THAT(table, Catch::Contains("test accuracy 0.8438, test loss 0.4375 (step 96, 2 evaluations)"));
+}

@@ -314,6 +314,7 @@ class AsyncDriver final : public Driver {
     Cut cut{++cuts_, Clock::now(), {j.step, j.epoch, j.config.job.seed, {}}, final};
     cut.state.job = compute::TrainingState::Job{j.start.job_id, j.generation, "async", 0, j.own_samples * j.world,
                                                 j.start.reference_batch};
+    cut.state.job->lr_factor = j.lr_factor();
     cut_ = std::move(cut);
     caf::anon_send(host_, gather_atom::value, cut_->id);
   }

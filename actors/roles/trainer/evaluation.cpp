@@ -73,6 +73,8 @@ void evaluate_snapshot(Trainer* self) {
         job->last_accuracy = r.test_accuracy = accuracy;
         job->last_test_loss = r.test_loss = loss;
         job->eval_seconds += seconds;
+        job->evaluations.push_back({r.step, r.epoch, r.train_seconds, accuracy, loss});
+        while (job->evaluations.size() > Job::evaluation_points) job->evaluations.pop_front();
         // A plateau: rank 0 decides the decay; the next generation carries it to every worker.
         if (job->plateau && job->control && !job->finishing)
           if (const auto factor = job->plateau->on_evaluation(loss, job->decided_factor)) {

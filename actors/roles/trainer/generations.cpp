@@ -149,11 +149,16 @@ void enter_generation(Trainer* self) {
   j.world = static_cast<uint32_t>(r.workers.size());
   j.rank = static_cast<uint32_t>(me - r.workers.begin());
   j.prev_id = r.workers[(j.rank + j.world - 1) % j.world];
+  j.marks.push_back({r.generation, r.resume.step, j.world,
+                     static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
+                                               std::chrono::system_clock::now().time_since_epoch())
+                                               .count())});
+  while (j.marks.size() > Job::generation_marks) j.marks.pop_front();
   j.next_address = r.addresses[(j.rank + 1) % j.world];
   j.waiting_since = j.progress_at = Clock::now();
   const auto batch = static_cast<int64_t>(j.config.data.batch_size);
   j.rate->set_generation(r.resume, static_cast<int64_t>(r.previous_world) * batch, static_cast<int64_t>(j.world) * batch);
-  j.rate->set_factor(r.lr_factor);  // the plateau decays so far
+  j.rate->set_factor(j.lr_factor());  // the plateau decays so far
   if (r.lr_factor > 0) j.decided_factor = std::min(j.decided_factor, r.lr_factor);
   if (auto ok = j.driver->enter(self, j); !ok) return fail(self, ok.error());
   if (j.rank == 0)
@@ -245,6 +250,7 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
     auto& j = *s.job;
     j.control = make_control(s, &j.config);
     j.control->adopt(j.start);
+    if (j.resumed_factor < 1) j.control->set_rate_factor(j.resumed_factor);  // the duty holder proposes it
     elastic::JobControl::Output out;
     j.control->on_view(now_ms(s), s.view, j.driver->local(j), out);
     // The generation first (rings, rank 0's evaluator), then what the view asks for.

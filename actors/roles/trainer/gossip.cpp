@@ -187,6 +187,7 @@ class GossipDriver final : public Driver {
     compute::TrainingState state{j.step, j.epoch, j.config.job.seed, {}};
     state.job = compute::TrainingState::Job{j.start.job_id, j.generation, "gossip", 0, j.own_samples * j.world,
                                             j.start.reference_batch};
+    state.job->lr_factor = j.lr_factor();
     if (final && j.config.job.max_steps <= 0 && !j.target_reached)
       for (const auto& w : j.start.workers) cursors[w] = std::numeric_limits<uint64_t>::max();
     set_unconsumed(j, cursors, state);

@@ -82,6 +82,10 @@ gossip::JobStatus job_status(const Job& j, const std::string& self_id) {
   j.driver->add_status(j, self_id, st);
   st.loads = loads_of(j);
   if (j.rate) st.lr = j.rate->at(j.driver->progress(j));
+  st.loss = j.loss;
+  st.evaluations.assign(j.evaluations.begin(), j.evaluations.end());
+  st.history.assign(j.history.begin(), j.history.end());
+  st.generations.assign(j.marks.begin(), j.marks.end());
   return st;
 }
 
@@ -363,6 +367,41 @@ void note_epoch_part(const Job& j) {
                      j.own_samples);
 }
 
+void count_step(Trainer* self, Job& j) {
+  // The router's copy of the job (status answers, /status) follows the steps, a few times a second.
+  if (j.last_step_end - j.status_at >= std::chrono::milliseconds(250)) {
+    j.status_at = j.last_step_end;
+    report_status(self);
+  }
+  // About a point a second of the job's course for the status (and the dashboard's charts).
+  const uint64_t trained = j.driver->samples_trained(j);
+  if (j.history_at == Clock::time_point{}) {
+    j.history_at = j.last_step_end;
+    j.history_samples = trained;
+  } else if (const double dt = seconds_between(j.history_at, j.last_step_end); dt >= 1.0) {
+    const double rate = trained > j.history_samples ? static_cast<double>(trained - j.history_samples) / dt : 0.0;
+    j.history.push_back({static_cast<uint64_t>(j.step), j.train_seconds(), j.loss, rate,
+                         j.rate ? j.rate->at(j.driver->progress(j)) : 0.0});
+    while (j.history.size() > Job::history_points) j.history.pop_front();
+    j.history_at = j.last_step_end;
+    j.history_samples = trained;
+  }
+  auto& f = j.figures;
+  if (!f.steps) return;
+  f.steps->add();
+  if (j.own_samples > j.figures_samples) f.samples->add(j.own_samples - j.figures_samples);
+  j.figures_samples = j.own_samples;
+  f.loss->set(j.loss);
+  if (j.rate && j.driver) f.lr->set(j.rate->at(j.driver->progress(j)));
+  f.speed->set(j.speed.speed());
+  if (f.share && j.rank < j.shares.size()) f.share->set(static_cast<double>(j.shares[j.rank]));
+  f.generation->set(static_cast<double>(j.generation));
+  // The time from the end of the last step counted: compute, the wait for the others, the update.
+  if (j.figures_at != Clock::time_point{} && j.figures_at <= j.last_step_end)
+    f.step_seconds->observe(seconds_between(j.figures_at, j.last_step_end));
+  j.figures_at = j.last_step_end;
+}
+
 void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool epoch_end, bool last) {
   ++j.step;
   note_first_step(j);
@@ -370,6 +409,7 @@ void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool e
   j.window_samples += static_cast<uint64_t>(samples);
   j.loss = loss;
   j.last_step_end = Clock::now();
+  count_step(self, j);
   if (j.rank != 0) return;
   if (j.step % j.config.job.log_every_steps == 0 || last) {
     JobReport r = report_of(j, JobReport::Kind::progress);
@@ -453,6 +493,22 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
                                        j.config.job.ring_chunk_kb, o.max_frame_kb / 1024));
   j.checkpoints.setup(o.results_dir, j);
   j.slowdown = o.slowdown;
+  if (o.metrics) {
+    const gossip::Labels l{{"node", o.self_id}, {"mode", j.config.job.mode}};
+    auto& m = *o.metrics;
+    j.figures = {&m.counter("tepdist_train_steps_total", l, "training steps this worker finished"),
+                 &m.counter("tepdist_train_samples_total", l, "samples this worker trained on"),
+                 &m.gauge("tepdist_train_loss", l, "training loss of this worker's last step (sync: the job's)"),
+                 &m.gauge("tepdist_learning_rate", l, "the learning rate in effect (sync: for the next step)"),
+                 &m.gauge("tepdist_worker_samples_per_second", l,
+                          "this worker's measured speed: samples over compute time, a median of recent steps"),
+                 j.config.job.mode == "sync"
+                     ? &m.gauge("tepdist_worker_share", l, "this worker's samples of the next step's global batch")
+                     : nullptr,
+                 &m.gauge("tepdist_job_generation", l, "the generation this worker trains in"),
+                 &m.histogram("tepdist_train_step_seconds", l, "from the end of one step to the end of the next",
+                              {0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10})};
+  }
   // The mode's own set-up comes last: async's registers its shard host, which takes updates from then on.
   const auto& mode = j.config.job.mode;
   if (mode == "sync") j.driver = make_sync_driver();
@@ -460,7 +516,15 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   else if (mode == "async") j.driver = make_async_driver();
   else return std::unexpected(fmt::format("job.mode = \"{}\" is not a cluster mode (sync, async or gossip)", mode));
   if (auto ok = j.driver->setup(self, j); !ok) return ok;
-  if (resumed) return j.driver->resume(j, *resumed);
+  if (resumed) {
+    if (auto ok = j.driver->resume(j, *resumed); !ok) return ok;
+    // The plateau decays the checkpoint was cut under: every worker of the first generation reads
+    // the same file; the duty holder's control carries it into the records from then on.
+    if (resumed->job && resumed->job->lr_factor < 1) {
+      j.resumed_factor = j.decided_factor = resumed->job->lr_factor;
+      j.rate->set_factor(j.resumed_factor);
+    }
+  }
   return {};
 }
 

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
+#include <deque>
 #include <cmath>
 #include <filesystem>
 #include <limits>
@@ -215,10 +216,35 @@ struct Job {
   elastic::SpeedMeter speed;
   std::vector<double> speeds;
   std::vector<int64_t> shares;
+  // The figures /metrics shows (TrainerOptions::metrics), looked up once per job; null: none kept.
+  struct Figures {
+    gossip::Counter* steps = nullptr;
+    gossip::Counter* samples = nullptr;
+    gossip::Gauge* loss = nullptr;
+    gossip::Gauge* lr = nullptr;
+    gossip::Gauge* speed = nullptr;
+    gossip::Gauge* share = nullptr;
+    gossip::Gauge* generation = nullptr;
+    gossip::Histogram* step_seconds = nullptr;
+  } figures;
+  Clock::time_point figures_at;  // the end of the step the figures last counted
+  uint64_t figures_samples = 0;  // own_samples as they last counted it
+  Clock::time_point status_at;   // the step end the router last heard the status at
+  // What the status shows of the job's course (bounded): this worker's training, about a point a
+  // second; rank 0's evaluations; the generations this worker installed.
+  std::deque<gossip::ProgressPoint> history;
+  Clock::time_point history_at;
+  uint64_t history_samples = 0;
+  std::deque<gossip::EvaluationPoint> evaluations;
+  std::deque<gossip::GenerationMark> marks;
+  static constexpr size_t history_points = 240, evaluation_points = 256, generation_marks = 64;
   // [optimizer] plateau_patience (only rank 0 evaluates, so only its policy sees losses), and the
   // factor last decided or installed (the record carries it).
   std::optional<elastic::PlateauPolicy> plateau;
   double decided_factor = 1;
+  double resumed_factor = 1;  // the checkpoint's, for a job resumed from one (until a record carries it)
+  /// The plateau factor in effect: the record's, or the checkpoint's this job resumed from.
+  double lr_factor() const { return std::min(start.lr_factor > 0 ? start.lr_factor : 1.0, resumed_factor); }
   // Rank 0.
   caf::actor evaluator;
   int pending_evals = 0;
@@ -379,6 +405,10 @@ bool may_step(const Job& j);
 /// sync); rank 0's own steps stand for them, and its rate times the workers for the cluster's.
 /// `last`: this worker's last local step.
 void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool epoch_end, bool last);
+
+/// The step just ended (j.last_step_end) into the node's figures for /metrics, if it keeps them,
+/// and, a few times a second, the job's status to the router.
+void count_step(Trainer* self, Job& j);
 /// Gossip and async: this worker trained the last of its positions of epoch j.epoch (logged:
 /// bench/balance.sh compares when the workers get there).
 void note_epoch_part(const Job& j);

@@ -147,6 +147,7 @@ class SyncDriver final : public Driver {
     j.window_samples += static_cast<uint64_t>(total);
     j.last_step_end = Clock::now();
     j.ring_seconds += seconds_between(j.waiting_since, j.last_step_end);
+    count_step(self, j);
     const bool epoch_end = static_cast<int64_t>(progress_.epoch) != j.epoch;
     j.epoch = static_cast<int64_t>(progress_.epoch);
     note_first_step(j);
@@ -179,6 +180,7 @@ class SyncDriver final : public Driver {
     compute::TrainingState state{j.step, static_cast<int64_t>(progress_.epoch), j.config.job.seed, {}};
     state.job = compute::TrainingState::Job{j.start.job_id,  j.generation,      "sync", progress_.position,
                                             progress_.samples, j.start.reference_batch};
+    state.job->lr_factor = j.lr_factor();
     j.checkpoints.write(j, *j.model, *j.optimizer, state, now);
   }
 
