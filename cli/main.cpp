@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
   status_cmd->add_option("--set", status.overrides, "Override a key: --set section.key=value (repeatable)");
   status_cmd->add_option("--peer", status.peer, "HOST:PORT of a member to ask")->required();
   status_cmd->add_flag("--json", status.json, "Print JSON instead of a table");
+  status_cmd->add_option("--watch", status.watch_s, "Ask again every SECONDS until interrupted (Ctrl-C)")
+      ->expected(0, 1)
+      ->default_str("2")
+      ->check(CLI::Range(0.1, 3600.0));
 
   tepdist::cli::LeaveArgs leave;
   auto* leave_cmd = app.add_subcommand("leave", "Ask a node to drain (finish its step) and leave the cluster");

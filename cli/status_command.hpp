@@ -12,6 +12,8 @@ struct StatusArgs {
   std::vector<std::string> overrides;
   std::string peer;
   bool json = false;
+  /// Ask again every this many seconds until interrupted (0: once).
+  double watch_s = 0;
 };
 
 int run_status_command(const StatusArgs& args);

@@ -140,6 +140,12 @@ TEST_CASE("the nodes' HTTP endpoints show the running job: /metrics parses and i
   REQUIRE(doc["job"]["generations"].size() == 1);
   CHECK(doc["job"]["generations"][0]["workers"] == 2);
 
+  // tepdist status --watch asks again and again, until interrupted.
+  Child watch({TEPDIST_BINARY, "status", (dir.path / "out" / "cluster.toml").string(), "--peer", address, "--watch", "0.2"});
+  for (int i = 0; i < 3; ++i) REQUIRE(watch.wait_for("learning rate in effect", std::chrono::seconds(20)));
+  watch.signal(SIGINT);
+  watch.wait();
+
   auto page = client.Get("/");
   REQUIRE(page);
   CHECK(page->status == 200);
