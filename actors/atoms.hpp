@@ -21,6 +21,7 @@ using view_atom = caf::atom_constant<caf::atom("view")>;  ///< (view_atom, membe
 using drain_atom = caf::atom_constant<caf::atom("drain")>;  ///< (drain_atom) -> string: the trainer stops at a step boundary
 using boot_atom = caf::atom_constant<caf::atom("boot")>;  ///< (boot_atom, boot id): a role lost its state; the node announces a new run
 using hang_atom = caf::atom_constant<caf::atom("hang")>;  ///< (hang_atom): fault injection, the trainer blocks its thread a while
+using monitor_atom = caf::atom_constant<caf::atom("monitor")>;  ///< (monitor_atom, actor): where figure gossip goes; (monitor_atom, MetricsSnapshot): every node's figures, for status answers
 using status_atom = caf::atom_constant<caf::atom("status")>;  ///< (status_atom, optional JobStatus): for status answers
 using place_atom = caf::atom_constant<caf::atom("place")>;  ///< (place_atom, plan): an async generation's shards, to the shard host
 using refetch_atom = caf::atom_constant<caf::atom("refetch")>;  ///< (refetch_atom, generation): the shard host asks again for shards it still fetches

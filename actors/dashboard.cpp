@@ -1,8 +1,9 @@
 // The dashboard page the monitor's HTTP endpoint serves at /: one document, no asset from anywhere
 // else. It polls /status every two seconds and draws the members, the job and its workers, the
-// generations this node installed, and SVG charts whose points a test can count: the node's
-// training history (loss, samples/s, the rate), rank 0's evaluations (test accuracy), and each
-// worker's measured speed since the page opened. A status it cannot fetch is shown as such; the
+// generations this node installed, every node's figures as the monitor gossip brought them here
+// (stale ones marked), and SVG charts whose points a test can count: the node's training history
+// (loss, samples/s, the rate), rank 0's evaluations (test accuracy), and each node's speed since
+// the page opened. A status it cannot fetch is shown as such; the
 // last figures stay.
 
 #include "actors/monitor_http.hpp"
@@ -37,6 +38,8 @@ svg { border: 1px solid #ccc; background: #fafafa; }
 <div id="job">no job</div>
 <h2>Members (<span id="member-count">0</span>)</h2>
 <table id="members"><thead><tr><th>id</th><th>state</th><th>address</th><th>region</th><th>roles</th></tr></thead><tbody></tbody></table>
+<h2>Nodes</h2>
+<table id="nodes"><thead><tr><th>id</th><th>state</th><th>age</th><th>generation</th><th>step</th><th>samples/s</th><th>loss</th><th>accuracy</th><th>MB in</th><th>MB out</th></tr></thead><tbody></tbody></table>
 <h2>Workers</h2>
 <table id="workers"><thead><tr><th>id</th><th>position</th><th>samples/s</th><th>share</th></tr></thead><tbody></tbody></table>
 <h2>Training</h2>
@@ -45,7 +48,7 @@ svg { border: 1px solid #ccc; background: #fafafa; }
 <figure><svg id="chart-accuracy" width="480" height="200"></svg><figcaption>test accuracy (rank 0's evaluations)</figcaption></figure>
 <figure><svg id="chart-throughput" width="480" height="200"></svg><figcaption>samples/s (this node's history)</figcaption></figure>
 <figure><svg id="chart-lr" width="480" height="200"></svg><figcaption>learning rate in effect</figcaption></figure>
-<figure><svg id="chart-speed" width="480" height="200"></svg><figcaption>measured samples/s per worker, since this page opened</figcaption></figure>
+<figure><svg id="chart-speed" width="480" height="200"></svg><figcaption>samples/s per node, since this page opened</figcaption></figure>
 </div>
 <h2>Generations</h2>
 <table id="generations"><thead><tr><th>generation</th><th>installed</th><th>workers</th><th>resumed at step</th></tr></thead><tbody></tbody></table>
@@ -106,6 +109,20 @@ function show(doc) {
   document.getElementById("member-count").textContent = doc.members.length;
   fill(document.querySelector("#members tbody"),
        doc.members.map(m => [[m.id], [m.state, m.state], [m.address], [m.region], [m.roles.join(", ")]]));
+  const num = (v, digits) => (v === undefined || v === null ? "" : v.toFixed(digits));
+  fill(document.querySelector("#nodes tbody"), (doc.nodes || []).map(n => {
+    const f = n.figures;
+    return [[n.id], [n.stale ? "stale" : n.state, n.stale ? "stale" : n.state], [n.age_s.toFixed(0) + " s", "num"],
+            [num(f.generation, 0), "num"], [num(f.step, 0), "num"], [num(f.samples_per_second, 0), "num"],
+            [num(f.loss, 4), "num"], [num(f.test_accuracy, 4), "num"],
+            [num(f.bytes_in === undefined ? undefined : f.bytes_in / 1e6, 1), "num"],
+            [num(f.bytes_out === undefined ? undefined : f.bytes_out / 1e6, 1), "num"]];
+  }));
+  for (const n of doc.nodes || [])
+    if (n.figures.samples_per_second !== undefined && !n.stale)
+      (seen.speed[n.id] = seen.speed[n.id] || []).push(n.figures.samples_per_second);
+  for (const a of Object.values(seen.speed)) while (a.length > keep) a.shift();
+  chart(document.getElementById("chart-speed"), Object.entries(seen.speed).map(([name, values]) => ({ name, values })));
   const job = doc.job;
   const last = job && job.evaluations.length ? job.evaluations[job.evaluations.length - 1] : null;
   document.getElementById("job").textContent = job
@@ -124,9 +141,6 @@ function show(doc) {
   chart(document.getElementById("chart-accuracy"), [{ name: "accuracy", values: job.evaluations.map(e => e.test_accuracy) }]);
   chart(document.getElementById("chart-throughput"), [{ name: "samples/s", values: job.history.map(p => p.samples_per_second) }]);
   chart(document.getElementById("chart-lr"), [{ name: "lr", values: job.history.map(p => p.lr) }]);
-  for (const w of job.workers) (seen.speed[w.id] = seen.speed[w.id] || []).push(w.samples_per_second || 0);
-  for (const a of Object.values(seen.speed)) while (a.length > keep) a.shift();
-  chart(document.getElementById("chart-speed"), Object.entries(seen.speed).map(([name, values]) => ({ name, values })));
 }
 
 async function poll() {

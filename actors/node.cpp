@@ -249,17 +249,18 @@ int run_node(const NodeOptions& o) {
   // trainer actor does the first three for each job.
   std::vector<RoleSpec> roles;
   std::vector<std::string> role_names;
+  const MonitorOptions monitor_options{&metrics, &transport, o.config.cluster.cluster_id, id, incarnation};
   if (o.submission) {
     auto submission = std::make_shared<Submission>(*o.submission);
     submission->on_end = [&, user = o.submission->on_end](int status, const std::string& why) {
       if (user) user(status, why);
       end_with(status, why);
     };
-    roles = {monitor_role(&metrics),
+    roles = {monitor_role(monitor_options, router_actor),
              submitter_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation}, submission, router_actor)};
     role_names = {"submitter", "monitor"};
   } else {
-    roles = {monitor_role(&metrics),
+    roles = {monitor_role(monitor_options, router_actor),
              trainer_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation, o.threads,
                                        o.config.cluster.max_frame_mb << 10, boot_id, o.config.cluster.results_dir,
                                        o.slowdown, &metrics},

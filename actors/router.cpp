@@ -88,7 +88,7 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
     // An empty, unanswered sync from someone who is not a member is a status query
     // (`tepdist status`): answer with the whole view, and do not take the asker for a member.
     if (sync->members.empty() && !sync->reply) {
-      send(self, address, gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms, s.placement, s.job_status});
+      send(self, address, gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms, s.placement, s.job_status, s.figures});
       return;
     }
   }
@@ -113,6 +113,11 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
     gossip::swim::Output out;
     s.swim->on_message(now_ms(self), peer, address, m.body, out);
     apply(self, out);
+    return;
+  }
+  // Every node's figures (the monitor role's gossip): the monitor merges them; none before it registers.
+  if (std::holds_alternative<gossip::MetricsSnapshot>(m.body)) {
+    if (s.monitor) caf::anon_send(s.monitor, wire_atom::value, peer, address, m);
     return;
   }
   // Async jobs' gradients and pulls: the shard host, so they never wait behind a training step.
@@ -236,8 +241,10 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
         // The node's own HTTP endpoint (/status): the answer a status query over the wire gets.
         [self](get_atom, status_atom) {
           const auto& s = self->state;
-          return gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms, s.placement, s.job_status};
+          return gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms, s.placement, s.job_status, s.figures};
         },
+        [self](monitor_atom, const caf::actor& monitor) { self->state.monitor = monitor; },
+        [self](monitor_atom, gossip::MetricsSnapshot figures) { self->state.figures = std::move(figures); },
         [self](boot_atom, uint64_t boot_id) {
           auto& s = self->state;
           if (boot_id == 0 || boot_id == s.swim->self().boot_id) return;

@@ -42,6 +42,8 @@ struct RouterState {
   caf::actor shards;  ///< the async job's shard host: ShardUpdate and ShardTransfer frames go there
   std::vector<gossip::ShardHolders> placement;  ///< that job's shards, for status answers
   std::optional<gossip::JobStatus> job_status;  ///< the trainer's job as it last told, for status answers
+  caf::actor monitor;                 ///< the monitor role: figure gossip (MetricsSnapshot frames) goes there
+  gossip::MetricsSnapshot figures;    ///< every node's figures as the monitor last told, for status answers
   /// ShardUpdate frames that came while no host was registered, for the next one.
   struct Early {
     std::string peer, address;
@@ -67,7 +69,9 @@ struct RouterState {
 /// membership views, (shards_atom, actor, placement) from the trainer: the shard host of its async
 /// job and where that job's shards live (an empty actor when the job ends), (status_atom,
 /// optional JobStatus) from the trainer: its job for status answers, (boot_atom, boot id) from a
-/// restarted trainer: the node announces a new run of itself, (get_atom, status_atom) -> StateSync:
+/// restarted trainer: the node announces a new run of itself, (monitor_atom, actor) and
+/// (monitor_atom, MetricsSnapshot) from the monitor role: where figure gossip goes, and every node's
+/// figures for status answers, (get_atom, status_atom) -> StateSync:
 /// what a status query over the wire is answered with (the node's HTTP /status), and (leave_atom)
 /// -> true once the leave is announced.
 caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id);
@@ -87,3 +91,4 @@ CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tepdist::gossip::Member>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::vector<tepdist::gossip::ShardHolders>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(std::optional<tepdist::gossip::JobStatus>)
 CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::gossip::StateSync)
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(tepdist::gossip::MetricsSnapshot)

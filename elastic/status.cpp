@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 
 namespace tepdist::elastic {
 namespace {
@@ -36,10 +37,81 @@ const gossip::WorkerLoad* load_of(const gossip::JobStatus& j, const std::string&
   return it == j.loads.end() ? nullptr : &*it;
 }
 
+/// A summary taken this long before the freshest one the table holds is stale (3 monitor rounds).
+constexpr uint64_t stale_after_ms = 6000;
+
+/// Each node's summary with its member state and whether it is stale, in id order.
+struct NodeRow {
+  std::string id;
+  const Member* member = nullptr;  // null: not in the view
+  const NodeFigures* figures = nullptr;
+  bool stale = false;
+  double age_s = 0;
+};
+
+std::vector<NodeRow> node_rows(const StatusDocument& doc) {
+  uint64_t newest = 0;
+  for (const auto& [id, f] : doc.figures) newest = std::max(newest, f.unix_ms);
+  std::vector<NodeRow> rows;
+  for (const auto& [id, f] : doc.figures) {
+    NodeRow r{id};
+    const auto m = std::ranges::find(doc.members, id, &Member::id);
+    if (m != doc.members.end()) r.member = &*m;
+    r.figures = &f;
+    r.age_s = static_cast<double>(newest - f.unix_ms) / 1000.0;
+    r.stale = newest - f.unix_ms > stale_after_ms || !r.member || r.member->state == Member::State::dead ||
+              r.member->state == Member::State::left;
+    rows.push_back(r);
+  }
+  return rows;
+}
+
+double figure(const NodeFigures& f, const std::string& name) {
+  const auto it = f.values.find(name);
+  return it == f.values.end() ? std::nan("") : it->second;
+}
+
 }  // namespace
 
+gossip::MetricsSnapshot snapshot_of(const FigureTable& table) {
+  gossip::MetricsSnapshot out;
+  for (const auto& [id, f] : table) {
+    const std::vector<std::pair<std::string, std::string>> labels{{"node", id}};
+    out.entries.push_back({"unix_ms", labels, static_cast<double>(f.unix_ms)});
+    for (const auto& [name, value] : f.values) out.entries.push_back({name, labels, value});
+  }
+  return out;
+}
+
+FigureTable table_of(const gossip::MetricsSnapshot& snapshot) {
+  FigureTable table;
+  for (const auto& e : snapshot.entries) {
+    const auto label = std::ranges::find(e.labels, std::string("node"), &std::pair<std::string, std::string>::first);
+    if (label == e.labels.end() || !std::isfinite(e.value)) continue;
+    auto& f = table[label->second];
+    if (e.name == "unix_ms") f.unix_ms = e.value > 0 ? static_cast<uint64_t>(e.value) : 0;
+    else f.values[e.name] = e.value;
+  }
+  std::erase_if(table, [](const auto& entry) { return entry.second.unix_ms == 0; });
+  return table;
+}
+
+bool merge_figures(FigureTable& table, const FigureTable& in, const std::vector<std::string>& known) {
+  bool changed = false;
+  for (const auto& [id, f] : in) {
+    if (!known.empty() && std::ranges::find(known, id) == known.end()) continue;
+    auto& mine = table[id];
+    if (f.unix_ms > mine.unix_ms) {
+      mine = f;
+      changed = true;
+    }
+  }
+  std::erase_if(table, [](const auto& entry) { return entry.second.unix_ms == 0; });  // ids only looked at
+  return changed;
+}
+
 StatusDocument status_document(std::string source, const gossip::StateSync& answer) {
-  return {std::move(source), answer.epoch_unix_ms, answer.members, answer.shards, answer.job, {}};
+  return {std::move(source), answer.epoch_unix_ms, answer.members, answer.shards, answer.job, {}, table_of(answer.figures)};
 }
 
 void add_versions(StatusDocument& doc, const std::string& member, const gossip::StateSync& answer) {
@@ -59,6 +131,17 @@ std::vector<gossip::Member> shard_primaries(const StatusDocument& doc) {
 
 std::string status_json(const StatusDocument& doc) {
   nlohmann::json out = {{"source", doc.source}, {"epoch_unix_ms", doc.epoch_unix_ms}, {"members", nlohmann::json::array()}};
+  out["nodes"] = nlohmann::json::array();
+  for (const auto& r : node_rows(doc)) {
+    nlohmann::json figures = nlohmann::json::object();
+    for (const auto& [name, value] : r.figures->values) figures[name] = value;
+    out["nodes"].push_back({{"id", r.id},
+                            {"state", r.member ? state_name(r.member->state) : "unknown"},
+                            {"stale", r.stale},
+                            {"age_s", r.age_s},
+                            {"unix_ms", r.figures->unix_ms},
+                            {"figures", figures}});
+  }
   for (const auto& m : doc.members) {
     nlohmann::json shards = nlohmann::json::array();
     for (const auto& [shard, primary] : shards_of(doc, m.id)) shards.push_back({{"shard", shard}, {"primary", primary}});
@@ -158,6 +241,21 @@ std::string status_table(const StatusDocument& doc) {
     }
   } else {
     out += "no job on this member\n";
+  }
+  if (const auto rows = node_rows(doc); !rows.empty()) {
+    // Every node's own figures, as the monitor gossip brought them here.
+    out += fmt::format("{:<16} {:<8} {:>5} {:>10} {:>8} {:>10} {:>8} {:>9} {:>12} {:>12}\n", "NODE", "STATE", "AGE",
+                       "GENERATION", "STEP", "SAMPLES/S", "LOSS", "ACCURACY", "BYTES IN", "BYTES OUT");
+    const auto num = [](double v, const char* spec) { return std::isnan(v) ? std::string("-") : fmt::format(fmt::runtime(spec), v); };
+    for (const auto& r : rows) {
+      const auto& f = *r.figures;
+      out += fmt::format("{:<16} {:<8} {:>5} {:>10} {:>8} {:>10} {:>8} {:>9} {:>12} {:>12}\n", r.id,
+                         r.stale ? "stale" : (r.member ? state_name(r.member->state) : "?"),
+                         fmt::format("{:.0f}s", r.age_s), num(figure(f, "generation"), "{:.0f}"),
+                         num(figure(f, "step"), "{:.0f}"), num(figure(f, "samples_per_second"), "{:.0f}"),
+                         num(figure(f, "loss"), "{:.4f}"), num(figure(f, "test_accuracy"), "{:.4f}"),
+                         num(figure(f, "bytes_in"), "{:.0f}"), num(figure(f, "bytes_out"), "{:.0f}"));
+    }
   }
   return out;
 }

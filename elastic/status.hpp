@@ -14,6 +14,25 @@
 
 namespace tepdist::elastic {
 
+/// A node's latest summary, as the monitor role's gossip spreads it (actors/roles/monitor.hpp):
+/// when it was taken, and its figures by name.
+struct NodeFigures {
+  uint64_t unix_ms = 0;
+  std::map<std::string, double> values;
+  friend bool operator==(const NodeFigures&, const NodeFigures&) = default;
+};
+/// Every node's latest summary as one node knows it, by id.
+using FigureTable = std::map<std::string, NodeFigures>;
+
+/// The table as a MetricsSnapshot (per node an entry "unix_ms" and one per figure, each labelled
+/// node=ID), and back (entries without a node label, and nodes without unix_ms, are left out).
+gossip::MetricsSnapshot snapshot_of(const FigureTable& table);
+FigureTable table_of(const gossip::MetricsSnapshot& snapshot);
+
+/// Merges `in` into `table` node by node, the newer summary winning; only ids in `known` (empty:
+/// any). Whether anything changed.
+bool merge_figures(FigureTable& table, const FigureTable& in, const std::vector<std::string>& known);
+
 struct StatusDocument {
   std::string source;  ///< the member that answered (host:port)
   uint64_t epoch_unix_ms = 0;
@@ -22,6 +41,8 @@ struct StatusDocument {
   std::optional<gossip::JobStatus> job;  ///< the answering member's job, if it runs one
   /// Async: each shard's version as its primary reported it (add_versions); absent: not heard.
   std::map<uint32_t, uint64_t> versions;
+  /// Every node's figures as the answering member holds them (its monitor's gossip).
+  FigureTable figures;
 };
 
 /// The document of a member's answer to a status query.
@@ -34,7 +55,9 @@ void add_versions(StatusDocument& doc, const std::string& member, const gossip::
 /// The members that are some shard's primary in `doc`'s placement.
 std::vector<gossip::Member> shard_primaries(const StatusDocument& doc);
 
-/// JSON, indented: {source, epoch_unix_ms, members: [{id, state, incarnation, address, region,
+/// JSON, indented: {source, epoch_unix_ms, nodes: [{id, state, stale, age_s, figures: {name:
+/// value}}] (every member's summary the answering node holds; stale: taken over 3 x `every` ago
+/// or from a member not alive), members: [{id, state, incarnation, address, region,
 /// roles, shards: [{shard, primary}]}], shards: [{shard, primary, replicas, version (null: not
 /// heard)}], job: null | {job_id, mode, generation, phase, step, epoch, position, samples, lr, loss,
 /// workers: [{id, position, samples_per_second, share}], evaluations: [{step, epoch, train_seconds,

@@ -78,6 +78,15 @@ Counter& MetricsRegistry::counter(const std::string& name, const Labels& labels,
   return *slot;
 }
 
+uint64_t MetricsRegistry::counter_total(const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  const auto it = families_.find(name);
+  if (it == families_.end()) return 0;
+  uint64_t total = 0;
+  for (const auto& [labels, c] : it->second.counters) total += c->value();
+  return total;
+}
+
 Gauge& MetricsRegistry::gauge(const std::string& name, const Labels& labels, const std::string& help) {
   std::lock_guard lock(mutex_);
   auto& slot = family(name, Kind::gauge, help).gauges[sorted(labels)];

@@ -67,6 +67,9 @@ class MetricsRegistry {
   Histogram& histogram(const std::string& name, const Labels& labels = {}, const std::string& help = "",
                        std::vector<double> bounds = default_latency_bounds_ms());
 
+  /// The sum of the counters called name, over all their label sets (0: none).
+  uint64_t counter_total(const std::string& name) const;
+
   /// Every metric in the Prometheus text exposition format, names and label sets sorted.
   std::string render_prometheus() const;
 

@@ -41,6 +41,20 @@ void put_loads(capnp::List<wire::WorkerLoad>::Builder b, const std::vector<Worke
   }
 }
 
+void put_metrics(wire::MetricsSnapshot::Builder b, const MetricsSnapshot& m) {
+  auto list = b.initEntries(static_cast<unsigned>(m.entries.size()));
+  for (unsigned i = 0; i < m.entries.size(); ++i) {
+    const auto& metric = m.entries[i];
+    list[i].setName(metric.name);
+    list[i].setValue(metric.value);
+    auto labels = list[i].initLabels(static_cast<unsigned>(metric.labels.size()));
+    for (unsigned j = 0; j < metric.labels.size(); ++j) {
+      labels[j].setKey(metric.labels[j].first);
+      labels[j].setValue(metric.labels[j].second);
+    }
+  }
+}
+
 void put_progress(wire::JobProgress::Builder b, const JobProgress& p) {
   b.setStep(p.step);
   b.setEpoch(p.epoch);
@@ -100,6 +114,7 @@ struct Encoder {
               shards[i].setShard(m.shards[i].shard);
               put_texts(shards[i].initHolders(static_cast<unsigned>(m.shards[i].holders.size())), m.shards[i].holders);
             }
+            if (!m.figures.entries.empty()) put_metrics(b.initFigures(), m.figures);
             if (m.job) {
               b.setHasJob(true);
               auto j = b.initJob();
@@ -322,17 +337,7 @@ struct Encoder {
             b.setGeneration(m.generation);
             b.setConsumed(m.consumed);
           } else if constexpr (std::is_same_v<T, MetricsSnapshot>) {
-            auto list = e.initMetrics().initEntries(static_cast<unsigned>(m.entries.size()));
-            for (unsigned i = 0; i < m.entries.size(); ++i) {
-              const auto& metric = m.entries[i];
-              list[i].setName(metric.name);
-              list[i].setValue(metric.value);
-              auto labels = list[i].initLabels(static_cast<unsigned>(metric.labels.size()));
-              for (unsigned j = 0; j < metric.labels.size(); ++j) {
-                labels[j].setKey(metric.labels[j].first);
-                labels[j].setValue(metric.labels[j].second);
-              }
-            }
+            put_metrics(e.initMetrics(), m);
           }
         },
         body);
@@ -425,6 +430,20 @@ class Reading {
     return out;
   }
 
+  MetricsSnapshot metrics(wire::MetricsSnapshot::Reader r) {
+    MetricsSnapshot s;
+    const auto entries = list<MetricsSnapshot::Metric>(r.getEntries(), wire_caps::metrics, "a metrics snapshot's entries");
+    s.entries.reserve(entries.size());
+    for (auto m : entries) {
+      MetricsSnapshot::Metric metric{name(m.getName(), "a metric's name"), {}, m.getValue()};
+      const auto labels = list<std::pair<std::string, std::string>>(m.getLabels(), wire_caps::labels, "a metric's labels");
+      metric.labels.reserve(labels.size());
+      for (auto l : labels) metric.labels.emplace_back(name(l.getKey(), "a label"), name(l.getValue(), "a label"));
+      s.entries.push_back(std::move(metric));
+    }
+    return s;
+  }
+
   std::vector<WorkerLoad> loads(capnp::List<wire::WorkerLoad>::Reader l, std::string_view what) {
     std::vector<WorkerLoad> out;
     out.reserve(list<WorkerLoad>(l, wire_caps::members, what).size());
@@ -500,6 +519,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       s.shards.reserve(shards.size());
       for (auto h : shards)
         s.shards.push_back({h.getShard(), in.names(h.getHolders(), wire_caps::holders, "a shard's holders")});
+      if (r.hasFigures()) s.figures = in.metrics(r.getFigures());
       if (r.getHasJob()) {
         auto j = r.getJob();
         JobStatus job{j.getJobId(), in.name(j.getMode(), "a status's mode"), j.getGeneration(),
@@ -691,20 +711,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       return GossipAverage{r.getJobId(), r.getExchange(), r.getReply(), get_chunk(r.getChunk(), owner),
                            r.getGeneration(), r.getConsumed()};
     }
-    case wire::Envelope::METRICS: {
-      MetricsSnapshot s;
-      const auto entries =
-          in.list<MetricsSnapshot::Metric>(e.getMetrics().getEntries(), wire_caps::metrics, "a metrics snapshot's entries");
-      s.entries.reserve(entries.size());
-      for (auto m : entries) {
-        MetricsSnapshot::Metric metric{in.name(m.getName(), "a metric's name"), {}, m.getValue()};
-        const auto labels = in.list<std::pair<std::string, std::string>>(m.getLabels(), wire_caps::labels, "a metric's labels");
-        metric.labels.reserve(labels.size());
-        for (auto l : labels) metric.labels.emplace_back(in.name(l.getKey(), "a label"), in.name(l.getValue(), "a label"));
-        s.entries.push_back(std::move(metric));
-      }
-      return s;
-    }
+    case wire::Envelope::METRICS: return in.metrics(e.getMetrics());
   }
   throw WireError{WireErrc::unknown_kind, fmt::format("unknown message kind {}", static_cast<int>(e.which()))};
 }

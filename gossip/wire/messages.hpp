@@ -130,12 +130,26 @@ struct JobStatus {
   friend bool operator==(const JobStatus&, const JobStatus&) = default;
 };
 
+struct MetricsSnapshot {
+  struct Metric {
+    std::string name;
+    std::vector<std::pair<std::string, std::string>> labels;
+    double value = 0.0;
+    friend bool operator==(const Metric&, const Metric&) = default;
+  };
+  std::vector<Metric> entries;
+  friend bool operator==(const MetricsSnapshot&, const MetricsSnapshot&) = default;
+};
+
 struct StateSync {
   std::vector<Member> members;
   bool reply = false;
   uint64_t epoch_unix_ms = 0;
   std::vector<ShardHolders> shards = {};  ///< status answers: the running async job's placement
   std::optional<JobStatus> job = {};      ///< status answers: the answering node's job
+  /// Status answers: the nodes' figures the monitor role's gossip brought to the answering node
+  /// (entries labelled node=ID; actors/roles/monitor.hpp).
+  MetricsSnapshot figures = {};
   friend bool operator==(const StateSync&, const StateSync&) = default;
 };
 
@@ -192,16 +206,6 @@ struct Control {
   friend bool operator==(const Control&, const Control&) = default;
 };
 
-struct MetricsSnapshot {
-  struct Metric {
-    std::string name;
-    std::vector<std::pair<std::string, std::string>> labels;
-    double value = 0.0;
-    friend bool operator==(const Metric&, const Metric&) = default;
-  };
-  std::vector<Metric> entries;
-  friend bool operator==(const MetricsSnapshot&, const MetricsSnapshot&) = default;
-};
 
 
 /// A training job, from the submitter to the coordinator, then from the coordinator to every

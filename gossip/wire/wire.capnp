@@ -122,6 +122,7 @@ struct StateSync {
   shards @3 :List(ShardHolders);  # status answers only: where the running async job's shards live
   job @4 :JobStatus;         # status answers only: the answering node's job, when hasJob
   hasJob @5 :Bool;
+  figures @6 :MetricsSnapshot;  # status answers only: every node's figures the monitor gossip brought here
 }
 
 struct JobStatus {

@@ -101,3 +101,47 @@ TEST_CASE("the status document carries the job's course: loss, evaluations, hist
   CHECK_THAT(table, Catch::Contains("training loss 0.4375"));
   CHECK_THAT(table, Catch::Contains("test accuracy 0.8438, test loss 0.4375 (step 96, 2 evaluations)"));
 }
+
+TEST_CASE("every node's figures travel as a labelled snapshot, merge newest first, and only for members",
+          "[elastic][status][monitor]") {
+  elastic::FigureTable table{{"a", {1000, {{"step", 12}, {"loss", 0.5}}}}, {"b", {900, {{"step", 10}}}}};
+  const auto snapshot = elastic::snapshot_of(table);
+  CHECK(snapshot.entries.size() == 5);  // unix_ms and the figures, per node
+  for (const auto& e : snapshot.entries) CHECK(e.labels == std::vector<std::pair<std::string, std::string>>{{"node", e.labels[0].second}});
+  CHECK(elastic::table_of(snapshot) == table);
+
+  // Newer wins, older is ignored, an id membership does not know is not taken.
+  elastic::FigureTable mine{{"a", {1500, {{"step", 20}}}}, {"b", {800, {{"step", 9}}}}};
+  elastic::FigureTable in = table;
+  in["intruder"] = {5000, {{"step", 1}}};
+  CHECK(elastic::merge_figures(mine, in, {"a", "b"}));
+  CHECK(mine.at("a").unix_ms == 1500);  // its own was newer
+  CHECK(mine.at("b") == table.at("b"));
+  CHECK_FALSE(mine.contains("intruder"));
+  CHECK_FALSE(elastic::merge_figures(mine, in, {"a", "b"}));  // nothing newer a second time
+
+  // Entries without a node label, and nodes without a time, are left out.
+  tepdist::gossip::MetricsSnapshot odd{{{"step", {}, 3}, {"step", {{"node", "c"}}, 4}}};
+  CHECK(elastic::table_of(odd).empty());
+}
+
+TEST_CASE("the status shows every node's figures, a dead member's and an old summary marked stale",
+          "[elastic][status][monitor]") {
+  auto sync = answer(std::nullopt);  // a alive, b dead
+  elastic::FigureTable figures{{"a", {100000, {{"step", 40}, {"samples_per_second", 812.5}}}},
+                               {"b", {99000, {{"step", 38}}}},
+                               {"c", {90000, {{"step", 30}}}}};  // c: 10 s older, and not a member
+  sync.figures = elastic::snapshot_of(figures);
+  const auto doc = elastic::status_document("10.0.0.1:7000", sync);
+  const auto json = nlohmann::json::parse(elastic::status_json(doc));
+  REQUIRE(json["nodes"].size() == 3);
+  CHECK(json["nodes"][0]["id"] == "a");
+  CHECK(json["nodes"][0]["stale"] == false);
+  CHECK(json["nodes"][0]["figures"]["samples_per_second"] == Approx(812.5));
+  CHECK(json["nodes"][1]["stale"] == true);  // b is dead: its last figures stay, stale
+  CHECK(json["nodes"][1]["state"] == "dead");
+  CHECK(json["nodes"][2]["stale"] == true);
+  CHECK(json["nodes"][2]["age_s"] == Approx(10.0));
+  const auto table = elastic::status_table(doc);
+  CHECK_THAT(table, Catch::Contains("NODE") && Catch::Contains("stale"));
+}

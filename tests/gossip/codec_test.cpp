@@ -51,6 +51,8 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
                                                      {{48, 0, 2.5, 0.8125, 0.5}, {96, 1, 5.25, 0.84375, 0.4375}},
                                                      {{40, 2.0, 0.625, 6400.5, 0.0125}},
                                                      {{1, 0, 2, 1796273776109}, {2, 40, 3, 1796273779109}}}},
+      StateSync{{member("h")}, true, 17, {}, std::nullopt,
+                MetricsSnapshot{{{"unix_ms", {{"node", "h"}}, 1796273776109.0}, {"step", {{"node", "h"}}, 40.0}}}},
       chunk,
       ParamPull{7, 99},
       ParamPush{7, 100, chunk},

@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <set>
@@ -106,9 +107,15 @@ TEST_CASE("the nodes' HTTP endpoints show the running job: /metrics parses and i
     const auto measured = [](const nlohmann::json& w) {
       return w["samples_per_second"].is_number() && w["samples_per_second"].get<double>() > 0;
     };
+    // And node-01's own figures, which only the monitor gossip brings to node-00.
+    const auto gossiped = [](const nlohmann::json& nodes) {
+      return std::any_of(nodes.begin(), nodes.end(), [](const nlohmann::json& n) {
+        return n["id"] == "node-01" && n["figures"].contains("step") && n["figures"]["step"].get<double>() > 0;
+      });
+    };
     if (doc["job"].is_object() && doc["job"]["step"].get<int64_t>() > 0 && !doc["job"]["history"].empty() &&
         !doc["job"]["evaluations"].empty() &&
-        std::all_of(doc["job"]["workers"].begin(), doc["job"]["workers"].end(), measured))
+        std::all_of(doc["job"]["workers"].begin(), doc["job"]["workers"].end(), measured) && gossiped(doc["nodes"]))
       break;
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   } while (std::chrono::steady_clock::now() < deadline);
@@ -138,6 +145,13 @@ TEST_CASE("the nodes' HTTP endpoints show the running job: /metrics parses and i
   CHECK(accuracy > 0);
   CHECK(accuracy <= 1);
   REQUIRE(doc["job"]["generations"].size() == 1);
+  // Every node's figures, gossiped: node-01's step and bytes are here, fresh.
+  std::map<std::string, nlohmann::json> nodes;
+  for (const auto& n : doc["nodes"]) nodes[n["id"].get<std::string>()] = n;
+  REQUIRE(nodes.count("node-01") == 1);
+  CHECK(nodes["node-01"]["stale"] == false);
+  CHECK(nodes["node-01"]["figures"]["step"].get<double>() > 0);
+  CHECK(nodes["node-01"]["figures"]["bytes_out"].get<double>() > 0);
   CHECK(doc["job"]["generations"][0]["workers"] == 2);
 
   // tepdist status --watch asks again and again, until interrupted.
