@@ -218,6 +218,7 @@ int run_node(const NodeOptions& o) {
     return 1;
   }
   const std::string id = o.name.empty() ? *bound : o.name;  // the transport made the same choice
+  metrics.set_common_labels({{"node", id}});  // one scrape target among many: every series says whose
 
   // The monitor's HTTP endpoint, before the node joins (a port it cannot have stops the node before
   // anyone counts on it). Stopped before the actors it asks are: it is declared after the teardown,

@@ -33,8 +33,8 @@ elastic::NodeFigures own_figures(const MonitorOptions& o, const gossip::StateSyn
   elastic::NodeFigures f;
   f.unix_ms = unix_ms();
   if (o.metrics) {
-    f.values["bytes_in"] = static_cast<double>(o.metrics->counter_total("bytes_in_total"));
-    f.values["bytes_out"] = static_cast<double>(o.metrics->counter_total("bytes_out_total"));
+    f.values["bytes_in"] = static_cast<double>(o.metrics->counter_total("tepdist_transport_received_bytes_total"));
+    f.values["bytes_out"] = static_cast<double>(o.metrics->counter_total("tepdist_transport_sent_bytes_total"));
   }
   if (const auto& j = sync.job) {
     f.values["job_id"] = static_cast<double>(j->job_id);

@@ -56,8 +56,13 @@ std::vector<uint64_t> Histogram::cumulative() const {
   return out;
 }
 
-std::vector<double> MetricsRegistry::default_latency_bounds_ms() {
-  return {0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 10000};
+std::vector<double> MetricsRegistry::default_latency_bounds_seconds() {
+  return {0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10};
+}
+
+void MetricsRegistry::set_common_labels(Labels labels) {
+  std::lock_guard lock(mutex_);
+  common_ = std::move(labels);
 }
 
 MetricsRegistry::Family& MetricsRegistry::family(const std::string& name, Kind kind, const std::string& help) {
@@ -109,9 +114,20 @@ std::string MetricsRegistry::render_prometheus() const {
     static constexpr const char* types[] = {"counter", "gauge", "histogram"};
     if (!f.help.empty()) out += fmt::format("# HELP {} {}\n", name, f.help);
     out += fmt::format("# TYPE {} {}\n", name, types[static_cast<int>(f.kind)]);
-    for (const auto& [labels, c] : f.counters) out += fmt::format("{}{} {}\n", name, label_text(labels), c->value());
-    for (const auto& [labels, g] : f.gauges) out += fmt::format("{}{} {}\n", name, label_text(labels), g->value());
-    for (const auto& [labels, h] : f.histograms) {
+    // The common labels first, then the series' own (which win a clash: a series knows better).
+    const auto with_common = [&](const Labels& own) {
+      Labels all;
+      for (const auto& c : common_)
+        if (std::none_of(own.begin(), own.end(), [&](const auto& l) { return l.first == c.first; })) all.push_back(c);
+      all.insert(all.end(), own.begin(), own.end());
+      return all;
+    };
+    for (const auto& [labels, c] : f.counters)
+      out += fmt::format("{}{} {}\n", name, label_text(with_common(labels)), c->value());
+    for (const auto& [labels, g] : f.gauges)
+      out += fmt::format("{}{} {}\n", name, label_text(with_common(labels)), g->value());
+    for (const auto& [own, h] : f.histograms) {
+      const auto labels = with_common(own);
       const auto cum = h->cumulative();
       for (size_t i = 0; i < h->bounds().size(); ++i)
         out += fmt::format("{}_bucket{} {}\n", name, label_text(labels, fmt::format("le=\"{}\"", h->bounds()[i])), cum[i]);

@@ -65,7 +65,7 @@ class MetricsRegistry {
   Counter& counter(const std::string& name, const Labels& labels = {}, const std::string& help = "");
   Gauge& gauge(const std::string& name, const Labels& labels = {}, const std::string& help = "");
   Histogram& histogram(const std::string& name, const Labels& labels = {}, const std::string& help = "",
-                       std::vector<double> bounds = default_latency_bounds_ms());
+                       std::vector<double> bounds = default_latency_bounds_seconds());
 
   /// The sum of the counters called name, over all their label sets (0: none).
   uint64_t counter_total(const std::string& name) const;
@@ -73,8 +73,12 @@ class MetricsRegistry {
   /// Every metric in the Prometheus text exposition format, names and label sets sorted.
   std::string render_prometheus() const;
 
-  /// 0.1 ms to 10 s, roughly x2.5 apart: send latencies from loopback to cross-region.
-  static std::vector<double> default_latency_bounds_ms();
+  /// 0.1 ms to 10 s (in seconds), roughly x2.5 apart: send latencies from loopback to cross-region.
+  static std::vector<double> default_latency_bounds_seconds();
+
+  /// Labels every rendered series carries ahead of its own (a node's: node=ID), as a scrape of one
+  /// node among many needs. Thread-safe; may be set after metrics were recorded.
+  void set_common_labels(Labels labels);
 
  private:
   enum class Kind { counter, gauge, histogram };
@@ -89,6 +93,7 @@ class MetricsRegistry {
 
   mutable std::mutex mutex_;
   std::map<std::string, Family> families_;
+  Labels common_;
 };
 
 }  // namespace tepdist::gossip

@@ -510,7 +510,7 @@ struct Transport::Impl {
     c->paused = true;
     ledger->paused.fetch_add(1);
     if (opt.metrics)
-      opt.metrics->counter("receive_paused_total", {}, "times reading from a peer waited for its frames to be consumed").add();
+      opt.metrics->counter("tepdist_transport_receive_paused_total", {}, "times reading from a peer waited for its frames to be consumed").add();
     log().debug("receive_paused peer={} lane={} held={} budget={}", c->handshake.peer_id(), lane_name(lane_of(*c)),
                 c->credit->held.load(), c->credit->budget);
     // Something may have been released between the last look and now: look again then.
@@ -554,7 +554,7 @@ struct Transport::Impl {
     if (step.send) write(c, std::move(*step.send), "", 0);
     if (c->closing) return;  // the write failed and closed it
     if (step.refused) {
-      if (opt.metrics) opt.metrics->counter("connections_refused_total", {}, "connections refused in the handshake").add();
+      if (opt.metrics) opt.metrics->counter("tepdist_transport_connections_refused_total", {}, "connections refused in the handshake").add();
       // A stranger can be refused a thousand times a second: said once a second, with a count.
       // (Refusals of connections this node dialled are all told: they say why it cannot join.)
       if (const auto more = c->outbound ? std::optional<size_t>(0) : refusal_log.admit(uv_now(&loop))) {
@@ -590,11 +590,11 @@ struct Transport::Impl {
     p->unreachable_reported = false;
     if (opt.metrics && !p->metrics.frames_in) {
       const Labels l{{"peer", p->address}};
-      p->metrics = {&opt.metrics->counter("frames_in_total", l, "frames received from the peer"),
-                    &opt.metrics->counter("bytes_in_total", l, "bytes received from the peer"),
-                    &opt.metrics->counter("frames_out_total", l, "frames written to the peer"),
-                    &opt.metrics->counter("bytes_out_total", l, "bytes written to the peer"),
-                    &opt.metrics->histogram("send_latency_ms", l, "send() to write completed, emulated delay included")};
+      p->metrics = {&opt.metrics->counter("tepdist_transport_received_frames_total", l, "frames received from the peer"),
+                    &opt.metrics->counter("tepdist_transport_received_bytes_total", l, "bytes received from the peer"),
+                    &opt.metrics->counter("tepdist_transport_sent_frames_total", l, "frames written to the peer"),
+                    &opt.metrics->counter("tepdist_transport_sent_bytes_total", l, "bytes written to the peer"),
+                    &opt.metrics->histogram("tepdist_transport_send_latency_seconds", l, "send() to write completed, emulated delay included")};
     }
     log().debug("peer_up peer={} address={} region={} lane={}", p->id, p->address, p->region, lane_name(p->lane));
     if (events.on_peer_up) events.on_peer_up(p->id, p->address + " lane=" + lane_name(p->lane));
@@ -755,7 +755,7 @@ struct Transport::Impl {
     const int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&c->tcp), w->bufs.data(),
                             static_cast<unsigned>(w->bufs.size()), [](uv_write_t* r, int status) {
                               auto* w = static_cast<WriteReq*>(r->data);
-                              if (w->latency) w->latency->observe(static_cast<double>(uv_hrtime() - w->sent_ns) / 1e6);
+                              if (w->latency) w->latency->observe(static_cast<double>(uv_hrtime() - w->sent_ns) / 1e9);
                               Impl* impl = w->impl;
                               w->conn->writing_bytes -= w->frame.bytes();
                               impl->give_back(w->address, w->counted);
@@ -786,7 +786,7 @@ struct Transport::Impl {
     drained.notify_all();
     // The gauge is the bulk lane's, by peer address: membership's frames are small and few.
     if (opt.metrics && is_bulk_key(key))
-      opt.metrics->gauge("send_queue_bytes", {{"peer", key}}, "bytes waiting to be written").set(static_cast<double>(q));
+      opt.metrics->gauge("tepdist_transport_send_queue_bytes", {{"peer", key}}, "bytes waiting to be written").set(static_cast<double>(q));
   }
 
   /// Both lanes of the peer at address: what waits is dropped (its bytes given back to senders)
@@ -879,7 +879,7 @@ struct Transport::Impl {
       if (datagram) {
         const auto r = emulator.datagram_release_ms(address, p.region, bytes, now_ms(), jitter, unit(random));
         if (!r) {
-          if (opt.metrics) opt.metrics->counter("datagrams_dropped_total", {}, "membership datagrams lost by the link emulator").add();
+          if (opt.metrics) opt.metrics->counter("tepdist_link_emulator_dropped_datagrams_total", {}, "membership datagrams lost by the link emulator").add();
           return std::nullopt;
         }
         release_at = *r;
@@ -1006,7 +1006,7 @@ bool Transport::send(const std::string& address, const Message& message, std::ch
     if (i.stopping) return false;
     queued += bytes;
     if (i.opt.metrics && lane == Lane::bulk)
-      i.opt.metrics->gauge("send_queue_bytes", {{"peer", address}}, "bytes waiting to be written").set(static_cast<double>(queued));
+      i.opt.metrics->gauge("tepdist_transport_send_queue_bytes", {{"peer", address}}, "bytes waiting to be written").set(static_cast<double>(queued));
     i.inbox.push_back({address, lane, std::move(frame), is_datagram(message.body), uv_hrtime()});
     // Under the lock: once stop() has set stopping, no sender can touch the async handle, which the
     // loop closes on its way out.

@@ -58,10 +58,11 @@ struct TransportOptions {
   NetworkModel network;            ///< empty: no emulation
   uint64_t epoch_unix_ms = 0;      ///< the cluster epoch partitions count from
   uint64_t seed = 0;               ///< jitter and loss draws
-  /// Where to record per-peer traffic (labels: peer = host:port): frames_in_total,
-  /// bytes_in_total, frames_out_total, bytes_out_total, send_queue_bytes (gauge), send_latency_ms
-  /// (histogram: send() to write completed, emulated delay included), connections_refused_total,
-  /// datagrams_dropped_total. Null: not recorded. Must outlive the transport.
+  /// Where to record per-peer traffic (labels: peer = host:port): tepdist_transport_received_frames_total,
+  /// _received_bytes_total, _sent_frames_total, _sent_bytes_total, _send_queue_bytes (gauge),
+  /// _send_latency_seconds (histogram: send() to write completed, emulated delay included), and
+  /// tepdist_transport_connections_refused_total, _receive_paused_total,
+  /// tepdist_link_emulator_dropped_datagrams_total. Null: not recorded. Must outlive the transport.
   MetricsRegistry* metrics = nullptr;
 };
 

@@ -55,3 +55,16 @@ TEST_CASE("recording from many threads loses nothing", "[gossip][metrics]") {
   CHECK(c.value() == 40000);
   CHECK(g.value() == 40000.0);
 }
+
+TEST_CASE("common labels lead every series, and a series' own label of the same name wins", "[gossip][metrics]") {
+  MetricsRegistry r;
+  r.counter("tepdist_x_total", {{"peer", "b"}}).add(2);
+  r.gauge("tepdist_y", {{"node", "own"}}).set(1.5);
+  r.histogram("tepdist_z_seconds", {}, "", {0.5}).observe(0.25);
+  r.set_common_labels({{"node", "n1"}});
+  const auto text = r.render_prometheus();
+  CHECK_THAT(text, Catch::Contains("tepdist_x_total{node=\"n1\",peer=\"b\"} 2\n"));
+  CHECK_THAT(text, Catch::Contains("tepdist_y{node=\"own\"} 1.5\n"));
+  CHECK_THAT(text, Catch::Contains("tepdist_z_seconds_bucket{node=\"n1\",le=\"0.5\"} 1\n"));
+  CHECK_THAT(text, Catch::Contains("tepdist_z_seconds_count{node=\"n1\"} 1\n"));
+}

@@ -132,10 +132,10 @@ TEST_CASE("two transports authenticate and deliver messages in order", "[gossip]
   CHECK(rb.up == std::vector<std::string>{"a"});
   // Per-peer traffic lands in the registry (every frame was written: b has seen them all).
   const Labels peer_b{{"peer", *addr_b}};
-  CHECK(metrics.counter("frames_out_total", peer_b).value() == 100);
-  CHECK(metrics.counter("frames_in_total", peer_b).value() == 1);
-  CHECK(metrics.counter("bytes_out_total", peer_b).value() > 100 * 8);
-  CHECK(metrics.histogram("send_latency_ms", peer_b).count() == 100);
+  CHECK(metrics.counter("tepdist_transport_sent_frames_total", peer_b).value() == 100);
+  CHECK(metrics.counter("tepdist_transport_received_frames_total", peer_b).value() == 1);
+  CHECK(metrics.counter("tepdist_transport_sent_bytes_total", peer_b).value() > 100 * 8);
+  CHECK(metrics.histogram("tepdist_transport_send_latency_seconds", peer_b).count() == 100);
 }
 
 TEST_CASE("once a transport runs, a write to a closed peer fails with EPIPE and does not kill the process",
@@ -204,7 +204,7 @@ TEST_CASE("hostile bytes close that connection only, the node keeps serving othe
   REQUIRE(rb.wait([&] { return !rb.refused.empty(); }));
   REQUIRE(a.send(*addr_b, ping(5)));
   REQUIRE(rb.wait([&] { return rb.messages.size() == 1; }));
-  CHECK(metrics.counter("connections_refused_total").value() >= 1);
+  CHECK(metrics.counter("tepdist_transport_connections_refused_total").value() >= 1);
   CHECK(rb.up == std::vector<std::string>{"a"});
 }
 

@@ -87,7 +87,8 @@ TEST_CASE("the nodes' HTTP endpoints show the running job: /metrics parses and i
   CHECK(first->status == 200);
   const long before = scraped_steps(dir, first->body, "first.prom");
   CHECK(before > 0);
-  CHECK_THAT(first->body, Catch::Contains("tepdist_worker_samples_per_second{mode=\"sync\",node=\"node-00\"}") &&
+  CHECK_THAT(first->body, Catch::Contains("tepdist_worker_samples_per_second{node=\"node-00\",mode=\"sync\"}") &&
+                              Catch::Contains("tepdist_transport_sent_bytes_total{node=\"node-00\",peer=") &&
                               Catch::Contains("tepdist_learning_rate{") && Catch::Contains("tepdist_train_step_seconds_bucket{"));
   REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));  // the next progress report: more steps
   auto second = client.Get("/metrics");

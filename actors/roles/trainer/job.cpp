@@ -494,7 +494,7 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   j.checkpoints.setup(o.results_dir, j);
   j.slowdown = o.slowdown;
   if (o.metrics) {
-    const gossip::Labels l{{"node", o.self_id}, {"mode", j.config.job.mode}};
+    const gossip::Labels l{{"mode", j.config.job.mode}};  // node: the registry's common label
     auto& m = *o.metrics;
     j.figures = {&m.counter("tepdist_train_steps_total", l, "training steps this worker finished"),
                  &m.counter("tepdist_train_samples_total", l, "samples this worker trained on"),
