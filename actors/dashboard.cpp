@@ -83,17 +83,24 @@ function chart(svg, series) {
   series.forEach((s, k) => {
     const n = s.values.length;
     if (n === 0) return;
-    const pts = s.values.map((v, i) => {
-      const x = pad + (n === 1 ? 0 : i * (w - 2 * pad) / (keep - 1));
-      const y = h - pad - (max > 0 ? v / max : 0) * (h - 2 * pad);
-      return x.toFixed(1) + "," + y.toFixed(1);
-    });
+    const xy = s.values.map((v, i) => [pad + (n === 1 ? 0 : i * (w - 2 * pad) / (n - 1)),
+                                       h - pad - (max > 0 ? v / max : 0) * (h - 2 * pad)]);
     const line = document.createElementNS(ns, "polyline");
-    line.setAttribute("points", pts.join(" "));
+    line.setAttribute("points", xy.map(([x, y]) => x.toFixed(1) + "," + y.toFixed(1)).join(" "));
     line.setAttribute("fill", "none");
     line.setAttribute("stroke", colours[k % colours.length]);
     line.setAttribute("data-series", s.name);
     svg.appendChild(line);
+    // Few points (an evaluation or two): each one visible on its own.
+    if (n <= 40)
+      for (const [x, y] of xy) {
+        const dot = document.createElementNS(ns, "circle");
+        dot.setAttribute("cx", x.toFixed(1));
+        dot.setAttribute("cy", y.toFixed(1));
+        dot.setAttribute("r", "2.5");
+        dot.setAttribute("fill", colours[k % colours.length]);
+        svg.appendChild(dot);
+      }
   });
   const label = document.createElementNS(ns, "text");
   label.setAttribute("x", w - pad);
@@ -104,6 +111,7 @@ function chart(svg, series) {
 }
 
 function show(doc) {
+  window.lastStatus = doc;  // what the page drew last (a test compares the charts with it)
   document.getElementById("error").textContent = "";
   document.getElementById("source").textContent = "at " + doc.source;
   document.getElementById("member-count").textContent = doc.members.length;

@@ -11,6 +11,7 @@ packages=(
   catch2 libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libcpp-httplib-dev libssl-dev zlib1g-dev
   python3-prometheus-client  # the tests check /metrics with its exposition-format parser
   curl  # the README's examples of the monitor endpoint
+  chromium chromium-driver  # the dashboard's test in a real browser (headless, over WebDriver)
   libbenchmark-dev clang afl++  # AFL++: the fuzz targets in tests/fuzz
   dataset-fashion-mnist
 )

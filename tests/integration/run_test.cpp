@@ -213,6 +213,42 @@ TEST_CASE("sync, balanced: a slower node trains a smaller share, and the update 
   CHECK(result["workers"][0]["parameter_checksum"] == result["workers"][1]["parameter_checksum"]);
 }
 
+TEST_CASE("gossip and async, balanced: a node four times slower is given fewer positions, and each is trained once",
+          "[integration][run][fashion]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  for (const std::string mode : {"gossip", "async"}) {
+    INFO(mode);
+    const auto out = dir.path / mode;
+    // Ten epochs of 6,144: job control measures rates for 5 s after an install and re-splits only
+    // with 5 s of work left, so the job must outlast both: unbalanced, the slower node's half alone
+    // takes over 30 s here (12 s balanced), and would take over 10 s on a machine twice as fast.
+    Child run({TEPDIST_BINARY, "run", job, "--mode", mode, "--nodes", "2", "--epochs", "10", "--set",
+               "nodes.node-01.slowdown=4", "--out", out.string()});
+    const int status = run.wait();
+    INFO(run.all());
+    REQUIRE(status == 0);
+    CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+    const auto result = read_json(out / "result.json");
+    INFO(result.dump(1));
+    CHECK(result["samples"] == 10 * 6144);  // every position once, re-split or not
+    // At least one generation of the same two workers: a re-split, not a membership change.
+    const auto& generations = result["generations"];
+    REQUIRE(generations.size() >= 2);
+    for (size_t g = 1; g < generations.size(); ++g) {
+      CHECK(generations[g]["added"].empty());
+      CHECK(generations[g]["removed"].empty());
+      CHECK(generations[g]["workers"].size() == 2);
+    }
+    // The faster node trained the larger part: equal ranges would give each half.
+    const auto& names = generations.back()["workers"];
+    std::map<std::string, double> samples;
+    for (const auto& w : result["workers"]) samples[names[w["rank"].get<size_t>()].get<std::string>()] = w["samples"].get<double>();
+    REQUIRE(samples.size() == 2);
+    CHECK(samples["node-00"] > 1.3 * samples["node-01"]);
+  }
+}
+
 TEST_CASE("gossip and async: a checkpoint of three nodes resumes on two, and the positions left are trained once",
           "[integration][run]") {
   TempDir dir;

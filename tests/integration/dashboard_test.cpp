@@ -1,0 +1,189 @@
+// The dashboard in a real browser: Debian's chromium driven over WebDriver (chromium-driver, both
+// installed by scripts/setup.sh), on the page a node of a running 3-node job serves.
+
+#include <arpa/inet.h>
+#include <httplib.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "tests/support/jobs.hpp"
+#include "tests/support/process.hpp"
+#include "tests/support/processes.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace fs = std::filesystem;
+using nlohmann::json;
+using tepdist::test::Child;
+using tepdist::test::TempDir;
+using tepdist::test::all_gone;
+
+namespace {
+
+/// A loopback port nobody listens on now (bound, read, closed: the driver takes it next).
+int free_port() {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof a;
+  REQUIRE(::bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+  REQUIRE(::getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+  ::close(fd);
+  return ntohs(a.sin_port);
+}
+
+/// A WebDriver session's commands (W3C protocol, JSON over HTTP).
+class WebDriver {
+ public:
+  explicit WebDriver(int port) : client_("127.0.0.1", port) {
+    client_.set_read_timeout(std::chrono::seconds(60));
+    client_.set_connection_timeout(std::chrono::seconds(10));
+  }
+  json call(const std::string& method, const std::string& path, const json& body = json::object()) {
+    const auto res = method == "GET"      ? client_.Get(path.c_str())
+                     : method == "DELETE" ? client_.Delete(path.c_str())
+                                          : client_.Post(path.c_str(), body.dump(), "application/json");
+    INFO(method << " " << path);
+    REQUIRE(res);
+    INFO(res->body);
+    REQUIRE(res->status == 200);
+    return json::parse(res->body)["value"];
+  }
+
+ private:
+  httplib::Client client_;
+};
+
+/// What the page shows, read in the page: rows, chart points, the job's line, the document it drew.
+constexpr const char* read_page = R"JS(
+const points = id => {
+  const line = document.querySelector(id + " polyline");
+  return line ? line.getAttribute("points").trim().split(/\s+/).length : 0;
+};
+return {
+  members: document.querySelectorAll("#members tbody tr").length,
+  nodes: document.querySelectorAll("#nodes tbody tr").length,
+  lossPoints: points("#chart-loss"),
+  accuracyPoints: points("#chart-accuracy"),
+  job: document.getElementById("job").textContent,
+  error: document.getElementById("error").textContent,
+  drawn: window.lastStatus || null
+};
+)JS";
+
+/// Standard base64 (a WebDriver screenshot) to bytes.
+std::string base64_decode(const std::string& in) {
+  static const std::string alphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  uint32_t bits = 0;
+  int count = 0;
+  for (const char c : in) {
+    const auto v = alphabet.find(c);
+    if (v == std::string::npos) continue;  // padding, line breaks
+    bits = (bits << 6) | static_cast<uint32_t>(v);
+    if ((count += 6) >= 8) {
+      count -= 8;
+      out += static_cast<char>((bits >> count) & 0xff);
+    }
+  }
+  return out;
+}
+
+/// Kills whatever still mentions the test's folder when the test ends, passed or not (a browser
+/// left by a failed assertion included).
+struct Reaper {
+  std::string needle;
+  ~Reaper() { all_gone(needle, std::chrono::milliseconds(0)); }
+};
+
+}  // namespace
+
+TEST_CASE("the dashboard in a real browser lists the members and draws the status it fetched", "[integration][monitor][browser]") {
+  TempDir dir;
+  const Reaper reaper{dir.path.string()};
+  const int driver_port = free_port();
+  // The browser's profile and the driver's log in the test's folder: every process of it mentions
+  // the folder, so all_gone finds them, whatever happens.
+  Child driver({"/usr/bin/chromedriver", "--port=" + std::to_string(driver_port),
+                "--log-path=" + (dir.path / "chromedriver.log").string()});
+  REQUIRE(driver.wait_for("started successfully", std::chrono::seconds(30)));
+
+  const std::string job = tepdist::test::fashion_subset_job(dir, "mode = \"sync\"\nepochs = 1000\nlog_every_steps = 8\n");
+  Child run({TEPDIST_BINARY, "run", job, "--nodes", "3", "--set", "data.dataset=\"synthetic\"", "--out",
+             (dir.path / "out").string()});
+  const auto line = run.wait_for("dashboard:", std::chrono::seconds(60));
+  INFO(run.all());
+  REQUIRE(line);
+  std::smatch m;
+  REQUIRE(std::regex_search(*line, m, std::regex("(http://127\\.0\\.0\\.1:\\d+/)")));
+  const std::string url = m[1];
+  REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));
+
+  WebDriver wd(driver_port);
+  const json caps = {{"capabilities",
+                      {{"alwaysMatch",
+                        {{"browserName", "chrome"},
+                         {"goog:chromeOptions",
+                          {{"binary", "/usr/bin/chromium"},
+                           {"args", {"--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
+                                     "--window-size=1300,1900", "--user-data-dir=" + (dir.path / "profile").string()}}}}}}}}};
+  const std::string session = wd.call("POST", "/session", caps)["sessionId"];
+  const std::string at = "/session/" + session;
+  wd.call("POST", at + "/url", {{"url", url}});
+
+  // The page polls /status every 2 s: read it until it shows the 3 nodes' figures, a loss chart
+  // and an evaluation (nothing in the page announces a redraw to wait on).
+  json page;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  do {
+    page = wd.call("POST", at + "/execute/sync", {{"script", read_page}, {"args", json::array()}});
+    if (page["drawn"].is_object() && page["nodes"].get<int>() >= 3 && page["lossPoints"].get<int>() >= 2 &&
+        page["accuracyPoints"].get<int>() >= 1)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  } while (std::chrono::steady_clock::now() < deadline);
+  INFO(page.dump(1));
+  REQUIRE(page["drawn"].is_object());
+  const auto& drawn = page["drawn"];
+  CHECK(page["error"] == "");
+  // Every member listed, the launcher's submitter too; every node's figures.
+  CHECK(page["members"] == drawn["members"].size());
+  CHECK(drawn["members"].size() == 4);
+  CHECK(page["nodes"].get<int>() >= 3);
+  // The charts have a point for each point of the document the page drew.
+  CHECK(page["lossPoints"] == drawn["job"]["history"].size());
+  CHECK(page["accuracyPoints"] == drawn["job"]["evaluations"].size());
+  CHECK(page["lossPoints"].get<int>() >= 2);
+  // The accuracy shown is the last evaluation's.
+  REQUIRE_FALSE(drawn["job"]["evaluations"].empty());
+  const double accuracy = drawn["job"]["evaluations"].back()["test_accuracy"];
+  char shown[32];
+  std::snprintf(shown, sizeof shown, "test accuracy %.4f", accuracy);
+  CHECK_THAT(page["job"].get<std::string>(), Catch::Contains(shown));
+
+  // A picture of it (the README's, when TEPDIST_DASHBOARD_PNG names where to put it).
+  const std::string png64 = wd.call("GET", at + "/screenshot");
+  CHECK(png64.size() > 1000);
+  if (const char* where = std::getenv("TEPDIST_DASHBOARD_PNG")) {
+    std::ofstream(fs::path(where), std::ios::binary) << base64_decode(png64);
+  }
+  wd.call("DELETE", at);
+
+  run.signal(SIGINT);
+  CHECK(run.wait() == 130);
+  driver.signal(SIGTERM);
+  driver.wait();
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
