@@ -10,6 +10,7 @@
 
 #include <catch2/catch.hpp>
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -110,7 +111,8 @@ struct Reaper {
 
 }  // namespace
 
-TEST_CASE("the dashboard in a real browser lists the members and draws the status it fetched", "[integration][monitor][browser]") {
+TEST_CASE("the dashboard in a real browser lists the members and draws the status it fetched, and holds 50 nodes",
+          "[integration][monitor][browser]") {
   TempDir dir;
   const Reaper reaper{dir.path.string()};
   const int driver_port = free_port();
@@ -179,6 +181,66 @@ TEST_CASE("the dashboard in a real browser lists the members and draws the statu
   if (const char* where = std::getenv("TEPDIST_DASHBOARD_PNG")) {
     std::ofstream(fs::path(where), std::ios::binary) << base64_decode(png64);
   }
+
+  // Fifty nodes: the same page, served here beside a generated status document of 50 members, 50
+  // nodes' figures (5 of them stale) and 50 workers, must show them all without growing sideways.
+  const auto served = httplib::Client(url.substr(0, url.size() - 1)).Get("/");  // scheme, host and port
+  REQUIRE(served);
+  const std::string html = served->body;
+  json doc = drawn;
+  doc["members"] = json::array();
+  doc["nodes"] = json::array();
+  doc["job"]["workers"] = json::array();
+  for (int i = 0; i < 50; ++i) {
+    char id[16];
+    std::snprintf(id, sizeof id, "node-%02d", i);
+    doc["members"].push_back({{"id", id}, {"state", i < 45 ? "alive" : "dead"}, {"incarnation", 1},
+                              {"address", "10.0.0." + std::to_string(i + 1) + ":7000"}, {"region", "eu-west"},
+                              {"roles", {"coordinator", "parameter-shard", "worker", "monitor"}}, {"shards", json::array()}});
+    doc["nodes"].push_back({{"id", id}, {"state", i < 45 ? "alive" : "dead"}, {"stale", i >= 45}, {"age_s", i < 45 ? 0 : 30},
+                            {"unix_ms", 1}, {"figures", {{"generation", 3}, {"step", 1000 + i}, {"samples_per_second", 900 + i},
+                                                         {"loss", 0.5}, {"bytes_in", 1e9}, {"bytes_out", 1e9}}}});
+    doc["job"]["workers"].push_back({{"id", id}, {"position", 100 * i}, {"samples_per_second", 900 + i}, {"share", 64}});
+  }
+  httplib::Server fake;
+  fake.Get("/", [&](const httplib::Request&, httplib::Response& res) { res.set_content(html, "text/html"); });
+  fake.Get("/status", [&](const httplib::Request&, httplib::Response& res) { res.set_content(doc.dump(), "application/json"); });
+  const int fake_port = fake.bind_to_any_port("127.0.0.1");
+  REQUIRE(fake_port > 0);
+  std::thread serving([&] { fake.listen_after_bind(); });
+  struct Stop {
+    httplib::Server& s;
+    std::thread& t;
+    ~Stop() {
+      s.stop();
+      t.join();
+    }
+  } stop{fake, serving};
+  wd.call("POST", at + "/url", {{"url", "http://127.0.0.1:" + std::to_string(fake_port) + "/"}});
+  constexpr const char* read_large = R"JS(
+return {
+  members: document.querySelectorAll("#members tbody tr").length,
+  nodes: document.querySelectorAll("#nodes tbody tr").length,
+  stale: document.querySelectorAll("#nodes tbody td.stale").length,
+  workers: document.querySelectorAll("#workers tbody tr").length,
+  series: document.querySelectorAll("#chart-speed polyline").length,
+  overflow: document.documentElement.scrollWidth - window.innerWidth
+};
+)JS";
+  json large;
+  const auto large_deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  do {
+    large = wd.call("POST", at + "/execute/sync", {{"script", read_large}, {"args", json::array()}});
+    if (large["nodes"] == 50) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(250));
+  } while (std::chrono::steady_clock::now() < large_deadline);
+  INFO(large.dump(1));
+  CHECK(large["members"] == 50);
+  CHECK(large["nodes"] == 50);
+  CHECK(large["stale"] == 5);
+  CHECK(large["workers"] == 50);
+  CHECK(large["series"] == 45);  // a line per live node; the stale ones are not drawn on
+  CHECK(large["overflow"].get<int>() <= 0);  // no sideways scrolling at 1300 px
   wd.call("DELETE", at);
 
   run.signal(SIGINT);
