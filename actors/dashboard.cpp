@@ -1,6 +1,6 @@
 // The dashboard page the monitor's HTTP endpoint serves at /: one document, no asset from anywhere
-// else. It polls /status every two seconds and draws the members, the job and its workers, the
-// generations this node installed, every node's figures as the monitor gossip brought them here
+// else. It polls /status every two seconds and draws the members, the job and its workers, a
+// timeline of membership events and the generations this node installed, every node's figures as the monitor gossip brought them here
 // (stale ones marked), and SVG charts whose points a test can count: the node's training history
 // (loss, samples/s, the rate), rank 0's evaluations (test accuracy), and each node's speed since
 // the page opened. A status it cannot fetch is shown as such; the
@@ -50,8 +50,8 @@ svg { border: 1px solid #ccc; background: #fafafa; }
 <figure><svg id="chart-lr" width="480" height="200"></svg><figcaption>learning rate in effect</figcaption></figure>
 <figure><svg id="chart-speed" width="480" height="200"></svg><figcaption>samples/s per node, since this page opened</figcaption></figure>
 </div>
-<h2>Generations</h2>
-<table id="generations"><thead><tr><th>generation</th><th>installed</th><th>workers</th><th>resumed at step</th></tr></thead><tbody></tbody></table>
+<h2>Timeline</h2>
+<table id="timeline"><thead><tr><th>when</th><th>what</th></tr></thead><tbody></tbody></table>
 <script>
 "use strict";
 const seen = { speed: {} };
@@ -142,9 +142,12 @@ function show(doc) {
     [[w.id], [String(w.position), "num"],
      [w.samples_per_second ? w.samples_per_second.toFixed(0) : "", "num"], [w.share ? String(w.share) : "", "num"]]) : []);
   if (!job) return;
-  fill(document.querySelector("#generations tbody"), job.generations.map(g =>
-    [[String(g.generation), "num"], [new Date(g.installed_unix_ms).toLocaleTimeString()], [String(g.workers), "num"],
-     [String(g.resume_step), "num"]]));
+  // Membership events and the generations this node installed, newest first.
+  const timeline = (doc.events || []).map(e => [e.unix_ms, `${e.member} ${e.kind}`, e.kind]).concat(
+    job.generations.map(g => [g.installed_unix_ms, `generation ${g.generation}: ${g.workers} workers, from step ${g.resume_step}`, "generation"]));
+  timeline.sort((a, b) => b[0] - a[0]);
+  fill(document.querySelector("#timeline tbody"),
+       timeline.map(([t, what, kind]) => [[new Date(t).toLocaleTimeString()], [what, kind]]));
   chart(document.getElementById("chart-loss"), [{ name: "loss", values: job.history.map(p => p.loss) }]);
   chart(document.getElementById("chart-accuracy"), [{ name: "accuracy", values: job.evaluations.map(e => e.test_accuracy) }]);
   chart(document.getElementById("chart-throughput"), [{ name: "samples/s", values: job.history.map(p => p.samples_per_second) }]);

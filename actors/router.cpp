@@ -55,6 +55,17 @@ void schedule_tick(Router* self) {
 }
 
 /// Carries out what the SWIM core asked for: sends, then events.
+uint64_t unix_ms_now() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
+
+/// What a status query is answered with: the view, the job, every node's figures, the events.
+gossip::StateSync status_answer(const RouterState& s) {
+  return {s.swim->members(), true, s.epoch_unix_ms, s.placement, s.job_status, s.figures,
+          std::vector<gossip::MemberEvent>(s.events.begin(), s.events.end())};
+}
+
 void apply(Router* self, gossip::swim::Output& out) {
   for (auto& s : out.sends) send(self, s.address, std::move(s.body));
   bool view_changed = false;
@@ -67,6 +78,11 @@ void apply(Router* self, gossip::swim::Output& out) {
       node_events().info("member_{} id={} address={} incarnation={} region={}", gossip::swim::event_name(e.kind), m.id,
                          m.address, m.incarnation, m.region);
     view_changed |= e.kind != Event::Kind::updated && e.kind != Event::Kind::refuted;
+    if (e.kind != Event::Kind::updated) {  // the timeline /status shows
+      auto& events = self->state.events;
+      events.push_back({unix_ms_now(), gossip::swim::event_name(e.kind), m.id});
+      while (events.size() > RouterState::event_limit) events.pop_front();
+    }
     // What waits for a member gone for good will never be read: its queue's memory goes now.
     if (e.kind == Event::Kind::dead || e.kind == Event::Kind::left) self->state.transport->forget(m.address);
   }
@@ -88,7 +104,7 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
     // An empty, unanswered sync from someone who is not a member is a status query
     // (`tepdist status`): answer with the whole view, and do not take the asker for a member.
     if (sync->members.empty() && !sync->reply) {
-      send(self, address, gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms, s.placement, s.job_status, s.figures});
+      send(self, address, status_answer(s));
       return;
     }
   }
@@ -241,7 +257,7 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
         // The node's own HTTP endpoint (/status): the answer a status query over the wire gets.
         [self](get_atom, status_atom) {
           const auto& s = self->state;
-          return gossip::StateSync{s.swim->members(), true, s.epoch_unix_ms, s.placement, s.job_status, s.figures};
+          return status_answer(s);
         },
         [self](monitor_atom, const caf::actor& monitor) { self->state.monitor = monitor; },
         [self](monitor_atom, gossip::MetricsSnapshot figures) { self->state.figures = std::move(figures); },

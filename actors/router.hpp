@@ -8,6 +8,7 @@
 #include <caf/stateful_actor.hpp>
 #include <spdlog/spdlog.h>
 #include <chrono>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -44,6 +45,8 @@ struct RouterState {
   std::optional<gossip::JobStatus> job_status;  ///< the trainer's job as it last told, for status answers
   caf::actor monitor;                 ///< the monitor role: figure gossip (MetricsSnapshot frames) goes there
   gossip::MetricsSnapshot figures;    ///< every node's figures as the monitor last told, for status answers
+  std::deque<gossip::MemberEvent> events;  ///< the latest membership events, for status answers
+  static constexpr size_t event_limit = 64;
   /// ShardUpdate frames that came while no host was registered, for the next one.
   struct Early {
     std::string peer, address;

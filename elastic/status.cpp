@@ -111,7 +111,8 @@ bool merge_figures(FigureTable& table, const FigureTable& in, const std::vector<
 }
 
 StatusDocument status_document(std::string source, const gossip::StateSync& answer) {
-  return {std::move(source), answer.epoch_unix_ms, answer.members, answer.shards, answer.job, {}, table_of(answer.figures)};
+  return {std::move(source), answer.epoch_unix_ms, answer.members, answer.shards, answer.job, {},
+          table_of(answer.figures), answer.events};
 }
 
 void add_versions(StatusDocument& doc, const std::string& member, const gossip::StateSync& answer) {
@@ -131,6 +132,9 @@ std::vector<gossip::Member> shard_primaries(const StatusDocument& doc) {
 
 std::string status_json(const StatusDocument& doc) {
   nlohmann::json out = {{"source", doc.source}, {"epoch_unix_ms", doc.epoch_unix_ms}, {"members", nlohmann::json::array()}};
+  out["events"] = nlohmann::json::array();
+  for (const auto& e : doc.events)
+    out["events"].push_back({{"unix_ms", e.unix_ms}, {"kind", e.kind}, {"member", e.member}});
   out["nodes"] = nlohmann::json::array();
   for (const auto& r : node_rows(doc)) {
     nlohmann::json figures = nlohmann::json::object();

@@ -43,6 +43,8 @@ struct StatusDocument {
   std::map<uint32_t, uint64_t> versions;
   /// Every node's figures as the answering member holds them (its monitor's gossip).
   FigureTable figures;
+  /// The answering member's latest membership events (joined, suspected, dead, left, ...), oldest first.
+  std::vector<gossip::MemberEvent> events;
 };
 
 /// The document of a member's answer to a status query.
@@ -57,7 +59,8 @@ std::vector<gossip::Member> shard_primaries(const StatusDocument& doc);
 
 /// JSON, indented: {source, epoch_unix_ms, nodes: [{id, state, stale, age_s, figures: {name:
 /// value}}] (every member's summary the answering node holds; stale: taken over 3 x `every` ago
-/// or from a member not alive), members: [{id, state, incarnation, address, region,
+/// or from a member not alive), events: [{unix_ms, kind, member}] (its latest membership events),
+/// members: [{id, state, incarnation, address, region,
 /// roles, shards: [{shard, primary}]}], shards: [{shard, primary, replicas, version (null: not
 /// heard)}], job: null | {job_id, mode, generation, phase, step, epoch, position, samples, lr, loss,
 /// workers: [{id, position, samples_per_second, share}], evaluations: [{step, epoch, train_seconds,

@@ -115,6 +115,12 @@ struct Encoder {
               put_texts(shards[i].initHolders(static_cast<unsigned>(m.shards[i].holders.size())), m.shards[i].holders);
             }
             if (!m.figures.entries.empty()) put_metrics(b.initFigures(), m.figures);
+            auto events = b.initEvents(static_cast<unsigned>(m.events.size()));
+            for (unsigned i = 0; i < m.events.size(); ++i) {
+              events[i].setUnixMs(m.events[i].unix_ms);
+              events[i].setKind(m.events[i].kind);
+              events[i].setMember(m.events[i].member);
+            }
             if (m.job) {
               b.setHasJob(true);
               auto j = b.initJob();
@@ -520,6 +526,8 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       for (auto h : shards)
         s.shards.push_back({h.getShard(), in.names(h.getHolders(), wire_caps::holders, "a shard's holders")});
       if (r.hasFigures()) s.figures = in.metrics(r.getFigures());
+      for (auto e : in.list<MemberEvent>(r.getEvents(), wire_caps::status_points, "a status's events"))
+        s.events.push_back({e.getUnixMs(), in.name(e.getKind(), "an event's kind"), in.name(e.getMember(), "an event's member")});
       if (r.getHasJob()) {
         auto j = r.getJob();
         JobStatus job{j.getJobId(), in.name(j.getMode(), "a status's mode"), j.getGeneration(),

@@ -141,6 +141,13 @@ struct MetricsSnapshot {
   friend bool operator==(const MetricsSnapshot&, const MetricsSnapshot&) = default;
 };
 
+struct MemberEvent {
+  uint64_t unix_ms = 0;
+  std::string kind;  ///< swim::event_name: joined, suspected, refuted, dead, left, ...
+  std::string member;
+  friend bool operator==(const MemberEvent&, const MemberEvent&) = default;
+};
+
 struct StateSync {
   std::vector<Member> members;
   bool reply = false;
@@ -150,6 +157,7 @@ struct StateSync {
   /// Status answers: the nodes' figures the monitor role's gossip brought to the answering node
   /// (entries labelled node=ID; actors/roles/monitor.hpp).
   MetricsSnapshot figures = {};
+  std::vector<MemberEvent> events = {};  ///< status answers: the answering node's latest membership events
   friend bool operator==(const StateSync&, const StateSync&) = default;
 };
 

@@ -123,6 +123,13 @@ struct StateSync {
   job @4 :JobStatus;         # status answers only: the answering node's job, when hasJob
   hasJob @5 :Bool;
   figures @6 :MetricsSnapshot;  # status answers only: every node's figures the monitor gossip brought here
+  events @7 :List(MemberEvent);  # status answers only: the answering node's latest membership events
+}
+
+struct MemberEvent {
+  unixMs @0 :UInt64;
+  kind @1 :Text;             # joined, suspected, refuted, dead, left, ... (swim::event_name)
+  member @2 :Text;
 }
 
 struct JobStatus {

@@ -145,3 +145,13 @@ TEST_CASE("the status shows every node's figures, a dead member's and an old sum
   const auto table = elastic::status_table(doc);
   CHECK_THAT(table, Catch::Contains("NODE") && Catch::Contains("stale"));
 }
+
+TEST_CASE("the status carries the answering node's membership events, oldest first", "[elastic][status][monitor]") {
+  auto sync = answer(std::nullopt);
+  sync.events = {{1000, "joined", "b"}, {5000, "dead", "b"}};
+  const auto json = nlohmann::json::parse(elastic::status_json(elastic::status_document("x", sync)));
+  REQUIRE(json["events"].size() == 2);
+  CHECK(json["events"][0]["kind"] == "joined");
+  CHECK(json["events"][1]["member"] == "b");
+  CHECK(json["events"][1]["unix_ms"] == 5000);
+}

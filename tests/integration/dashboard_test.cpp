@@ -78,6 +78,7 @@ return {
   nodes: document.querySelectorAll("#nodes tbody tr").length,
   lossPoints: points("#chart-loss"),
   accuracyPoints: points("#chart-accuracy"),
+  timeline: Array.from(document.querySelectorAll("#timeline tbody tr")).map(r => r.textContent),
   job: document.getElementById("job").textContent,
   error: document.getElementById("error").textContent,
   drawn: window.lastStatus || null
@@ -167,6 +168,9 @@ TEST_CASE("the dashboard in a real browser lists the members and draws the statu
   // The charts have a point for each point of the document the page drew.
   CHECK(page["lossPoints"] == drawn["job"]["history"].size());
   CHECK(page["accuracyPoints"] == drawn["job"]["evaluations"].size());
+  // The timeline: the members' events and the generation, one row each.
+  CHECK(page["timeline"].size() == drawn["events"].size() + drawn["job"]["generations"].size());
+  CHECK_THAT(page["timeline"].dump(), Catch::Contains("generation 1: 3 workers"));
   CHECK(page["lossPoints"].get<int>() >= 2);
   // The accuracy shown is the last evaluation's.
   REQUIRE_FALSE(drawn["job"]["evaluations"].empty());

@@ -146,6 +146,9 @@ TEST_CASE("the nodes' HTTP endpoints show the running job: /metrics parses and i
   CHECK(accuracy > 0);
   CHECK(accuracy <= 1);
   REQUIRE(doc["job"]["generations"].size() == 1);
+  // The membership timeline: node-00 saw node-01 join.
+  CHECK(std::any_of(doc["events"].begin(), doc["events"].end(),
+                    [](const nlohmann::json& e) { return e["member"] == "node-01" && e["kind"] == "joined"; }));
   // Every node's figures, gossiped: node-01's step and bytes are here, fresh.
   std::map<std::string, nlohmann::json> nodes;
   for (const auto& n : doc["nodes"]) nodes[n["id"].get<std::string>()] = n;
