@@ -66,11 +66,6 @@ class Teardown {
   std::vector<caf::actor> actors_;
 };
 
-uint64_t unix_ms() {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-}
-
 }  // namespace
 
 uint64_t new_boot_id(uint64_t other_than) {

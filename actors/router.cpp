@@ -55,11 +55,6 @@ void schedule_tick(Router* self) {
 }
 
 /// Carries out what the SWIM core asked for: sends, then events.
-uint64_t unix_ms_now() {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-}
-
 /// What a status query is answered with: the view, the job, every node's figures, the events.
 gossip::StateSync status_answer(const RouterState& s) {
   return {s.swim->members(), true, s.epoch_unix_ms, s.placement, s.job_status, s.figures,
@@ -80,7 +75,7 @@ void apply(Router* self, gossip::swim::Output& out) {
     view_changed |= e.kind != Event::Kind::updated && e.kind != Event::Kind::refuted;
     if (e.kind != Event::Kind::updated) {  // the timeline /status shows
       auto& events = self->state.events;
-      events.push_back({unix_ms_now(), gossip::swim::event_name(e.kind), m.id});
+      events.push_back({unix_ms(), gossip::swim::event_name(e.kind), m.id});
       while (events.size() > RouterState::event_limit) events.pop_front();
     }
     // What waits for a member gone for good will never be read: its queue's memory goes now.
@@ -180,6 +175,11 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
 }
 
 }  // namespace
+
+uint64_t unix_ms() {
+  return static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+}
 
 spdlog::logger& node_events() {
   static const std::shared_ptr<spdlog::logger> logger = [] {

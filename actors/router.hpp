@@ -82,6 +82,9 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
 /// The node's event stream on stdout: one line per event, key=value fields.
 spdlog::logger& node_events();
 
+/// Wall-clock milliseconds since the Unix epoch (incarnations, the times status shows).
+uint64_t unix_ms();
+
 /// Sends the event stream to a file instead (`tepdist run` keeps its terminal for progress). Call
 /// before any node thread starts; false if the file cannot be opened.
 bool node_events_to_file(const std::string& path);

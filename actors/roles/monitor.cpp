@@ -23,11 +23,6 @@ struct MonitorState {
 };
 using Monitor = caf::stateful_actor<MonitorState>;
 
-uint64_t unix_ms() {
-  return static_cast<uint64_t>(
-      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-}
-
 /// This node's summary from its router's status answer and its registry.
 elastic::NodeFigures own_figures(const MonitorOptions& o, const gossip::StateSync& sync) {
   elastic::NodeFigures f;

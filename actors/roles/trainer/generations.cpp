@@ -149,10 +149,7 @@ void enter_generation(Trainer* self) {
   j.world = static_cast<uint32_t>(r.workers.size());
   j.rank = static_cast<uint32_t>(me - r.workers.begin());
   j.prev_id = r.workers[(j.rank + j.world - 1) % j.world];
-  j.marks.push_back({r.generation, r.resume.step, j.world,
-                     static_cast<uint64_t>(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                               std::chrono::system_clock::now().time_since_epoch())
-                                               .count())});
+  j.marks.push_back({r.generation, r.resume.step, j.world, unix_ms()});
   while (j.marks.size() > Job::generation_marks) j.marks.pop_front();
   j.next_address = r.addresses[(j.rank + 1) % j.world];
   j.waiting_since = j.progress_at = Clock::now();
