@@ -1,18 +1,9 @@
 #include "cli/run_command.hpp"
 
-#include <fcntl.h>
 #include <fmt/core.h>
-#include <poll.h>
-#include <signal.h>
-#include <sys/eventfd.h>
-#include <sys/prctl.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <chrono>
 #include <filesystem>
@@ -22,9 +13,8 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
-#include <random>
-#include <thread>
 
+#include "actors/launcher.hpp"
 #include "actors/node.hpp"
 #include "actors/router.hpp"
 #include "cli/quickstart_config.hpp"
@@ -62,235 +52,6 @@ int runtime_error(const std::string& message) {
   return 1;
 }
 
-/// A random cluster secret, hex.
-std::string generate_secret() {
-  std::random_device device;
-  std::string s;
-  for (int i = 0; i < 32; ++i) s += fmt::format("{:02x}", device() & 0xff);
-  return s;
-}
-
-/// A file only this user may read (the secret, the cluster file that names it), exactly mode 0600
-/// whatever was there before, never written through a link.
-std::expected<void, std::string> write_private_file(const fs::path& path, const std::string& text) {
-  if (auto ok = compute::write_file_atomically(path, text, 0600); !ok) return std::unexpected(ok.error().message);
-  return {};
-}
-
-/// The node processes this launcher started; stopped (SIGTERM, then SIGKILL after a grace period)
-/// and reaped on every way out.
-class LocalNodes {
- public:
-  LocalNodes() = default;
-  LocalNodes(const LocalNodes&) = delete;
-  LocalNodes& operator=(const LocalNodes&) = delete;
-  ~LocalNodes() { stop(); }
-
-  /// Starts `tepdist node` with args, its output appended to log. The child leaves when this
-  /// process dies, however it dies (PR_SET_PDEATHSIG), and sits in its own process group, so a
-  /// Ctrl-C reaches only the launcher, which then stops it in order.
-  std::expected<pid_t, std::string> start(const std::vector<std::string>& args, const fs::path& log) {
-    auto pid = spawn(args, log);
-    if (!pid) return pid;
-    std::lock_guard lock(mutex_);
-    pids_.push_back(*pid);
-    specs_.push_back({args, log, 0});
-    return pid;
-  }
-
-  /// From here on a node that dies of anything but a clean exit (a crash, SIGKILL) is started
-  /// again under its name and on its address (`seeds[i]` is node i's: cluster.toml and the
-  /// hints printed stay true, and peers that held it dead find it there), joining through the
-  /// other seeds, at most `budget` times per node; `report`
-  /// hears of each restart (on the keeper's thread). A node stopped by SIGTERM or SIGINT left
-  /// gracefully and stays gone.
-  void keep(int64_t budget, std::vector<std::string> seeds, std::function<void(const std::string&)> report) {
-    wake_ = ::eventfd(0, EFD_CLOEXEC);
-    if (wake_ < 0) return;
-    keeper_ = std::thread([this, budget, seeds = std::move(seeds), report = std::move(report)] {
-      for (;;) {
-        std::vector<pollfd> fds{{wake_, POLLIN, 0}};
-        std::vector<size_t> which;
-        {
-          std::lock_guard lock(mutex_);
-          for (size_t i = 0; i < pids_.size(); ++i) {
-            if (pids_[i] <= 0) continue;
-            const int fd = static_cast<int>(::syscall(SYS_pidfd_open, pids_[i], 0));
-            if (fd < 0) continue;
-            fds.push_back({fd, POLLIN, 0});
-            which.push_back(i);
-          }
-        }
-        ::poll(fds.data(), fds.size(), -1);
-        for (size_t k = 1; k < fds.size(); ++k) ::close(fds[k].fd);
-        if (fds[0].revents & POLLIN) return;  // stopping
-        for (size_t k = 1; k < fds.size(); ++k) {
-          if (!(fds[k].revents & POLLIN)) continue;
-          std::lock_guard lock(mutex_);
-          const size_t i = which[k - 1];
-          int status = 0;
-          if (::waitpid(pids_[i], &status, WNOHANG) != pids_[i]) continue;
-          pids_[i] = -1;
-          auto& spec = specs_[i];
-          const std::string name = spec.args.size() > 2 ? spec.args[2] : std::to_string(i);
-          const bool clean = WIFEXITED(status) && WEXITSTATUS(status) == 0;
-          const std::string how = WIFSIGNALED(status) ? fmt::format("signal {}", WTERMSIG(status))
-                                                     : fmt::format("status {}", WEXITSTATUS(status));
-          if (clean) {
-            report(fmt::format("{} left (exited cleanly); not restarted", name));
-            continue;
-          }
-          if (spec.restarts >= budget) {
-            report(fmt::format("{} died ({}); restart budget of {} spent ([elastic] restart_budget)", name, how, budget));
-            continue;
-          }
-          ++spec.restarts;
-          std::vector<std::string> args;
-          for (size_t a = 0; a < spec.args.size(); ++a) {
-            if (spec.args[a] == "--join") {
-              ++a;
-              continue;
-            }
-            args.push_back(spec.args[a]);
-          }
-          if (i < seeds.size()) args.insert(args.end(), {"--listen", seeds[i]});
-          for (size_t k = 0; k < seeds.size(); ++k)
-            if (k != i) args.insert(args.end(), {"--join", seeds[k]});
-          if (auto pid = spawn(args, spec.log)) {
-            pids_[i] = *pid;
-            report(fmt::format("{} died ({}); restarted it (restart {} of {})", name, how, spec.restarts, budget));
-          } else {
-            report(fmt::format("{} died ({}); cannot restart it: {}", name, how, pid.error()));
-          }
-        }
-      }
-    });
-  }
-
- private:
-  std::expected<pid_t, std::string> spawn(const std::vector<std::string>& args, const fs::path& log) {
-    const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
-    if (fd < 0) return std::unexpected(fmt::format("cannot open {}", log.string()));
-    const pid_t parent = ::getpid();
-    const pid_t pid = ::fork();
-    if (pid < 0) {
-      ::close(fd);
-      return std::unexpected(std::string("fork failed"));
-    }
-    if (pid == 0) {
-      ::setpgid(0, 0);
-      ::prctl(PR_SET_PDEATHSIG, SIGTERM);
-      if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took hold
-      ::dup2(fd, STDOUT_FILENO);
-      ::dup2(fd, STDERR_FILENO);
-      // A program built on tepdist::Trainer relaunches itself as the node: this marks the relaunch.
-      ::setenv("TEPDIST_RELAUNCHED_NODE", "1", 1);
-      sigset_t none;
-      sigemptyset(&none);
-      ::sigprocmask(SIG_SETMASK, &none, nullptr);
-      std::vector<std::string> argv = {"/proc/self/exe", "node"};
-      argv.insert(argv.end(), args.begin(), args.end());
-      std::vector<char*> c;
-      for (auto& a : argv) c.push_back(a.data());
-      c.push_back(nullptr);
-      ::execv("/proc/self/exe", c.data());
-      ::_exit(127);
-    }
-    ::close(fd);
-    return pid;
-  }
-
- public:
-  /// The first node that exited, with its status, if any did (before keep()).
-  std::optional<std::pair<size_t, int>> exited() {
-    std::lock_guard lock(mutex_);
-    for (size_t i = 0; i < pids_.size(); ++i) {
-      int status = 0;
-      if (pids_[i] > 0 && ::waitpid(pids_[i], &status, WNOHANG) == pids_[i]) {
-        pids_[i] = -1;
-        return std::pair{i, status};
-      }
-    }
-    return std::nullopt;
-  }
-
-  void stop() {
-    if (keeper_.joinable()) {
-      const uint64_t one = 1;
-      [[maybe_unused]] const auto n = ::write(wake_, &one, sizeof one);
-      keeper_.join();
-    }
-    if (wake_ >= 0) ::close(wake_), wake_ = -1;
-    std::lock_guard lock(mutex_);
-    for (pid_t p : pids_)
-      if (p > 0) ::kill(p, SIGTERM);
-    const auto deadline = Clock::now() + std::chrono::seconds(5);
-    for (pid_t& p : pids_) {
-      while (p > 0) {
-        if (::waitpid(p, nullptr, WNOHANG) == p) p = -1;
-        else if (Clock::now() > deadline) ::kill(p, SIGKILL), ::waitpid(p, nullptr, 0), p = -1;
-        else std::this_thread::sleep_for(std::chrono::milliseconds(20));  // polling a child's exit
-      }
-    }
-    pids_.clear();
-  }
-
- private:
-  struct Spec {
-    std::vector<std::string> args;
-    fs::path log;
-    int64_t restarts;
-  };
-  std::mutex mutex_;  // pids_ and specs_: the keeper's thread and the launcher's
-  std::vector<pid_t> pids_;
-  std::vector<Spec> specs_;
-  std::thread keeper_;
-  int wake_ = -1;
-};
-
-std::string read_ready_file(const fs::path& path) {
-  std::ifstream in(path);
-  std::string address;
-  std::getline(in, address);
-  return address;
-}
-
-/// The monitor endpoint a ready file names (its "http=" line); empty: the node has none.
-std::string ready_http(const fs::path& path) {
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);)
-    if (line.starts_with("http=")) return line.substr(5);
-  return {};
-}
-
-std::string tail_of(const fs::path& log, size_t lines = 5) {
-  std::ifstream in(log);
-  std::vector<std::string> all;
-  for (std::string line; std::getline(in, line);) all.push_back(line);
-  std::string out;
-  for (size_t i = all.size() > lines ? all.size() - lines : 0; i < all.size(); ++i) out += "  " + all[i] + "\n";
-  return out;
-}
-
-/// Waits until every ready file exists (the node is listening); fails naming a node that exited.
-std::expected<std::vector<std::string>, std::string> wait_ready(LocalNodes& nodes, const std::vector<fs::path>& ready,
-                                                                const std::vector<fs::path>& logs) {
-  const auto deadline = Clock::now() + std::chrono::seconds(60);
-  std::vector<std::string> addresses(ready.size());
-  for (;;) {
-    size_t have = 0;
-    for (size_t i = 0; i < ready.size(); ++i) {
-      if (addresses[i].empty() && fs::exists(ready[i])) addresses[i] = read_ready_file(ready[i]);
-      have += !addresses[i].empty();
-    }
-    if (have == ready.size()) return addresses;
-    if (auto e = nodes.exited())
-      return std::unexpected(fmt::format("node {} exited before it was ready (status {}); the end of {}:\n{}", e->first,
-                                         e->second, logs[e->first].string(), tail_of(logs[e->first])));
-    if (Clock::now() > deadline) return std::unexpected(std::string("nodes not ready within 60 s"));
-    std::this_thread::sleep_for(std::chrono::milliseconds(10));  // ready files have no event to wait on
-  }
-}
 
 /// Bounds on one sync step over the emulated network, for local nodes in index order (the ring
 /// order of node-00, node-01, ...). Nothing when the network is not emulated.
@@ -473,70 +234,27 @@ int run_run_command(const RunArgs& args) {
   if (ec) return usage_error(fmt::format("{}: cannot create the output directory: {}", out.string(), ec.message()));
 
   // The cluster: started here, or joined.
-  LocalNodes nodes;
+  std::unique_ptr<actors::LocalCluster> local_cluster;
   std::vector<std::string> seeds = c.cluster.seeds;
   std::string secret;
   elastic::JobConfig cluster = c;
   if (local > 0) {
-    secret = generate_secret();
-    const fs::path secret_file = fs::absolute(out / "secret");
-    if (auto ok = write_private_file(secret_file, secret + "\n"); !ok) return runtime_error(ok.error());
-    const std::vector<std::string> cluster_keys = {fmt::format("cluster.secret_file=\"{}\"", secret_file.string()),
-                                                   "cluster.secret=\"\"", "cluster.local_nodes=0"};
-    auto node_config = elastic::parse_config(c.text, (out / "cluster.toml").string(), cluster_keys);
-    if (!node_config) return runtime_error(node_config.error().message);
-    const fs::path cluster_file = out / "cluster.toml";
-    if (auto ok = write_private_file(cluster_file, node_config->text); !ok) return runtime_error(ok.error());
-    const long cores = std::max(1L, sysconf(_SC_NPROCESSORS_ONLN));
-    // Each local node its share of the cores, unless the job names a count ([compute] threads).
-    const int64_t threads = c.compute.threads > 0 ? c.compute.threads : std::max<int64_t>(1, cores / local);
-    // A fixed monitor port: local node i takes the i-th port from it (they share one machine).
-    const auto& http = c.monitor.http;
-    const std::string http_host = http.substr(0, http.rfind(':'));
-    const int http_port = http.empty() ? 0 : std::stoi(http.substr(http.rfind(':') + 1));  // validated
-    if (http_port > 0 && http_port + local - 1 > 65535)
-      return usage_error(fmt::format("{}: monitor.http {}: {} local nodes would need ports up to {}", c.source, http,
-                                     local, http_port + local - 1));
-    std::vector<fs::path> ready, logs;
-    std::string first;
-    for (int64_t i = 0; i < local; ++i) {
-      ready.push_back(out / "run" / fmt::format("node-{}.ready", i));
-      logs.push_back(out / "logs" / fmt::format("node-{}.log", i));
-      fs::remove(ready.back(), ec);
-      std::vector<std::string> node_args = {cluster_file.string(),
-                                            "--name", elastic::local_node_name(i),
-                                            "--ready-file", ready.back().string(),
-                                            "--set", fmt::format("compute.threads={}", threads)};
-      if (i > 0) node_args.insert(node_args.end(), {"--join", first});
-      if (i > 0 && http_port > 0)
-        node_args.insert(node_args.end(), {"--set", fmt::format("monitor.http=\"{}:{}\"", http_host, http_port + i)});
-      if (auto started = nodes.start(node_args, logs.back()); !started) return runtime_error(started.error());
-      if (i == 0) {  // the others join through the first
-        auto addresses = wait_ready(nodes, ready, logs);
-        if (!addresses) return runtime_error(addresses.error());
-        first = (*addresses)[0];
-      }
-    }
-    auto addresses = wait_ready(nodes, ready, logs);
-    if (!addresses) return runtime_error(addresses.error());
-    seeds = *addresses;
-    // cluster.toml, now with the seeds, is what reaches this cluster from another shell.
-    std::string seed_list;
-    for (const auto& a : seeds) seed_list += fmt::format("{}\"{}\"", seed_list.empty() ? "" : ", ", a);
-    auto with_seeds = elastic::parse_config(node_config->text, cluster_file.string(), {{fmt::format("cluster.seeds=[{}]", seed_list)}});
-    if (!with_seeds) return runtime_error(with_seeds.error().message);
-    if (auto ok = write_private_file(cluster_file, with_seeds->text); !ok) return runtime_error(ok.error());
-    cluster = *with_seeds;
-    if (c.elastic.restart == "on-failure")
-      nodes.keep(c.elastic.restart_budget, seeds, [](const std::string& what) {
-        fmt::print("\nlocal node {}\n", what);
-        std::fflush(stdout);
-      });
-    fmt::print("tepdist run: {} local nodes ({} threads each), logs in {}\n", local, threads, (out / "logs").string());
+    auto started = actors::start_local_cluster(c, out, [](const std::string& what) {
+      fmt::print("\nlocal node {}\n", what);
+      std::fflush(stdout);
+    });
+    if (!started) return runtime_error(started.error());
+    local_cluster = std::move(*started);
+    seeds = local_cluster->seeds;
+    secret = local_cluster->secret;
+    cluster = local_cluster->cluster;
+    const auto& cluster_file = local_cluster->cluster_file;
+    fmt::print("tepdist run: {} local nodes ({} threads each), logs in {}\n", local, local_cluster->threads,
+               (out / "logs").string());
     fmt::print("  add a node:   tepdist node {} --join {}\n", cluster_file.string(), seeds[0]);
     fmt::print("  see them:     tepdist status {} --peer {}\n", cluster_file.string(), seeds[0]);
-    if (const auto http = ready_http(ready[0]); !http.empty())
-      fmt::print("  dashboard:    http://{}/  (also /metrics and /status)\n", http);
+    if (!local_cluster->http.empty())
+      fmt::print("  dashboard:    http://{}/  (also /metrics and /status)\n", local_cluster->http);
   } else {
     auto s = elastic::load_secret(c.cluster);
     if (!s) return usage_error(fmt::format("{}: {}", c.source, s.error().message));
@@ -666,7 +384,7 @@ int run_run_command(const RunArgs& args) {
   node.join = seeds;
   node.submission = submission;
   const int status = actors::run_node(node);
-  nodes.stop();  // every node this launcher started, whatever happened
+  local_cluster.reset();  // every node this launcher started, whatever happened
 
   if (status == 130) {
     fmt::print("\ninterrupted: the job was stopped and the local nodes with it\n");
