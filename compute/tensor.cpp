@@ -12,6 +12,14 @@ Shape::Shape(std::initializer_list<int64_t> dims) {
   }
 }
 
+Shape::Shape(std::span<const int64_t> dims) {
+  TEPDIST_CHECK(dims.size() <= max_rank);
+  for (int64_t d : dims) {
+    TEPDIST_CHECK(d >= 0);
+    dims_[static_cast<size_t>(rank_++)] = d;
+  }
+}
+
 int64_t Shape::elements() const {
   int64_t n = 1;
   for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<size_t>(i)];

@@ -19,6 +19,8 @@ class Shape {
 
   Shape() = default;
   Shape(std::initializer_list<int64_t> dims);
+  /// From a list of dims (at most max_rank, each >= 0: checked).
+  explicit Shape(std::span<const int64_t> dims);
 
   int rank() const { return rank_; }
   int64_t operator[](int i) const {

@@ -4,6 +4,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <memory>
 #include <numeric>
@@ -21,6 +22,49 @@ struct GzCloser {
 };
 
 }  // namespace
+
+Dataset Dataset::of_floats(Shape sample, std::vector<float> values, std::vector<int32_t> labels, int64_t classes) {
+  Dataset d;
+  d.kind = Kind::floats;
+  d.sample = std::move(sample);
+  d.features = std::move(values);
+  d.labels = std::move(labels);
+  d.classes = classes;
+  return d;
+}
+
+Dataset Dataset::of_bytes(Shape sample, std::vector<uint8_t> values, std::vector<int32_t> labels, int64_t classes) {
+  Dataset d;
+  d.sample = std::move(sample);
+  d.pixels = std::move(values);
+  d.labels = std::move(labels);
+  d.classes = classes;
+  return d;
+}
+
+Result<void> Dataset::check() const {
+  if (sample.rank() == 0 || sample.elements() <= 0)
+    return fail(Errc::invalid_argument, fmt::format("the sample shape {} holds no values", sample.to_string()));
+  if (classes < 1) return fail(Errc::invalid_argument, fmt::format("{} classes: a data set needs at least one", classes));
+  const auto want = static_cast<size_t>(size() * sample.elements());
+  const size_t have = floats() ? features.size() : pixels.size();
+  const size_t other = floats() ? pixels.size() : features.size();
+  if (have != want || other != 0)
+    return fail(Errc::invalid_argument,
+                fmt::format("{} labels of {} samples need {} {} values; the data set holds {}{}", size(),
+                            sample.to_string(), want, floats() ? "float" : "byte", have,
+                            other ? fmt::format(" (and {} of the other kind)", other) : std::string()));
+  for (size_t i = 0; i < labels.size(); ++i)
+    if (labels[i] < 0 || labels[i] >= classes)
+      return fail(Errc::invalid_argument,
+                  fmt::format("sample {}'s label {} is outside the {} classes [0, {})", i, labels[i], classes, classes));
+  for (size_t i = 0; i < features.size(); ++i)
+    if (!std::isfinite(features[i]))
+      return fail(Errc::invalid_argument,
+                  fmt::format("sample {} holds a value that is not finite ({})", i / static_cast<size_t>(sample.elements()),
+                              features[i]));
+  return {};
+}
 
 Dataset Dataset::head(int64_t n) const {
   if (n <= 0 || n >= size()) n = size();
@@ -150,9 +194,13 @@ void gather_batch(const Dataset& data, std::span<const int64_t> indices, Tensor&
   constexpr float scale = 1.0f / 255.0f;
   for (int64_t i = 0; i < n; ++i) {
     const int64_t src = indices[static_cast<size_t>(i)];
-    const uint8_t* in = data.pixels.data() + src * per;
     float* dst = x.data() + i * per;
-    for (int64_t p = 0; p < per; ++p) dst[p] = static_cast<float>(in[p]) * scale;
+    if (data.floats()) {
+      std::copy_n(data.features.data() + src * per, per, dst);
+    } else {
+      const uint8_t* in = data.pixels.data() + src * per;
+      for (int64_t p = 0; p < per; ++p) dst[p] = static_cast<float>(in[p]) * scale;
+    }
     y[static_cast<size_t>(i)] = data.labels[static_cast<size_t>(src)];
   }
 }
@@ -160,12 +208,16 @@ void gather_batch(const Dataset& data, std::span<const int64_t> indices, Tensor&
 Dataset subset(const Dataset& data, std::span<const int64_t> indices) {
   const int64_t per = data.sample.elements();
   Dataset d;
+  d.kind = data.kind;
   d.sample = data.sample;
   d.classes = data.classes;
-  d.pixels.resize(indices.size() * static_cast<size_t>(per));
+  if (data.floats()) d.features.resize(indices.size() * static_cast<size_t>(per));
+  else d.pixels.resize(indices.size() * static_cast<size_t>(per));
   d.labels.resize(indices.size());
   for (size_t i = 0; i < indices.size(); ++i) {
-    std::copy_n(data.pixels.data() + indices[i] * per, per, d.pixels.data() + static_cast<int64_t>(i) * per);
+    const auto to = static_cast<int64_t>(i) * per;
+    if (data.floats()) std::copy_n(data.features.data() + indices[i] * per, per, d.features.data() + to);
+    else std::copy_n(data.pixels.data() + indices[i] * per, per, d.pixels.data() + to);
     d.labels[i] = data.labels[static_cast<size_t>(indices[i])];
   }
   return d;

@@ -12,18 +12,34 @@
 
 namespace tepdist::compute {
 
-/// Labelled images, all in memory as bytes (a quarter of the memory of floats: Fashion-MNIST's
-/// training set is 47 MB instead of 188 MB); batches are scaled to [0, 1] floats when gathered.
+/// Labelled samples of any shape, all in memory, of one of two kinds: bytes (images: a quarter of
+/// the memory of floats, Fashion-MNIST's training set is 47 MB instead of 188 MB), scaled to
+/// [0, 1] floats when a batch is gathered; or floats (features, images already normalised), taken
+/// as they are.
 struct Dataset {
-  std::vector<uint8_t> pixels;  ///< [n, c, h, w]
-  Shape sample;                 ///< [c, h, w]
+  enum class Kind : uint8_t { bytes, floats };
+  Kind kind = Kind::bytes;
+  std::vector<uint8_t> pixels;  ///< bytes: [n, ...sample]
+  std::vector<float> features;  ///< floats: [n, ...sample]
+  Shape sample;                 ///< [c, h, w] for images, [f] for feature vectors, ...
   std::vector<int32_t> labels;  ///< [n]
   int64_t classes = 10;
 
+  /// Float samples [n, ...sample] (values.size() = n x sample elements) and their labels.
+  static Dataset of_floats(Shape sample, std::vector<float> values, std::vector<int32_t> labels, int64_t classes);
+  /// Byte samples, as above (scaled by 1/255 when gathered).
+  static Dataset of_bytes(Shape sample, std::vector<uint8_t> values, std::vector<int32_t> labels, int64_t classes);
+
   int64_t size() const { return static_cast<int64_t>(labels.size()); }
   const Shape& sample_shape() const { return sample; }
+  bool floats() const { return kind == Kind::floats; }
+  /// Bytes the samples take (not the labels).
+  size_t sample_bytes() const { return floats() ? features.size() * sizeof(float) : pixels.size(); }
   /// The first n samples (all when n is 0 or too large).
   Dataset head(int64_t n) const;
+  /// Whether the parts agree: the sample buffer holds size() samples of sample_shape(), every
+  /// label is in [0, classes), every float is finite. The error names the first thing wrong.
+  Result<void> check() const;
 };
 
 /// An IDX array (the MNIST file format): unsigned bytes with up to 4 dimensions.

@@ -2,12 +2,15 @@
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
 
 #include "tests/support/temp_dir.hpp"
 #include "compute/data/dataset.hpp"
+#include "compute/data/dataset_file.hpp"
+#include "compute/io/files.hpp"
 
 using namespace tepdist::compute;
 namespace fs = std::filesystem;
@@ -127,4 +130,65 @@ TEST_CASE("synthetic data is deterministic, labelled in range and in [0, 1]", "[
   for (int32_t l : a.labels) CHECK((l >= 0 && l < 10));
   CHECK(a.head(50).size() == 50);
   CHECK(a.head(0).size() == 200);
+}
+
+TEST_CASE("float samples are gathered as they are, byte samples scaled to [0, 1], and subsets keep the kind",
+          "[compute][data]") {
+  const Dataset f = Dataset::of_floats({3}, {1.5f, -2.0f, 0.25f, 7.0f, 8.0f, 9.0f}, {0, 1}, 2);
+  REQUIRE(f.check());
+  Tensor x;
+  std::vector<int32_t> y;
+  const std::vector<int64_t> second{1};
+  gather_batch(f, second, x, y);
+  CHECK(x.shape() == Shape({1, 3}));
+  CHECK(std::vector<float>(x.data(), x.data() + 3) == std::vector<float>{7.0f, 8.0f, 9.0f});
+  CHECK(y == std::vector<int32_t>{1});
+  const Dataset part = f.head(1);
+  CHECK(part.floats());
+  CHECK(part.features == std::vector<float>{1.5f, -2.0f, 0.25f});
+  const Dataset b = Dataset::of_bytes({2}, {0, 255, 51, 102}, {1, 0}, 2);
+  gather_batch(b, second, x, y);
+  CHECK(std::vector<float>(x.data(), x.data() + 2) == std::vector<float>{51 * (1.0f / 255.0f), 102 * (1.0f / 255.0f)});
+}
+
+TEST_CASE("a data set whose parts disagree is refused, naming what is wrong", "[compute][data]") {
+  CHECK_THAT(Dataset::of_floats({3}, {1, 2, 3, 4}, {0}, 2).check().error().message,
+             Catch::Contains("need 3 float values") && Catch::Contains("holds 4"));
+  CHECK_THAT(Dataset::of_floats({2}, {1, 2}, {5}, 2).check().error().message,
+             Catch::Contains("sample 0's label 5 is outside the 2 classes"));
+  CHECK_THAT(Dataset::of_floats({2}, {1, std::nanf("")}, {0}, 2).check().error().message,
+             Catch::Contains("not finite"));
+}
+
+TEST_CASE("data set files keep floats and bytes of any sample shape exactly, and refuse a corrupted file",
+          "[compute][data]") {
+  TempDir dir;
+  const Dataset f = Dataset::of_floats({2, 3}, {0.1f, 0.2f, 0.3f, 0.4f, 0.5f, 0.6f, -1, -2, -3, -4, -5, 1e30f}, {2, 0}, 3);
+  REQUIRE(save_dataset(dir.path / "f.tds", f));
+  const auto back = load_dataset(dir.path / "f.tds");
+  REQUIRE(back);
+  CHECK(back->floats());
+  CHECK(back->sample == f.sample);
+  CHECK(back->features == f.features);
+  CHECK(back->labels == f.labels);
+  CHECK(back->classes == 3);
+  const Dataset b = make_synthetic(20, 3);
+  REQUIRE(save_dataset(dir.path / "b.tds", b));
+  const auto bytes = load_dataset(dir.path / "b.tds");
+  REQUIRE(bytes);
+  CHECK_FALSE(bytes->floats());
+  CHECK(bytes->pixels == b.pixels);
+  CHECK(bytes->sample == b.sample);
+  // One flipped byte in the data: the CRC-32 says so.
+  auto text = read_file(dir.path / "f.tds");
+  REQUIRE(text);
+  text->back() ^= 0x01;
+  write_plain(dir.path / "bad.tds", *text);
+  CHECK_THAT(load_dataset(dir.path / "bad.tds").error().message, Catch::Contains("bad.tds") && Catch::Contains("CRC-32"));
+  // Not a data set at all.
+  write_plain(dir.path / "junk.tds", "12345678{}");
+  CHECK_THAT(load_dataset(dir.path / "junk.tds").error().message, Catch::Contains("junk.tds: not a tepdist data set file"));
+  // A data set that does not check out is not written.
+  CHECK_FALSE(save_dataset(dir.path / "no.tds", Dataset::of_floats({2}, {1}, {0}, 2)));
+  CHECK_FALSE(fs::exists(dir.path / "no.tds"));
 }
