@@ -15,6 +15,7 @@
 #include <fstream>
 #include <random>
 
+#include "actors/node.hpp"
 #include "compute/io/files.hpp"
 
 namespace tepdist::actors {
@@ -108,8 +109,6 @@ std::expected<pid_t, std::string> LocalNodes::spawn(const std::vector<std::strin
     if (::getppid() != parent) ::_exit(1);  // the launcher died before prctl took hold
     ::dup2(fd, STDOUT_FILENO);
     ::dup2(fd, STDERR_FILENO);
-    // A program built on tepdist::Trainer relaunches itself as the node: this marks the relaunch.
-    ::setenv("TEPDIST_RELAUNCHED_NODE", "1", 1);
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -225,6 +224,51 @@ std::expected<std::vector<std::string>, std::string> wait_ready(LocalNodes& node
 }
 
 }  // namespace
+
+int run_node_process(const NodeProcessArgs& args) {
+  std::optional<fs::path> file;
+  if (args.config) file = *args.config;
+  auto config = elastic::load_config(file, args.overrides);
+  if (!config) {
+    fmt::print(stderr, "tepdist node: {}\n", config.error().message);
+    return 2;
+  }
+  auto secret = elastic::load_secret(config->cluster);
+  if (!secret) {
+    fmt::print(stderr, "tepdist node: {}: {}\n", config->source, secret.error().message);
+    return 2;
+  }
+  NodeOptions o;
+  o.config = std::move(*config);
+  o.secret = std::move(*secret);
+  o.name = args.name;
+  // --region, else the node's [nodes.NAME] table (a node named by its address has none).
+  o.region = !args.region.empty() ? args.region : o.config.node(args.name).region;
+  o.listen = args.listen;
+  o.join = args.join.empty() ? o.config.cluster.seeds : args.join;
+  o.threads = o.config.compute.threads;
+  // Emulation of a slower node: its [nodes.NAME] table, else [compute].
+  const double own = o.config.node(args.name).slowdown;
+  o.slowdown = own > 0 ? own : o.config.compute.slowdown;
+  o.ready_file = args.ready_file;
+  return run_node(o);
+}
+
+NodeProcessArgs parse_relaunch_args(int argc, char** argv) {
+  NodeProcessArgs a;
+  for (int i = 2; i < argc; ++i) {
+    const std::string arg = argv[i];
+    const auto value = [&]() -> std::string { return i + 1 < argc ? argv[++i] : std::string(); };
+    if (arg == "--name") a.name = value();
+    else if (arg == "--ready-file") a.ready_file = value();
+    else if (arg == "--set") a.overrides.push_back(value());
+    else if (arg == "--region") a.region = value();
+    else if (arg == "--join") a.join.push_back(value());
+    else if (arg == "--listen") a.listen = value();
+    else if (!a.config) a.config = arg;
+  }
+  return a;
+}
 
 std::expected<std::unique_ptr<LocalCluster>, std::string> start_local_cluster(
     const elastic::JobConfig& c, const fs::path& out, std::function<void(const std::string&)> report) {

@@ -77,6 +77,25 @@ std::expected<void, std::string> write_private_file(const std::filesystem::path&
 /// The monitor endpoint a ready file names (its "http=" line); empty: the node has none.
 std::string ready_http(const std::filesystem::path& path);
 
+/// What `PROGRAM node` takes: the tepdist binary's `node` subcommand, and a program on the C++ API
+/// relaunched by its Trainer.
+struct NodeProcessArgs {
+  std::optional<std::string> config;  ///< the job file; none: the defaults
+  std::vector<std::string> overrides;
+  std::string listen = "127.0.0.1:0";
+  std::vector<std::string> join;  ///< none: [cluster] seeds
+  std::string name;
+  std::string region;  ///< none: the node's [nodes.NAME] table's
+  std::string ready_file;
+};
+
+/// Runs one node in this process until SIGTERM or SIGINT (its exit status). A bad job file or
+/// secret is said on stderr as "tepdist node: why", status 2.
+int run_node_process(const NodeProcessArgs& args);
+
+/// The arguments LocalNodes gives a relaunched node (argv[1] is "node").
+NodeProcessArgs parse_relaunch_args(int argc, char** argv);
+
 /// A running local cluster: `config.cluster.local_nodes` nodes of this machine.
 struct LocalCluster {
   LocalNodes nodes;

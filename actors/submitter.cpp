@@ -34,6 +34,7 @@ struct SubmitterState {
   // state_gone): the job's state is then held by no node.
   std::optional<std::chrono::steady_clock::time_point> gone_since;
   static constexpr double gone_grace_s = 15;  // and no report came meanwhile: the job is lost
+  uint32_t released = 0;  // epochs released (Submission::release), until a generation carries them
   static inline const char* name = "tepdist.submitter";
 };
 using Submitter = caf::stateful_actor<SubmitterState>;
@@ -47,6 +48,18 @@ void end(Submitter* self, int status, const std::string& why) {
   if (self->state.ended) return;
   self->state.ended = true;
   self->state.submission->on_end(status, why);
+}
+
+/// Tells every worker of the latest generation known here the epochs released, unless a
+/// generation carries them already.
+void send_release(Submitter* self) {
+  auto& s = self->state;
+  if (!s.assigned || s.ended || s.released <= s.assigned->released_epochs) return;
+  std::vector<uint8_t> count(4);
+  for (size_t b = 0; b < 4; ++b) count[b] = static_cast<uint8_t>(s.released >> (8 * b));
+  const gossip::Control release{s.o.self_id, s.o.incarnation, gossip::Control::Command::release_epochs, s.sent.job_id,
+                                count};
+  for (const auto& address : s.assigned->addresses) send_to(self, address, release);
 }
 
 /// Why no node can hold the job's state any more, from this view: every worker of the newest
@@ -142,6 +155,7 @@ void on_frame(Submitter* self, const std::string& peer, const gossip::Message& m
     }
     s.assigned = *start;
     s.done.clear();  // done reports count in the generation that ends the job
+    send_release(self);  // a release the generation does not carry yet (its workers may be new)
     node_events().info("job_generation job={} generation={} workers={} resume_step={}", start->job_id,
                        start->generation, start->workers.size(), start->resume.step);
     s.submission->on_generation(*start);
@@ -180,6 +194,11 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
                         caf::actor router) {
   self->state.o = std::move(options);
   self->state.submission = std::move(submission);
+  self->state.released = self->state.submission->job.released_epochs;
+  self->state.submission->set_releaser([handle = caf::actor_cast<caf::actor>(self)](uint32_t epochs) {
+    caf::anon_send(handle, release_atom::value, epochs);
+  });
+  self->attach_functor([submission = self->state.submission] { submission->set_releaser({}); });
   caf::anon_send(router, job_atom::value, caf::actor_cast<caf::actor>(self));
   self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);  // watches the join
   return {
@@ -208,6 +227,7 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
                                    "holds it; without a checkpoint it cannot resume",
                                    s.sent.job_id, s.assigned->generation, gone));
         }
+        send_release(self);  // again, should the release or its generation have been lost
         if (s.heard) {
           // Reports stopped: rank 0 is gone or cannot reach this node.
           const double quiet = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.last_report).count();
@@ -233,6 +253,13 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
                                           s.coordinator_address, s.sent.job_id));
         self->delayed_send(self, std::chrono::seconds(5), tick_atom::value);
       },
+      [self](release_atom, uint32_t epochs) {
+        auto& s = self->state;
+        if (epochs <= s.released) return;
+        s.released = epochs;
+        node_events().info("job_released job={} epochs={}", s.sent.job_id, epochs);
+        send_release(self);
+      },
       [self](stop_atom) {
         auto& s = self->state;
         if (!s.submitted || s.ended) return;
@@ -246,6 +273,18 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
 }
 
 }  // namespace
+
+bool Submission::release(uint32_t epochs) {
+  std::lock_guard lock(releaser_->mutex);
+  if (!releaser_->send) return false;
+  releaser_->send(epochs);
+  return true;
+}
+
+void Submission::set_releaser(std::function<void(uint32_t)> releaser) {
+  std::lock_guard lock(releaser_->mutex);
+  releaser_->send = std::move(releaser);
+}
 
 RoleSpec submitter_role(SubmitterOptions options, std::shared_ptr<Submission> submission, caf::actor router) {
   return {"submitter", [options, submission, router](caf::local_actor& parent, const caf::actor&, const caf::message&) {

@@ -9,6 +9,8 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <string>
 
 #include "actors/supervisor.hpp"
@@ -33,6 +35,24 @@ struct Submission {
   std::function<void(const std::string&)> on_membership_event = [](const std::string&) {};
   /// Called once: 0 when every worker reported done, else 1 and why.
   std::function<void(int status, const std::string& why)> on_end;
+
+  /// A job that pauses between epochs (job.released_epochs set, config job.pause_between_epochs):
+  /// releases epochs up to `epochs` (counted from the job's start). From any thread; the submitter
+  /// tells the workers of the latest generation, and again until a generation carries the count.
+  /// False while the submitter has not started (or has ended).
+  bool release(uint32_t epochs);
+
+  /// The submitter's actor sets this while it runs (release goes through it).
+  void set_releaser(std::function<void(uint32_t)> releaser);
+
+ private:
+  // Shared by copies (the node wraps a copy of the caller's Submission): release() on the caller's
+  // reaches the submitter that runs.
+  struct Releaser {
+    std::mutex mutex;
+    std::function<void(uint32_t)> send;
+  };
+  std::shared_ptr<Releaser> releaser_ = std::make_shared<Releaser>();
 };
 
 struct SubmitterOptions {

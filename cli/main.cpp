@@ -5,9 +5,9 @@
 #include <CLI/Formatter.hpp>
 #include <fmt/core.h>
 
+#include "actors/launcher.hpp"
 #include "cli/export_command.hpp"
 #include "cli/leave_command.hpp"
-#include "cli/node_command.hpp"
 #include "cli/run_command.hpp"
 #include "cli/sim_command.hpp"
 #include "cli/status_command.hpp"
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
                     "Continue the job from the newest checkpoint in [elastic] checkpoint_dir (default OUT/checkpoints), "
                     "on any number of nodes, in every mode");
 
-  tepdist::cli::NodeArgs node;
+  tepdist::actors::NodeProcessArgs node;
   auto* node_cmd = app.add_subcommand("node", "Run one node of a cluster until SIGTERM or SIGINT");
   node_cmd->add_option("config", node.config, "Job file (TOML) with [cluster] and [network]")->check(CLI::ExistingFile);
   node_cmd->add_option("--set", node.overrides, "Override a key: --set section.key=value (repeatable)");
@@ -100,7 +100,7 @@ int main(int argc, char** argv) {
   }
   if (cmd->parsed()) return tepdist::cli::run_train(train);
   if (run_cmd->parsed()) return tepdist::cli::run_run_command(run);
-  if (node_cmd->parsed()) return tepdist::cli::run_node_command(node);
+  if (node_cmd->parsed()) return tepdist::actors::run_node_process(node);
   if (status_cmd->parsed()) return tepdist::cli::run_status_command(status);
   if (leave_cmd->parsed()) return tepdist::cli::run_leave_command(leave);
   if (sim_cmd->parsed()) return tepdist::cli::run_sim_command(sim);

@@ -271,6 +271,8 @@ int run_run_command(const RunArgs& args) {
   auto shipped = elastic::text_for_nodes(c);
   if (!shipped) return runtime_error(shipped.error().message);
   submission->job.config = std::move(*shipped);
+  // A job that pauses between epochs (job.pause_between_epochs) has them all released here.
+  submission->job.released_epochs = static_cast<uint32_t>(c.job.epochs);
   submission->expected_workers = static_cast<size_t>(local);
   submission->join_timeout_s = c.cluster.join_timeout_s;
   // Rank 0 reports at least every log_every_steps; a step may wait step_timeout_s before the

@@ -88,6 +88,12 @@ const std::vector<Key>& keys() {
         "each stops after the step it is on, then the usual end: shards pulled, or the final average). For "
         "time-to-accuracy benchmarks."},
        -inf, inf, false, false, {}, assign<&J::job, &J::Job::stop_at_target>},
+      {{"job", "pause_between_epochs", KeyType::boolean, "false",
+        "Sync and gossip: the workers wait at the end of each epoch (gossip: after averaging their replicas), "
+        "with the model sent to the submitter, until it releases the next one; the job stays one job "
+        "(optimiser state, schedule, generations). Set by tepdist::Trainer, whose train() calls release one "
+        "epoch each; `tepdist run` releases every epoch at once."},
+       -inf, inf, false, false, {}, assign<&J::job, &J::Job::pause_between_epochs>},
       {{"job", "log_every_steps", KeyType::integer, "50", "Steps between progress-line updates; 1 or more."},
        1, 1e9, false, false, {}, assign<&J::job, &J::Job::log_every_steps>},
       {{"job", "ring_chunk_kb", KeyType::integer, "256",
@@ -130,8 +136,18 @@ const std::vector<Key>& keys() {
       // [data]
       {{"data", "dataset", KeyType::string, "\"fashion-mnist\"",
         "\"fashion-mnist\": the four MNIST-format IDX files in dir (gzip or not); \"synthetic\": "
-        "generated class patterns plus noise, for tests and demos."},
-       -inf, inf, false, false, {"fashion-mnist", "synthetic"}, assign<&J::data, &J::Data::dataset>},
+        "generated class patterns plus noise, for tests and demos; \"files\": train_file and test_file, "
+        "data set files of any sample shape, bytes or floats (compute/data/dataset_file.hpp; "
+        "tepdist::Trainer writes them)."},
+       -inf, inf, false, false, {"fashion-mnist", "synthetic", "files"}, assign<&J::data, &J::Data::dataset>},
+      {{"data", "train_file", KeyType::string, "\"\"",
+        "dataset = \"files\": the training set, a tepdist data set file (safetensors: x [n, ...sample] U8 or F32, "
+        "y [n] I32) at a path every node can read."},
+       -inf, inf, false, false, {}, assign<&J::data, &J::Data::train_file>},
+      {{"data", "test_file", KeyType::string, "\"\"",
+        "dataset = \"files\": the test set the job's evaluations use, in the same format; \"\": the first "
+        "1,000 training samples."},
+       -inf, inf, false, false, {}, assign<&J::data, &J::Data::test_file>},
       {{"data", "dir", KeyType::string, "\"/usr/share/datasets/fashion-mnist\"",
         "Directory holding train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz "
         "and t10k-labels-idx1-ubyte.gz (Debian package dataset-fashion-mnist)."},
@@ -742,6 +758,12 @@ std::expected<JobConfig, ConfigError> validate(const toml::value& root, const st
                                                    name, c.monitor.http)});
   if (c.optimizer.options.nesterov && c.optimizer.options.momentum <= 0)
     return std::unexpected(ConfigError{fmt::format("{}: optimizer.nesterov needs optimizer.momentum > 0", name)});
+  if (c.data.dataset == "files" && c.data.train_file.empty())
+    return std::unexpected(ConfigError{fmt::format("{}: data.dataset = \"files\" needs data.train_file", name)});
+  if (c.job.pause_between_epochs && c.job.mode != "sync" && c.job.mode != "gossip")
+    return std::unexpected(ConfigError{fmt::format("{}: job.pause_between_epochs: only sync and gossip jobs pause "
+                                                   "between epochs yet (job.mode is \"{}\")",
+                                                   name, c.job.mode)});
   return c;
 }
 

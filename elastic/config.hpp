@@ -33,6 +33,9 @@ struct JobConfig {
     int64_t eval_every_steps = 0;  ///< 0: only at epoch ends
     double target_accuracy = 0.85;
     bool stop_at_target = false;
+    /// The workers wait after each epoch until the submitter releases the next (tepdist::Trainer's
+    /// train() calls); sync and gossip, for now.
+    bool pause_between_epochs = false;
     int64_t log_every_steps = 50;
     int64_t ring_chunk_kb = 256;
     double step_timeout_s = 60;
@@ -49,6 +52,7 @@ struct JobConfig {
   struct Data {
     std::string dataset = "fashion-mnist";
     std::string dir = "/usr/share/datasets/fashion-mnist";
+    std::string train_file, test_file;  ///< dataset = "files"
     int64_t batch_size = 64;
     int64_t train_samples = 0;  ///< 0: all (synthetic: 10,000)
     int64_t test_samples = 0;   ///< 0: all (synthetic: 2,000)

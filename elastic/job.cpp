@@ -4,6 +4,7 @@
 
 #include <numeric>
 
+#include "compute/data/dataset_file.hpp"
 #include "compute/io/checkpoint.hpp"
 #include "compute/presets.hpp"
 
@@ -31,6 +32,26 @@ compute::Result<JobData> load_job_data(const JobConfig::Data& d, uint64_t seed) 
     out.test = compute::subset(all, tail);
     return out;
   }
+  if (d.dataset == "files") {
+    auto train = compute::load_dataset(d.train_file);
+    if (!train) return std::unexpected(train.error());
+    JobData out;
+    out.train = train->head(d.train_samples);
+    if (d.test_file.empty()) {
+      out.test = out.train.head(d.test_samples ? d.test_samples : 1000);
+    } else {
+      auto test = compute::load_dataset(d.test_file);
+      if (!test) return std::unexpected(test.error());
+      if (!(test->sample == out.train.sample) || test->kind != out.train.kind)
+        return std::unexpected(compute::Error{
+            compute::Errc::mismatch,
+            fmt::format("{} holds {} samples of {}; the training set {} holds {} samples of {}", d.test_file,
+                        test->floats() ? "float" : "byte", test->sample.to_string(), d.train_file,
+                        out.train.floats() ? "float" : "byte", out.train.sample.to_string())});
+      out.test = test->head(d.test_samples);
+    }
+    return out;
+  }
   auto train = compute::load_fashion_mnist(d.dir, "train", d.train_samples);
   if (!train) return std::unexpected(train.error());
   auto test = compute::load_fashion_mnist(d.dir, "test", d.test_samples);
@@ -45,8 +66,9 @@ compute::Result<std::unique_ptr<compute::Model>> build_job_model(const JobConfig
   compute::Result<std::unique_ptr<compute::Model>> model = std::unique_ptr<compute::Model>();
   if (c.model.preset == "program") {
     if (!program_model())
-      return fail("model.preset = \"program\" names the model class of a program built with tepdist::Trainer; this "
-                  "program registered none");
+      return fail("model.preset = \"program\" names the model class of a program built with tepdist::Trainer, and "
+                  "this node does not run such a program (a plain `tepdist node`?): start the nodes as that program "
+                  "(PROGRAM node FILE ...), or give the model as a layer list (TrainerOptions::layers, [model] layers)");
     model = program_model()();
     if (!*model) return fail("the program's model factory returned no model");
   } else if (!c.model.layers.empty()) {

@@ -161,17 +161,28 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
   // that would end far apart. Neither while a roster below min_workers keeps every proposal back
   // (said once, in propose).
   const bool decay = rate_factor_ > 0 && rate_factor_ != record_.lr_factor;
-  if ((!decay && !o_.rebalance) || proposal_ || paused() ||
+  const bool release = released_ > record_.released_epochs;
+  if ((!decay && !release && !o_.rebalance) || proposal_ || paused() ||
       desired_roster(record_, view_, excluded_).ids.size() < std::max<size_t>(1, o_.min_workers))
     return;
   if (decay) {
     out.log.push_back(fmt::format("the rate decays to {:.4g} of its schedule's (a plateau)", rate_factor_));
     return propose(now, mine, out);
   }
+  if (release) {
+    out.log.push_back(fmt::format("the submitter released epoch {}", released_));
+    return propose(now, mine, out);
+  }
   if (const auto why = imbalance(now); !why.empty()) {
     out.log.push_back(why);
     propose(now, mine, out);
   }
+}
+
+void JobControl::release(double now, uint32_t epochs, const Local& mine, Output& out) {
+  if (epochs <= std::max(released_, record_.released_epochs)) return;  // a repeat, or one a record carries
+  released_ = epochs;
+  on_tick(now, mine, out);
 }
 
 double JobControl::measured_rate(const std::string& id) const {
@@ -538,6 +549,7 @@ void JobControl::try_install(Output& out) {
   // A decay never undoes another: the smaller factor (one decided here before another node's
   // later decay was installed is not taken back up).
   if (rate_factor_ > 0) next.lr_factor = record_.lr_factor > 0 ? std::min(rate_factor_, record_.lr_factor) : rate_factor_;
+  next.released_epochs = std::max(record_.released_epochs, released_);
   next.donors.clear();
   for (const auto& id : counted)
     if (p.acks.at(id).progress == resume) next.donors.push_back(id);

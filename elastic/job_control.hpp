@@ -155,6 +155,10 @@ class JobControl {
   /// The rate's plateau factor this node decided (rank 0): the next generation this node installs
   /// carries it; as duty holder it proposes one for it at the next tick.
   void set_rate_factor(double factor) { rate_factor_ = factor; }
+  /// The submitter of a job that pauses between epochs released `epochs` of them: the next
+  /// generation carries the count; the duty holder proposes one for it now (or, with a proposal
+  /// under way, at a tick after it), a generation of the same workers at the same progress.
+  void release(double now, uint32_t epochs, const Local& mine, Output& out);
   /// A record of a generation (from its proposer, or forwarded by a member that has it).
   std::expected<void, std::string> on_install(const gossip::JobStart& record, Output& out);
 
@@ -249,6 +253,7 @@ class JobControl {
   bool left_out_ = false;             // not a worker of the installed generation, though running
   double back_said_at_ = -1;          // when `back` was last said (-1: at the install; timed from the next tick)
   double rate_factor_ = 0;             // set_rate_factor's, until a record carries it (0: none)
+  uint32_t released_ = 0;              // release's, until a record carries it
   std::map<std::string, Rate> rates_;  // rebalance: by worker, in the installed generation
   double installed_at_ = -1;           // when this node installed it (-1: at the next tick)
 };

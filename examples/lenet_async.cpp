@@ -3,6 +3,8 @@
 //
 //   build/examples/lenet_async [--nodes 2] [--mode async] [--epochs 3] [--train-samples 0]
 //                              [--test-samples 0] [--out out/lenet_async]
+//   build/examples/lenet_async --seeds HOST:PORT --secret-file FILE   # a running cluster whose nodes
+//                                                                     # run this program too
 //
 // The nodes are this very program, relaunched by the Trainer: serve() turns such a relaunch into
 // a node, so it comes first in main().
@@ -13,6 +15,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "compute/io/checkpoint.hpp"
 #include "compute/layers.hpp"
@@ -41,7 +44,8 @@ class LeNet : public Model {
 
 struct Args {
   int nodes = 2, epochs = 3;
-  std::string mode = "async", out = "out/lenet_async";
+  std::string mode = "async", out = "out/lenet_async", secret_file;
+  std::vector<std::string> seeds;
   int64_t train_samples = 0, test_samples = 0;
 };
 
@@ -55,6 +59,8 @@ Args parse(int argc, char** argv) {
     else if (flag == "--out") a.out = value;
     else if (flag == "--train-samples") a.train_samples = std::stoll(value);
     else if (flag == "--test-samples") a.test_samples = std::stoll(value);
+    else if (flag == "--seeds") a.seeds.push_back(value);
+    else if (flag == "--secret-file") a.secret_file = value;
     else {
       std::fprintf(stderr, "lenet_async: unknown option %s\n", flag.c_str());
       std::exit(2);
@@ -84,16 +90,19 @@ int main(int argc, char** argv) {
   tepdist::TrainerOptions options;
   options.mode = args.mode;
   options.nodes = args.nodes;
+  options.epochs = args.epochs;
+  options.test_data = *test;  // the job's own evaluations at each epoch's end
   options.out = args.out;
+  options.seeds = args.seeds;
+  options.secret_file = args.secret_file;
   tepdist::Trainer trainer(options);
   tepdist::OptimizerSpec sgd;
   sgd.options.name = "sgd";
   sgd.options.momentum = 0.9f;
   sgd.schedule.base_lr = 0.02f * static_cast<float>(args.nodes);  // the batch-64 rate, scaled with the workers
 
+  sgd.schedule.warmup_steps = 50;
   for (int epoch = 0; epoch < args.epochs; ++epoch) {
-    // Each epoch is a job of its own that starts from the model as it is: warm up only once.
-    sgd.schedule.warmup_steps = epoch == 0 ? 50 : 0;
     auto report = trainer.train(model, *train, sgd, epoch);
     if (!report) {
       std::fprintf(stderr, "lenet_async: %s\n", report.error().message.c_str());

@@ -267,9 +267,12 @@ void on_tick(Trainer* self) {
     if (auto ok = elastic::check_assignment(start, s.view); !ok)
       fail_start(self, start, fmt::format("{}, still after {:.0f} s", ok.error(), TrainerState::held_limit_s));
   }
-  if (s.job && s.job->member && !s.job->finishing &&
+  // A worker held between epochs waits for its submitter, however long: no step is late.
+  if (s.job && s.job->member && !s.job->finishing && !s.job->held &&
       seconds_between(s.job->progress_at, Clock::now()) > s.job->config.job.step_timeout_s)
     check_step_timeout(self);
+  if (s.job && s.job->member && s.job->held && s.job->held_reported && s.job->rank == 0)
+    to_submitter(self, *s.job, held_report(*s.job));  // again: the submitter's report timeout, a report lost
   if (s.job && s.job->control) {
     auto& j = *s.job;
     const uint64_t job_id = j.start.job_id;
@@ -341,6 +344,17 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
     return;
   }
   if (j.driver->on_control(self, j, peer, c)) return;
+  if (c.command == Command::release_epochs) {
+    // Only from the job's submitter; job control makes it a generation every worker installs.
+    if (peer != j.start.submitter_id || !j.control || c.argument.size() != 4) return;
+    uint32_t epochs = 0;
+    for (size_t b = 0; b < 4; ++b) epochs |= uint32_t{c.argument[b]} << (8 * b);
+    elastic::JobControl::Output out;
+    const uint64_t job_id = j.start.job_id;
+    j.control->release(now_ms(s), epochs, j.driver->local(j), out);
+    apply_control(self, job_id, out);
+    return;
+  }
   if (c.command != Command::stop_job) return;
   if (peer != s.job->start.submitter_id) {
     // From a worker of the job (this node's generation, or the newest its job control holds):

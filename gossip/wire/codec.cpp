@@ -217,6 +217,7 @@ struct Encoder {
             put_texts(b.initWorkerRegions(static_cast<unsigned>(m.worker_regions.size())), m.worker_regions);
             put_texts(b.initPreviousRegions(static_cast<unsigned>(m.previous_regions.size())), m.previous_regions);
             b.setLrFactor(m.lr_factor);
+            b.setReleasedEpochs(m.released_epochs);
           } else if constexpr (std::is_same_v<T, GenerationVote>) {
             auto b = e.initGenerationVote();
             b.setJobId(m.job_id);
@@ -559,7 +560,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::CONTROL: {
       auto r = e.getControl();
       const auto command = r.getCommand();
-      if (command > wire::Control::Command::RING_CHECK_ANSWER)
+      if (command > wire::Control::Command::RELEASE_EPOCHS)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown control command {}", static_cast<int>(command))};
       const auto arg = r.getArgument();
       if (arg.size() > Control::max_argument)
@@ -625,6 +626,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       j.lr_factor = r.getLrFactor();
       if (!(j.lr_factor >= 0 && j.lr_factor <= 1))
         throw WireError{WireErrc::malformed, fmt::format("job start's rate factor {} is not in [0, 1]", j.lr_factor)};
+      j.released_epochs = r.getReleasedEpochs();
       return j;
     }
     case wire::Envelope::GENERATION_VOTE: {
@@ -677,7 +679,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::JOB_REPORT: {
       auto r = e.getJobReport();
       const auto kind = r.getKind();
-      if (kind > wire::JobReport::Kind::FAILED)
+      if (kind > wire::JobReport::Kind::HELD)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown job report kind {}", static_cast<int>(kind))};
       JobReport report{r.getJobId(),        static_cast<JobReport::Kind>(kind),
                        r.getRank(),         r.getEpoch(),

@@ -200,7 +200,8 @@ struct Control {
     job_finished,
     target_reached,
     ring_check,        ///< the next worker in the ring asks whether this one's trainer takes messages
-    ring_check_answer  ///< it does (the question's argument back)
+    ring_check_answer,  ///< it does (the question's argument back)
+    release_epochs      ///< the submitter releases epochs of a job that pauses between them (argument: a u32)
   };
   std::string coordinator;
   uint64_t coordinator_incarnation = 0;
@@ -249,6 +250,9 @@ struct JobStart {
   /// [optimizer] plateau_patience: the decays decided so far, as one factor on the rate (rank 0
   /// decides, the next generation carries it, every worker applies it from its install); 0: 1.
   double lr_factor = 0;
+  /// [job] pause_between_epochs: the epochs the submitter released so far; the workers wait after
+  /// the last of them until it releases more (a generation carries the new count).
+  uint32_t released_epochs = 0;
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 
@@ -306,7 +310,9 @@ struct RingChunk {
 
 /// A worker's news about a job, to the submitter.
 struct JobReport {
-  enum class Kind : uint8_t { progress, evaluation, done, failed };
+  /// held: rank 0 of a job that pauses between epochs is at the end of a released epoch (`epoch`
+  /// of them done) and has sent the model; repeated while it waits.
+  enum class Kind : uint8_t { progress, evaluation, done, failed, held };
   uint64_t job_id = 0;
   Kind kind = Kind::progress;
   uint32_t rank = 0, epoch = 0;

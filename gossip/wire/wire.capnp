@@ -216,7 +216,8 @@ struct Control {
     targetReached @6;      # async, gossip with stop_at_target: rank 0's evaluation reached the target
     ringCheck @7;          # sync, gossip's final average: the next worker, waiting past step_timeout_s, asks
                            # whether this worker's trainer still takes messages (argument: a nonce)
-    ringCheckAnswer @8;    # it does: the nonce back; one that is hung never answers and is evicted
+    ringCheckAnswer @8;
+    releaseEpochs @9;      # the submitter of a job that pauses between epochs: argument the epochs released (UInt32, little-endian)    # it does: the nonce back; one that is hung never answers and is evicted
   }
 }
 
@@ -261,6 +262,7 @@ struct JobStart {
                              # holders are spread over regions); empty: not known
   previousRegions @20 :List(Text);  # the generation before's workers' regions, same order
   lrFactor @21 :Float64;     # the plateau decays so far, as one factor on the rate; 0: 1 (none)
+  releasedEpochs @22 :UInt32; # job.pause_between_epochs: the epochs its submitter released; workers wait at the end of the last
 }
 
 struct WorkerSpans {
@@ -376,6 +378,7 @@ struct JobReport {
     evaluation @1;
     done @2;
     failed @3;
+    held @4;                    # rank 0 of a job that pauses between epochs: epoch is over, the model was sent
   }
 }
 

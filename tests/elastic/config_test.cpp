@@ -319,3 +319,15 @@ TEST_CASE("the monitor endpoint listens on loopback by default, takes an IP addr
                Catch::Contains("monitor.http") && Catch::Contains(bad));
   }
 }
+
+TEST_CASE("pause_between_epochs is for sync and gossip jobs, and dataset files needs its training file",
+          "[elastic][config]") {
+  CHECK(parse_ok("[job]\nmode = \"sync\"\npause_between_epochs = true\n").job.pause_between_epochs);
+  CHECK(parse_ok("[job]\nmode = \"gossip\"\npause_between_epochs = true\n").job.pause_between_epochs);
+  CHECK_THAT(parse_error("[job]\nmode = \"async\"\npause_between_epochs = true\n"),
+             Catch::Contains("job.pause_between_epochs: only sync and gossip jobs") && Catch::Contains("\"async\""));
+  CHECK_THAT(parse_error("[data]\ndataset = \"files\"\n"), Catch::Contains("data.dataset = \"files\" needs data.train_file"));
+  const auto c = parse_ok("[data]\ndataset = \"files\"\ntrain_file = \"a.tds\"\ntest_file = \"b.tds\"\n");
+  CHECK(c.data.train_file == "a.tds");
+  CHECK(c.data.test_file == "b.tds");
+}

@@ -1046,3 +1046,55 @@ TEST_CASE("a plateau decay decided by the duty holder reaches every worker in th
   CHECK(net.nodes.at("w1").control->record().generation == settled + 1);
   CHECK(net.nodes.at("w1").control->record().lr_factor == 0.5);
 }
+
+TEST_CASE("a release of epochs becomes the next generation of the same workers, carried by every later record",
+          "[elastic][job_control]") {
+  Net net;
+  for (auto id : {"w0", "w1", "w2"}) net.add(id);
+  net.start({"w0", "w1", "w2"});
+  for (auto id : {"w0", "w1", "w2"}) net.set_view(id, {});
+  net.tick(1000);
+  net.deliver_all();
+  REQUIRE(net.nodes.at("w1").control->record().generation == 1);
+  CHECK(net.nodes.at("w1").control->record().released_epochs == 0);
+  // What the submitter's release does on one worker; returns how many messages it sent.
+  auto release = [&](const std::string& id, uint32_t epochs) {
+    auto& n = net.nodes.at(id);
+    JobControl::Output out;
+    n.control->release(net.now, epochs, n.local, out);
+    const size_t sent = out.sends.size();
+    net.apply(n, out);
+    return sent;
+  };
+  // w1 does not hold the duty: it only remembers the count.
+  CHECK(release("w1", 2) == 0);
+  CHECK(net.nodes.at("w1").control->record().generation == 1);
+  // The duty holder proposes at once, without waiting for a tick.
+  CHECK(release("w0", 2) > 0);
+  net.deliver_all();
+  for (auto id : {"w0", "w1", "w2"}) {
+    const auto& r = net.nodes.at(id).control->record();
+    CHECK(r.generation == 2);
+    CHECK(r.workers == std::vector<std::string>{"w0", "w1", "w2"});
+    CHECK(r.released_epochs == 2);
+  }
+  // A repeat (the submitter says it again until a record carries it) changes nothing.
+  CHECK(release("w0", 2) == 0);
+  net.tick(1000);
+  net.deliver_all();
+  CHECK(net.nodes.at("w2").control->record().generation == 2);
+  // The duty moves (w0 dies): the next record keeps the count.
+  net.down.insert("w0");
+  for (auto id : {"w1", "w2"}) net.set_view(id, {"w0"});
+  net.deliver_all();
+  net.tick(3000);
+  net.deliver_all();
+  CHECK(net.nodes.at("w1").control->record().generation == 3);
+  CHECK(net.nodes.at("w1").control->record().released_epochs == 2);
+  // A release the new duty holder hears is proposed by it.
+  release("w2", 3);
+  CHECK(release("w1", 3) > 0);
+  net.deliver_all();
+  CHECK(net.nodes.at("w2").control->record().generation == 4);
+  CHECK(net.nodes.at("w2").control->record().released_epochs == 3);
+}

@@ -97,7 +97,17 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       [] {
         JobStart j{9, "[job]", "127.0.0.1:9000", {"a"}, {"127.0.0.1:1"}, "a", 4, "submitter-7", {5}, 4};
         j.lr_factor = 0.25;  // a plateau decay the record carries
+        j.released_epochs = 2;  // a job that pauses between epochs: two released
         return j;
+      }(),
+      Control{"trainer-1", 5, Control::Command::release_epochs, 11, {3, 0, 0, 0}},
+      [] {
+        JobReport r;
+        r.job_id = 9;
+        r.kind = JobReport::Kind::held;  // rank 0 waits after two epochs, at step 128
+        r.epoch = 2;
+        r.step = 128;
+        return r;
       }(),
       GossipAverage{9, 78, false, chunk, 4, 1234},
       RingChunk{9, 0, 1, chunk, 3},

@@ -93,6 +93,7 @@ void evaluate_snapshot(Trainer* self) {
         r.eval_seconds = seconds;
         to_submitter(self, *job, r);
         if (job->finishing && job->pending_evals == 0) complete_rank0(self);
+        else if (job->held && !job->held_reported && job->rank == 0 && job->pending_evals == 0) report_held(self);
       },
       [self, job_id](const caf::error& e) {
         auto& job = self->state.job;

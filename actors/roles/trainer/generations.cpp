@@ -145,6 +145,8 @@ void enter_generation(Trainer* self) {
   if (me == r.workers.end()) return fail(self, fmt::format("generation {} does not name this worker", r.generation));
   j.member = true;
   j.stepped_in_generation = false;
+  // A hold is entered afresh in every generation: its rank 0 (maybe another worker now) reports it.
+  j.held = false;
   j.generation = r.generation;
   j.world = static_cast<uint32_t>(r.workers.size());
   j.rank = static_cast<uint32_t>(me - r.workers.begin());
@@ -186,6 +188,7 @@ void check_submitter(Trainer* self) {
       node_events().info("job_detached job={} reason=\"the submitter {} is gone; the job goes on, and rank 0 saves "
                          "the result in {}/{}\"",
                          s.job->start.job_id, m.id, s.o.results_dir, s.job->start.job_id);
+      if (s.job->held) self->send(self, step_atom::value);  // nobody will release it: it trains on
     }
 }
 

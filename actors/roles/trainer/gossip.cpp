@@ -23,10 +23,18 @@ class GossipDriver final : public Driver {
 
   /// A local step on this worker's replica, and now and then an averaging with a peer.
   void step(Trainer* self, Job& j) override {
+    if (held_ && j.detached) held_ = final_average_ = false;  // nobody will release it: it trains on
     if (final_average_ || !may_step(j)) return;
     const auto batch = static_cast<uint64_t>(j.config.data.batch_size);
     const auto slice = elastic::next_slice(spans_, consumed_, batch);
     if (slice.count == 0 || j.step >= j.total_steps) return start_final_average(self, j);
+    // A job that pauses between epochs: this worker's part of the released epochs is done. The
+    // replicas are averaged as at the end, and the average is the model rank 0 hands over.
+    if (j.config.job.pause_between_epochs && !j.detached && slice.epoch >= j.start.released_epochs) {
+      held_ = true;
+      held_epochs_ = slice.epoch;
+      return start_final_average(self, j);
+    }
     const auto now = Clock::now();
     if (!j.first_step) j.first_step = j.window_start = now;
     float loss = 0;
@@ -104,7 +112,7 @@ class GossipDriver final : public Driver {
     return final_average_ && heard_final_ ? "the final average after step" : nullptr;
   }
 
-  bool ending(const Job&) const override { return final_average_; }
+  bool ending(const Job&) const override { return final_average_ && !held_; }
 
   void keep_ending(Trainer* self, Job& j) override {
     if (j.rank == 0 && j.target_reached) tell_target_reached(self, j);  // should a message be lost
@@ -124,7 +132,8 @@ class GossipDriver final : public Driver {
     averaging_.emplace(gossip::collective::GossipAveraging::Options{
         r.job_id, j.rank, j.world, j.elements(), chunk_elements(j), every, std::max<uint64_t>(16, 4 * every)});
     random_.seed(j.config.job.seed * 1000003 + j.rank + r.generation * 7919);
-    final_average_ = heard_final_ = false;
+    final_average_ = heard_final_ = held_ = false;
+    rounds_ = 0;
     auto spans = worker_positions(j);
     if (!spans) return std::unexpected(spans.error());
     spans_ = std::move(*spans);
@@ -156,7 +165,9 @@ class GossipDriver final : public Driver {
     const auto params = j.model->parameters();
     std::copy(params.begin(), params.end(), j.buffer.begin());
     std::vector<gossip::RingChunk> out;
-    j.ring->start(1, j.buffer, out);
+    // Every worker of a generation averages in the same order (an epoch's hold, then the end), so
+    // the rounds of one generation's ring are numbered alike everywhere.
+    j.ring->start(++rounds_, j.buffer, out);
     if (!send_ring(self, out)) return;
     j.waiting_since = j.progress_at = Clock::now();
     if (j.ring->done()) end_final_average(self, j);
@@ -164,11 +175,22 @@ class GossipDriver final : public Driver {
 
   /// The ring has summed the replicas; every worker divides the same sum the same way.
   void end_final_average(Trainer* self, Job& j) {
+    if (held_ && j.held) return;  // this hold's average is in already
     const auto p = j.model->parameters();
     const float inv = 1.0f / static_cast<float>(j.world);
     for (size_t i = 0; i < p.size(); ++i) p[i] = j.buffer[i] * inv;
     j.ring_seconds += seconds_between(j.waiting_since, Clock::now());
     j.last_eval_step = -1;  // the average is another model than the replica evaluated at this step
+    if (held_) {
+      // Held after the released epochs: rank 0 evaluates the average, then hands it over.
+      heard_final_ = false;  // a chunk of another round is news again
+      if (j.rank == 0) evaluate_snapshot(self);
+      if (!hold_between_epochs(self, j, held_epochs_)) {  // released for good (detached): on it goes
+        held_ = final_average_ = false;
+        self->send(self, step_atom::value);
+      }
+      return;
+    }
     if (j.rank == 0 && j.checkpoints.take(j.step, true)) checkpoint(j, Clock::now(), true);
     finish_job(self);  // rank 0 evaluates the average there
   }
@@ -240,6 +262,9 @@ class GossipDriver final : public Driver {
   uint32_t partner_ = 0;
   bool final_average_ = false;
   bool heard_final_ = false;  // a chunk of the final average came: the previous worker is done stepping
+  bool held_ = false;         // the average under way (or done) is an epoch's hold, not the end
+  uint64_t held_epochs_ = 0;  // the epochs done at that hold
+  uint64_t rounds_ = 0;       // ring all-reduces started in this generation
 };
 
 }  // namespace

@@ -79,6 +79,7 @@ gossip::JobStatus job_status(const Job& j, const std::string& self_id) {
   else if (j.pulling) st.phase = "pulling";
   else if (!j.member) st.phase = "waiting";
   else if (j.control && j.control->paused()) st.phase = "voting";
+  else if (j.held) st.phase = "held";
   j.driver->add_status(j, self_id, st);
   st.loads = loads_of(j);
   if (j.rate) st.lr = j.rate->at(j.driver->progress(j));
@@ -214,6 +215,59 @@ std::string save_detached(const TrainerState& s, const Job& j, const JobReport& 
   return (dir / "model.safetensors").string();
 }
 
+bool send_model(Trainer* self) {
+  auto& j = *self->state.job;
+  const auto params = j.model->parameters();
+  auto copy = std::make_shared<const std::vector<float>>(params.begin(), params.end());
+  constexpr size_t piece = 1u << 20;  // elements per frame: 4 MiB, well inside the frame limit
+  for (size_t off = 0; off < copy->size() && !j.detached; off += piece) {
+    const std::span<const float> data(copy->data() + off, std::min(piece, copy->size() - off));
+    if (!send_to(self, j.start.submitter,
+                 gossip::ParamPush{0, static_cast<uint64_t>(j.step),
+                                   gossip::TensorChunk{static_cast<uint64_t>(j.step), 0, off, copy->size(), data, copy}})) {
+      fail(self, "the model does not fit the send queue to the submitter; raise [cluster] send_queue_mb");
+      return false;
+    }
+  }
+  return true;
+}
+
+void report_held(Trainer* self) {
+  auto& j = *self->state.job;
+  if (!send_model(self)) return;
+  j.held_reported = true;
+  to_submitter(self, j, held_report(j));
+}
+
+JobReport held_report(const Job& j) {
+  JobReport r = report_of(j, JobReport::Kind::held);
+  r.epoch = static_cast<uint32_t>(j.held_epochs);
+  r.samples = j.driver->progress(j).samples;
+  r.test_accuracy = j.last_accuracy;
+  r.test_loss = j.last_test_loss;
+  r.eval_seconds = j.eval_seconds;
+  return r;
+}
+
+bool hold_between_epochs(Trainer* self, Job& j, uint64_t epochs_done) {
+  // A job whose submitter is gone is released for good: it trains on to its end, detached.
+  const bool hold = j.config.job.pause_between_epochs && !j.detached && epochs_done >= j.start.released_epochs;
+  if (hold && !j.held) {
+    node_events().info("epoch_hold job={} step={} epochs_done={} released={}", j.start.job_id, j.step, epochs_done,
+                       j.start.released_epochs);
+    j.held = true;
+    j.held_epochs = epochs_done;
+    j.held_reported = false;
+    // Rank 0 sends the model and says so, after the epoch's evaluation if one is under way.
+    if (j.rank == 0 && j.pending_evals == 0) report_held(self);
+  } else if (!hold && j.held) {
+    node_events().info("epoch_hold_ended job={} step={} released={}", j.start.job_id, j.step, j.start.released_epochs);
+    j.held = false;
+  }
+  if (hold) j.progress_at = Clock::now();
+  return hold;
+}
+
 void complete_rank0(Trainer* self) {
   auto& j = *self->state.job;
   // At the end, a submitter this view does not hold live is gone, even if this node never saw it
@@ -223,16 +277,8 @@ void complete_rank0(Trainer* self) {
     node_events().info("job_detached job={} reason=\"the submitter {} is not live in this view at the end\"",
                        j.start.job_id, j.start.submitter_id);
   }
+  if (!send_model(self)) return;
   const auto params = j.model->parameters();
-  auto copy = std::make_shared<const std::vector<float>>(params.begin(), params.end());
-  constexpr size_t piece = 1u << 20;  // elements per frame: 4 MiB, well inside the frame limit
-  for (size_t off = 0; off < copy->size() && !j.detached; off += piece) {
-    const std::span<const float> data(copy->data() + off, std::min(piece, copy->size() - off));
-    if (!send_to(self, j.start.submitter,
-                 gossip::ParamPush{0, static_cast<uint64_t>(j.step),
-                                   gossip::TensorChunk{static_cast<uint64_t>(j.step), 0, off, copy->size(), data, copy}}))
-      return fail(self, "the final model does not fit the send queue to the submitter; raise [cluster] send_queue_mb");
-  }
   JobReport r = report_of(j, JobReport::Kind::done);
   r.samples = j.own_samples;
   r.bytes_sent = j.bytes_sent();

@@ -253,6 +253,11 @@ struct Job {
   bool target_reached = false;  // stop_at_target: rank 0 votes to stop in the next ring (sync), or tells
                                 // the workers to stop after the step under way (async, gossip)
   bool finishing = false;
+  // [job] pause_between_epochs: this worker waits at the end of the epochs released so far
+  // (j.start.released_epochs) until a generation releases more; rank 0 has sent the model.
+  bool held = false;
+  bool held_reported = false;  // rank 0: the model and the held report went out for this hold
+  uint64_t held_epochs = 0;    // the epochs done at this hold
   bool detached = false;  // the submitter is gone: the job goes on, and rank 0 saves the model here
 
   double train_seconds() const { return first_step ? seconds_between(*first_step, last_step_end) : 0.0; }
@@ -365,6 +370,18 @@ std::string save_detached(const TrainerState& s, const Job& j, const JobReport& 
 /// Rank 0 at the end: the final model to the submitter, then its done report (a detached job:
 /// both to this node's disk).
 void complete_rank0(Trainer* self);
+
+/// The parameters to the submitter from rank 0 (at the end, or held between epochs), in pieces
+/// tagged with the step; false (the job failed) if they do not fit the send queue.
+bool send_model(Trainer* self);
+
+/// A job that pauses between epochs: whether this worker waits now, with `epochs_done` epochs
+/// behind it (the released ones are done, and the job is not over). Rank 0, on reaching a hold:
+/// the model and a held report to the submitter (report_held), once the epoch's evaluation is in.
+bool hold_between_epochs(Trainer* self, Job& j, uint64_t epochs_done);
+void report_held(Trainer* self);
+/// What rank 0 says while held: where the job stands, and its last evaluation.
+JobReport held_report(const Job& j);
 
 void finish_job(Trainer* self);
 

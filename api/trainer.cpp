@@ -1,0 +1,477 @@
+#include "tepdist/trainer.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "actors/launcher.hpp"
+#include "actors/node.hpp"
+#include "actors/router.hpp"
+#include "actors/submitter.hpp"
+#include "compute/backends.hpp"
+#include "compute/data/dataset_file.hpp"
+#include "compute/io/checkpoint.hpp"
+#include "compute/io/files.hpp"
+#include "elastic/config.hpp"
+#include "elastic/job.hpp"
+
+namespace tepdist {
+namespace fs = std::filesystem;
+using compute::Errc;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+std::unexpected<compute::Error> error(Errc code, const std::string& why) {
+  return compute::fail(code, "tepdist::Trainer: " + why);
+}
+
+/// A value as a TOML basic string, for an override.
+std::string toml_string(const std::string& s) {
+  std::string quoted = "\"";
+  for (const char ch : s) {
+    if (ch == '"' || ch == '\\') quoted += '\\';
+    quoted += ch;
+  }
+  return quoted + "\"";
+}
+
+/// `--set` values for the optimiser the caller chose.
+std::vector<std::string> optimizer_overrides(const OptimizerSpec& o) {
+  const auto& a = o.options;
+  const auto& s = o.schedule;
+  return {fmt::format("optimizer.name={}", toml_string(a.name)), fmt::format("optimizer.lr={}", s.base_lr),
+          fmt::format("optimizer.momentum={}", a.momentum),      fmt::format("optimizer.nesterov={}", a.nesterov),
+          fmt::format("optimizer.weight_decay={}", a.weight_decay), fmt::format("optimizer.beta1={}", a.beta1),
+          fmt::format("optimizer.beta2={}", a.beta2),            fmt::format("optimizer.eps={}", a.eps),
+          fmt::format("optimizer.schedule={}", toml_string(s.kind)),
+          fmt::format("optimizer.warmup_steps={}", s.warmup_steps), fmt::format("optimizer.step_size={}", s.step_size),
+          fmt::format("optimizer.gamma={}", s.gamma),            fmt::format("optimizer.min_lr={}", s.min_lr)};
+}
+
+/// The layer list as a TOML array of inline tables, for model.layers.
+std::string layers_toml(const std::vector<compute::LayerSpec>& layers) {
+  std::vector<std::string> items;
+  for (const auto& l : layers) {
+    std::string item = "{type = " + toml_string(l.type);
+    if (!l.name.empty()) item += ", name = " + toml_string(l.name);
+    for (const auto& [key, value] : l.args) item += fmt::format(", {} = {}", key, value);
+    items.push_back(item + "}");
+  }
+  return fmt::format("[{}]", fmt::join(items, ", "));
+}
+
+bool same_optimizer(const OptimizerSpec& a, const OptimizerSpec& b) {
+  return optimizer_overrides(a) == optimizer_overrides(b);
+}
+
+}  // namespace
+
+/// The local nodes, started once for the Trainer's life, and what the launcher said of them.
+struct Trainer::Nodes {
+  std::unique_ptr<actors::LocalCluster> cluster;
+  std::mutex mutex;
+  std::vector<std::string> events;  // restarts by the launcher's keeper, until a report takes them
+};
+
+/// One job: the member this program adds to the cluster to submit and follow it (a node of its
+/// own, on a thread, until the job ends), and what that member gathered.
+struct Trainer::Job {
+  uint64_t id = 0;
+  bool pauses = false;      // sync: one job for every epoch, paused after each
+  int64_t first_epoch = 0;  // the train() epoch that is the job's epoch 0
+  fs::path dir;
+  std::shared_ptr<actors::Submission> submission;
+  std::thread member;
+  // The job's inputs, which later calls must repeat.
+  const compute::Dataset* data = nullptr;
+  int64_t data_size = 0;
+  OptimizerSpec optimizer;
+  std::vector<float> left;  // the parameters the last call left in the model
+
+  std::mutex mutex;  // everything below: the member's thread writes, train() reads
+  std::condition_variable changed;
+  size_t model_size = 0;
+  uint64_t params_step = 0;
+  std::vector<float> params;
+  std::set<uint64_t> pieces;  // offsets received for params_step
+  size_t received = 0;
+  std::optional<gossip::JobReport> held, last_progress;
+  std::optional<Clock::time_point> held_at;
+  std::vector<gossip::JobReport> evaluations, done;
+  std::vector<std::string> events;
+  uint64_t generation = 0;
+  std::optional<int> status;
+  std::string why;
+
+  bool params_complete(uint64_t step) const { return params_step == step && received == model_size && model_size > 0; }
+};
+
+void Trainer::serve(int argc, char** argv, ModelFactory factory) {
+  elastic::set_program_model(std::move(factory));
+  // `PROGRAM node FILE ...`: a node the launcher started, or one an operator started by hand to
+  // join a running cluster that trains this program's model.
+  if (argc < 2 || std::strcmp(argv[1], "node") != 0) return;
+  std::exit(actors::run_node_process(actors::parse_relaunch_args(argc, argv)));
+}
+
+Trainer::Trainer(TrainerOptions options) : o_(std::move(options)) {}
+
+Trainer::~Trainer() { close(); }
+
+std::vector<int> Trainer::node_pids() const {
+  if (!nodes_ || !nodes_->cluster) return {};
+  const auto pids = nodes_->cluster->nodes.pids();
+  return {pids.begin(), pids.end()};
+}
+
+void Trainer::end_job() {
+  if (!job_) return;
+  if (job_->member.joinable()) {
+    // A job still running is stopped: its member takes SIGTERM as Ctrl-C on `tepdist run`
+    // (it asks the workers to stop the job, then leaves).
+    bool running = false;
+    {
+      std::lock_guard lock(job_->mutex);
+      running = !job_->status;
+    }
+    if (running) ::pthread_kill(job_->member.native_handle(), SIGTERM);
+    job_->member.join();
+  }
+  job_.reset();
+}
+
+void Trainer::close() {
+  end_job();
+  nodes_.reset();  // stops and reaps every node this Trainer started
+}
+
+compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute::Dataset& train_data,
+                                            const OptimizerSpec& optimizer, int64_t epoch) {
+  if (!model.built()) return error(Errc::invalid_argument, "train: build the model first");
+  if (epoch != next_epoch_)
+    return error(Errc::invalid_argument, fmt::format("train: epoch {} asked for, but the job's next epoch is {} (calls go "
+                                                     "0, 1, 2, ... up to TrainerOptions::epochs - 1)",
+                                                     epoch, next_epoch_));
+  if (epoch >= o_.epochs)
+    return error(Errc::invalid_argument, fmt::format("train: epoch {} is past the job's {} epochs "
+                                                     "(TrainerOptions::epochs)",
+                                                     epoch, o_.epochs));
+  const auto params = model.parameters();
+  if (job_ && job_->pauses) {
+    // The next epoch of the running job: its inputs stay what they were.
+    if (&train_data != job_->data || train_data.size() != job_->data_size)
+      return error(Errc::invalid_argument, "train: the job trains on the data set its first train() call gave; pass that "
+                                           "same data set (a new one needs a new Trainer)");
+    if (!same_optimizer(optimizer, job_->optimizer))
+      return error(Errc::invalid_argument, "train: the optimiser differs from the one the job started with; a running "
+                                           "job keeps its optimiser (a new one needs a new Trainer)");
+    if (!std::equal(params.begin(), params.end(), job_->left.begin(), job_->left.end()))
+      return error(Errc::invalid_argument, "train: the model's parameters are not those the last train() call left; a "
+                                           "running job cannot take other parameters yet (a new Trainer can start "
+                                           "from them)");
+    {
+      std::lock_guard lock(job_->mutex);
+      if (job_->status)
+        return error(Errc::invalid_argument, fmt::format("job {} is over: {}", job_->id,
+                                                         job_->why.empty() ? "it ended" : job_->why));
+    }
+    if (!job_->submission->release(static_cast<uint32_t>(epoch - job_->first_epoch + 1)))
+      return error(Errc::invalid_argument, fmt::format("job {}'s member is not running", job_->id));
+  } else {
+    end_job();  // a job of one epoch (async, gossip) is over by now
+    if (auto ok = start_job(model, train_data, optimizer, epoch); !ok) return std::unexpected(ok.error());
+  }
+  auto report = wait_epoch(model, epoch);
+  if (!report) {
+    end_job();  // a failed job is over; the next call starts another
+    return report;
+  }
+  job_->left.assign(params.begin(), params.end());
+  ++next_epoch_;
+  if (next_epoch_ == o_.epochs) end_job();
+  return report;
+}
+
+compute::Result<void> Trainer::start_job(compute::Model& model, const compute::Dataset& train_data,
+                                         const OptimizerSpec& optimizer, int64_t epoch) {
+  const bool local = o_.seeds.empty();
+  if (!local && o_.secret_file.empty())
+    return error(Errc::invalid_argument, "TrainerOptions::seeds names a running cluster; secret_file must name its secret");
+  if (local && o_.nodes < 1) return error(Errc::invalid_argument, "TrainerOptions::nodes must be 1 or more");
+  if (auto ok = train_data.check(); !ok) return error(Errc::invalid_argument, "the training set: " + ok.error().message);
+  const fs::path out = fs::absolute(o_.out);
+  const fs::path data = out / "data", dir = out / fmt::format("job-{}", ++jobs_started_);
+  std::error_code ec;
+  fs::create_directories(data, ec);
+  fs::create_directories(dir / "logs", ec);
+  if (ec) return error(Errc::io, fmt::format("cannot create {}: {}", dir.string(), ec.message()));
+
+  // The data, as it is, in files every node reads.
+  if (auto ok = compute::save_dataset(data / "train.tds", train_data); !ok) return std::unexpected(ok.error());
+  if (o_.test_data) {
+    if (auto ok = compute::save_dataset(data / "test.tds", *o_.test_data); !ok)
+      return error(Errc::invalid_argument, "TrainerOptions::test_data: " + ok.error().message);
+  }
+  const fs::path init = dir / "init.safetensors";
+  if (auto ok = compute::export_safetensors(init, model); !ok) return std::unexpected(ok.error());
+
+  // The job file: the caller's (or the defaults), then what the options and the call say.
+  const bool pauses = o_.mode == "sync" || o_.mode == "gossip";
+  std::vector<std::string> keys = {
+      fmt::format("job.mode={}", toml_string(o_.mode)),
+      fmt::format("job.epochs={}", pauses ? o_.epochs : 1),
+      // A job per epoch (async, gossip) shuffles as epoch `epoch` of one long job would not, but
+      // differently each time.
+      fmt::format("job.seed={}", pauses ? o_.seed : o_.seed + static_cast<uint64_t>(epoch)),
+      fmt::format("job.pause_between_epochs={}", pauses),
+      "data.dataset=\"files\"",
+      fmt::format("data.train_file={}", toml_string((data / "train.tds").string())),
+      fmt::format("data.test_file={}", o_.test_data ? toml_string((data / "test.tds").string()) : "\"\""),
+      "data.train_samples=0",
+      "data.test_samples=0",
+      fmt::format("data.batch_size={}", o_.batch_size),
+      fmt::format("model.init_file={}", toml_string(init.string())),
+      o_.layers.empty() ? std::string("model.preset=\"program\"") : "model.layers=" + layers_toml(o_.layers),
+      fmt::format("cluster.local_nodes={}", local ? o_.nodes : 0),
+  };
+  for (auto& k : optimizer_overrides(optimizer)) keys.push_back(std::move(k));
+  if (!local) {
+    std::vector<std::string> seeds;
+    for (const auto& s : o_.seeds) seeds.push_back(toml_string(s));
+    keys.push_back(fmt::format("cluster.seeds=[{}]", fmt::join(seeds, ", ")));
+    keys.push_back(fmt::format("cluster.secret_file={}", toml_string(fs::absolute(o_.secret_file).string())));
+  }
+  const bool quorum_given = std::any_of(o_.overrides.begin(), o_.overrides.end(),
+                                        [](const std::string& k) { return k.starts_with("elastic.quorum"); });
+  // Local nodes on one machine cannot be partitioned: job control may go on with any survivor.
+  if (local && !quorum_given) keys.push_back("elastic.quorum=\"any\"");
+  for (const auto& k : o_.overrides) keys.push_back(k);
+  auto config = o_.config ? elastic::load_config(*o_.config, keys) : elastic::parse_config("", "(tepdist::Trainer)", keys);
+  if (!config) return error(Errc::invalid_argument, config.error().message);
+  if (config->job.mode == "single")
+    return error(Errc::invalid_argument, "TrainerOptions::mode: \"sync\", \"async\" or \"gossip\"");
+  // The job as submitted, for the record (`tepdist run` takes it as it is).
+  {
+    auto text = elastic::text_for_nodes(*config);
+    if (!text) return error(Errc::invalid_argument, text.error().message);
+    if (auto ok = compute::write_file_atomically(dir / "job.toml", *text); !ok) return std::unexpected(ok.error());
+  }
+  // The model the job builds must be the caller's: the same parameters, in name and shape.
+  {
+    auto built = elastic::build_job_model(*config, train_data);
+    if (!built)
+      return error(Errc::mismatch, fmt::format("the job's model does not build from the model passed to train(): {}",
+                                               built.error().message));
+  }
+
+  // The cluster: this Trainer's local nodes (started once), or the running one.
+  std::vector<std::string> seeds = o_.seeds;
+  elastic::JobConfig cluster = *config;
+  std::string secret;
+  if (local) {
+    if (!nodes_) {
+      auto nodes = std::make_unique<Nodes>();
+      auto started = actors::start_local_cluster(*config, out, [n = nodes.get()](const std::string& what) {
+        std::lock_guard lock(n->mutex);
+        n->events.push_back("local node " + what);
+      });
+      if (!started) return error(Errc::io, started.error());
+      nodes->cluster = std::move(*started);
+      nodes_ = std::move(nodes);
+    }
+    seeds = nodes_->cluster->seeds;
+    secret = nodes_->cluster->secret;
+    const std::vector<std::string> cluster_keys = {
+        "cluster.local_nodes=0", "cluster.secret=\"\"",
+        fmt::format("cluster.secret_file={}", toml_string(fs::absolute(out / "secret").string()))};
+    auto with_cluster = elastic::parse_config(config->text, config->source, cluster_keys);
+    if (!with_cluster) return error(Errc::invalid_argument, with_cluster.error().message);
+    cluster = *with_cluster;
+  } else {
+    auto s = elastic::load_secret(config->cluster);
+    if (!s) return error(Errc::invalid_argument, fmt::format("{}: {}", o_.secret_file.string(), s.error().message));
+    secret = *s;
+  }
+
+  samples_at_ = 0;
+  auto job = std::make_unique<Job>();
+  job->id = static_cast<uint64_t>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
+  job->pauses = pauses;
+  job->first_epoch = epoch;
+  job->dir = dir;
+  job->data = &train_data;
+  job->data_size = train_data.size();
+  job->optimizer = optimizer;
+  job->model_size = model.parameters().size();
+  auto shipped = elastic::text_for_nodes(cluster);
+  if (!shipped) return error(Errc::invalid_argument, shipped.error().message);
+  auto submission = std::make_shared<actors::Submission>();
+  submission->job.job_id = job->id;
+  submission->job.config = std::move(*shipped);
+  submission->job.released_epochs = 1;
+  submission->expected_workers = local ? static_cast<size_t>(o_.nodes) : 0;
+  submission->join_timeout_s = config->cluster.join_timeout_s;
+  submission->report_timeout_s = config->job.step_timeout_s + 120;
+  Job* j = job.get();
+  submission->on_report = [j](const gossip::JobReport& r) {
+    std::lock_guard lock(j->mutex);
+    using K = gossip::JobReport::Kind;
+    if (r.kind == K::held) {
+      if (!j->held || j->held->epoch != r.epoch || j->held->step != r.step) j->held_at = Clock::now();
+      j->held = r;
+    } else if (r.kind == K::evaluation) {
+      j->evaluations.push_back(r);
+    } else if (r.kind == K::done) {
+      j->done.push_back(r);
+    } else if (r.kind == K::progress) {
+      j->last_progress = r;
+    } else {
+      j->why = r.error;
+    }
+    j->changed.notify_all();
+  };
+  submission->on_params = [j](const gossip::TensorChunk& chunk) {
+    std::lock_guard lock(j->mutex);
+    // Only this job's model, each piece once; a newer step's pieces replace an older one's.
+    if (chunk.total != j->model_size) return;
+    if (chunk.step != j->params_step || j->params.empty()) {
+      if (chunk.step < j->params_step && !j->params.empty()) return;
+      j->params_step = chunk.step;
+      j->params.assign(chunk.total, 0.0f);
+      j->pieces.clear();
+      j->received = 0;
+    }
+    if (!j->pieces.insert(chunk.offset).second) return;
+    std::copy(chunk.data.begin(), chunk.data.end(), j->params.begin() + static_cast<ptrdiff_t>(chunk.offset));
+    j->received += chunk.data.size();
+    j->changed.notify_all();
+  };
+  submission->on_generation = [j](const gossip::JobStart& g) {
+    std::lock_guard lock(j->mutex);
+    j->generation = g.generation;
+    if (g.generation > 1)
+      j->events.push_back(fmt::format("generation {}: workers {}, resuming at step {}", g.generation,
+                                      fmt::join(g.workers, " "), g.resume.step));
+  };
+  submission->on_membership_event = [j](const std::string& event) {
+    std::lock_guard lock(j->mutex);
+    j->events.push_back(event);
+  };
+  submission->on_end = [j](int status, const std::string& why) {
+    std::lock_guard lock(j->mutex);
+    j->status = status;
+    if (!why.empty()) j->why = why;
+    j->changed.notify_all();
+  };
+  job->submission = submission;
+
+  const fs::path member_log = dir / "logs" / "trainer.log";
+  if (!actors::node_events_to_file(member_log.string()))
+    return error(Errc::io, fmt::format("cannot write {}", member_log.string()));
+  actors::NodeOptions node;
+  node.config = cluster;
+  node.config.monitor.http.clear();  // it trains nothing: the nodes' endpoints show the job
+  node.secret = secret;
+  node.name = fmt::format("trainer-{}-{}", ::getpid(), jobs_started_);
+  node.listen = o_.listen;
+  node.join = seeds;
+  node.submission = submission;
+  job->member = std::thread([j, node] {
+    const int status = actors::run_node(node);
+    std::lock_guard lock(j->mutex);
+    if (!j->status) j->status = status;
+    j->changed.notify_all();
+  });
+  job_ = std::move(job);
+  return {};
+}
+
+compute::Result<EpochReport> Trainer::wait_epoch(compute::Model& model, int64_t epoch) {
+  auto& j = *job_;
+  const auto began = Clock::now();
+  const uint64_t released = static_cast<uint64_t>(epoch - j.first_epoch + 1);
+  std::unique_lock lock(j.mutex);
+  // The held report of this epoch's end with its model, or the job's end (rank 0 sent the model
+  // before its done report, on the same connection).
+  const auto at_hold = [&] {
+    return j.pauses && j.held && j.held->epoch >= released && j.params_complete(j.held->step);
+  };
+  j.changed.wait(lock, [&] { return at_hold() || j.status.has_value(); });
+  const gossip::JobReport* rank0 = nullptr;
+  if (!at_hold()) {
+    if (*j.status != 0)
+      return error(Errc::invalid_argument,
+                   fmt::format("the {} job {} failed in epoch {} (status {}): {}; logs in {}", o_.mode, j.id, epoch,
+                               *j.status, j.why.empty() ? "no reason given" : j.why, (j.dir / "logs").string()));
+    for (const auto& d : j.done)
+      if (d.rank == 0) rank0 = &d;
+    if (!rank0 || !j.params_complete(rank0->step))
+      return error(Errc::invalid_argument, fmt::format("job {} ended without rank 0's model", j.id));
+  }
+  EpochReport report;
+  report.epoch = epoch;
+  report.job_id = j.id;
+  report.generation = j.generation;
+  report.logs = nodes_ ? fs::absolute(o_.out) / "logs" : j.dir / "logs";
+  const auto ended = rank0 ? Clock::now() : j.held_at.value_or(Clock::now());
+  report.train_seconds = std::chrono::duration<double>(ended - began).count();
+  const gossip::JobReport& end = rank0 ? *rank0 : *j.held;
+  report.members = end.members;
+  report.steps = end.step;
+  const auto evaluated = std::find_if(j.evaluations.begin(), j.evaluations.end(),
+                                      [&](const gossip::JobReport& e) { return e.step == end.step; });
+  if (evaluated != j.evaluations.end() || rank0) {
+    report.test_accuracy = end.test_accuracy;
+    report.test_loss = end.test_loss;
+  }
+  // Samples of this call: sync counts the job's (its held and progress reports carry them); a job
+  // of one epoch, what its workers trained.
+  uint64_t samples_now = 0;
+  if (rank0) {
+    if (j.pauses && j.last_progress) samples_now = j.last_progress->samples;
+    else
+      for (const auto& d : j.done) samples_now += d.samples;
+  } else {
+    samples_now = j.held->samples;
+  }
+  const uint64_t samples_before = j.pauses ? samples_at_ : 0;
+  report.samples = samples_now >= samples_before ? samples_now - samples_before : samples_now;
+  samples_at_ = samples_now;
+  report.samples_per_second = report.train_seconds > 0 ? static_cast<double>(report.samples) / report.train_seconds : 0.0;
+  std::copy(j.params.begin(), j.params.end(), model.parameters().begin());
+  report.events = std::move(j.events);
+  j.events.clear();
+  if (nodes_) {
+    std::lock_guard nodes_lock(nodes_->mutex);
+    report.events.insert(report.events.end(), nodes_->events.begin(), nodes_->events.end());
+    nodes_->events.clear();
+  }
+  return report;
+}
+
+compute::Result<compute::Evaluation> Trainer::test(compute::Model& model, const compute::Dataset& data) {
+  if (!model.built()) return error(Errc::invalid_argument, "test: build the model first");
+  if (!backend_) {  // one for the Trainer's life: the model's kernels for it are made once
+    auto made = compute::make_backend("onednn");
+    if (!made) made = compute::make_backend("ref");
+    if (!made) return std::unexpected(made.error());
+    backend_ = std::move(*made);
+  }
+  return compute::try_evaluate(model, *backend_, data);
+}
+
+}  // namespace tepdist

@@ -1,0 +1,205 @@
+// The C++ API as a program uses it: examples/mlp_sync and examples/lenet_async, built against
+// tepdist::Trainer, run as a user runs them. Each test checks that no process it started is left.
+
+#include <signal.h>
+
+#include <catch2/catch.hpp>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "tests/support/process.hpp"
+#include "tests/support/processes.hpp"
+#include "tests/support/temp_dir.hpp"
+
+namespace fs = std::filesystem;
+using tepdist::test::Child;
+using tepdist::test::TempDir;
+using tepdist::test::all_gone;
+
+namespace {
+
+/// The float data of a .safetensors file written by tepdist (header skipped).
+std::vector<float> tensor_data(const fs::path& file) {
+  std::ifstream in(file, std::ios::binary);
+  uint64_t header = 0;
+  in.read(reinterpret_cast<char*>(&header), sizeof header);
+  in.seekg(static_cast<std::streamoff>(8 + header));
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+/// One epoch line of examples/mlp_sync.
+struct Epoch {
+  int epoch = 0, members = 0;
+  std::string job, generation, steps, samples, nodes;
+  double job_accuracy = 0, test_accuracy = 0;
+};
+
+std::vector<Epoch> epochs_of(const std::string& output) {
+  static const std::regex line(R"(epoch (\d+): members (\d+), job (\d+) generation (\d+), (\d+) steps, (\d+) samples, )"
+                               R"(job accuracy ([-0-9.]+), test accuracy ([0-9.]+), nodes ([0-9,-]+))");
+  std::vector<Epoch> out;
+  for (auto it = std::sregex_iterator(output.begin(), output.end(), line); it != std::sregex_iterator(); ++it) {
+    const auto& m = *it;
+    out.push_back({std::stoi(m[1]), std::stoi(m[2]), m[3], m[4], m[5], m[6], m[9], std::stod(m[7]), std::stod(m[8])});
+  }
+  return out;
+}
+
+/// Writes a secret file readable by its owner only; returns its path.
+fs::path secret_file(const TempDir& dir) {
+  const auto path = dir.path / "secret";
+  std::ofstream(path) << "a secret for this test, long enough\n";
+  fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+  return path;
+}
+
+}  // namespace
+
+TEST_CASE("Trainer, sync: three train() calls are one job on the same node processes, and end bit for bit where one "
+          "3-epoch tepdist run of that job ends",
+          "[integration][api]") {
+  TempDir dir;
+  const auto out = dir.path / "trainer";
+  // Equal shares: with the balancer, shares follow measured speeds, so even two runs of one job
+  // would sum their gradients in different pieces.
+  Child program({TEPDIST_EXAMPLE_MLP, "--epochs", "3", "--out", out.string(), "--set", "elastic.balance=false"});
+  const int status = program.wait();
+  INFO(program.all());
+  REQUIRE(status == 0);
+  const auto epochs = epochs_of(program.all());
+  REQUIRE(epochs.size() == 3);
+  for (size_t e = 0; e < epochs.size(); ++e) {
+    CHECK(epochs[e].members == 2);
+    CHECK(epochs[e].job == epochs[0].job);        // one job
+    CHECK(epochs[e].nodes == epochs[0].nodes);    // on the node processes the first call started
+    CHECK(epochs[e].generation == std::to_string(e + 1));  // each release is a generation
+    CHECK(epochs[e].steps == std::to_string(64 * (e + 1)));  // 4,096 samples at 2 x 32 a step
+    CHECK(epochs[e].samples == "4096");
+    // The job evaluated the epoch's model on the test set the program gave, as the program does.
+    CHECK(epochs[e].job_accuracy == Approx(epochs[e].test_accuracy).margin(1e-4));
+  }
+  CHECK(std::set<std::string>{epochs[0].nodes}.size() == 1);
+  CHECK(epochs[0].nodes.find(',') != std::string::npos);  // two of them
+  // Float features, trained end to end: four overlapping classes, chance is 0.25.
+  CHECK(epochs.back().test_accuracy > 0.7);
+  CHECK(epochs.back().test_accuracy >= epochs.front().test_accuracy - 0.02);
+
+  // The job as the Trainer submitted it (its data, model, initial parameters and optimiser), run
+  // by `tepdist run` in one go: the same parameters, bit for bit.
+  const auto job = out / "job-1" / "job.toml";
+  REQUIRE(fs::exists(job));
+  Child run({TEPDIST_BINARY, "run", job.string(), "--set", "job.pause_between_epochs=false", "--out",
+             (dir.path / "run").string()});
+  const int run_status = run.wait();
+  INFO(run.all());
+  REQUIRE(run_status == 0);
+  const auto trained = tensor_data(out / "mlp_sync.safetensors");
+  const auto reference = tensor_data(dir.path / "run" / "model.safetensors");
+  REQUIRE(trained.size() == reference.size());
+  CHECK(trained.size() == (20 * 64 + 64) + (64 * 4 + 4));
+  CHECK(std::memcmp(trained.data(), reference.data(), trained.size() * sizeof(float)) == 0);
+  // And not because nothing moved: training changed the initial parameters.
+  CHECK(tensor_data(out / "job-1" / "init.safetensors") != trained);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+TEST_CASE("Trainer: a program that throws between epochs ends its job and stops its node processes",
+          "[integration][api]") {
+  TempDir dir;
+  const auto out = dir.path / "trainer";
+  Child program({TEPDIST_EXAMPLE_MLP, "--epochs", "3", "--stop-after", "1", "--out", out.string()});
+  const int status = program.wait();
+  INFO(program.all());
+  CHECK(status == 3);
+  CHECK(program.seen("mlp_sync: stopped early"));
+  const auto epochs = epochs_of(program.all());
+  REQUIRE(epochs.size() == 1);
+  // Its nodes were told to stop the job, then left (SIGTERM from the Trainer, not the kernel's
+  // on the program's death: the program was still alive when they went).
+  for (const auto* log : {"node-0.log", "node-1.log"}) {
+    std::ifstream in(out / "logs" / log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    INFO(log << ":\n" << text);
+    CHECK(text.find("stopped by") != std::string::npos);
+    CHECK(text.find("node_stopping") != std::string::npos);
+  }
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+TEST_CASE("Trainer on a running cluster of plain tepdist nodes: a layer list trains, a model class is refused, saying "
+          "what the nodes need",
+          "[integration][api]") {
+  TempDir dir;
+  const std::string secret = "cluster.secret_file=\"" + secret_file(dir).string() + "\"";
+  Child a({TEPDIST_BINARY, "node", "--name", "a", "--set", secret});
+  const auto ready = a.wait_for("node_ready");
+  REQUIRE(ready);
+  const std::string seed = tepdist::test::field(*ready, "address");
+  Child b({TEPDIST_BINARY, "node", "--name", "b", "--set", secret, "--join", seed});
+  REQUIRE(b.wait_for("member_joined id=a"));
+  REQUIRE(a.wait_for("member_joined id=b"));
+
+  Child mlp({TEPDIST_EXAMPLE_MLP, "--epochs", "2", "--seeds", seed, "--secret-file", (dir.path / "secret").string(),
+             "--out", (dir.path / "mlp").string()});
+  const int mlp_status = mlp.wait();
+  INFO(mlp.all());
+  REQUIRE(mlp_status == 0);
+  const auto epochs = epochs_of(mlp.all());
+  REQUIRE(epochs.size() == 2);
+  CHECK(epochs[1].members == 2);
+  CHECK(epochs[1].job == epochs[0].job);
+  CHECK(epochs[1].nodes == "-");  // none of its own
+  CHECK(epochs[1].test_accuracy > 0.7);
+
+  // The LeNet example's model is a class of its own: nodes that do not run that program cannot
+  // build it, and the error says what to do.
+  Child lenet({TEPDIST_EXAMPLE_LENET, "--epochs", "1", "--train-samples", "512", "--test-samples", "100", "--seeds", seed,
+               "--secret-file", (dir.path / "secret").string(), "--out", (dir.path / "lenet").string()});
+  const int lenet_status = lenet.wait();
+  INFO(lenet.all());
+  CHECK(lenet_status == 1);
+  CHECK(lenet.seen("model.preset = \"program\""));
+  CHECK(lenet.seen("start the nodes as that program"));
+  CHECK(lenet.seen("TrainerOptions::layers"));
+  // The cluster is the operator's: still there, and it stops cleanly.
+  a.signal(SIGTERM);
+  b.signal(SIGTERM);
+  CHECK(a.wait() == 0);
+  CHECK(b.wait() == 0);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+TEST_CASE("Trainer, gossip: one job whose replicas are averaged at each epoch's end, the average handed over",
+          "[integration][api]") {
+  TempDir dir;
+  const auto out = dir.path / "gossip";
+  Child program({TEPDIST_EXAMPLE_LENET, "--mode", "gossip", "--epochs", "2", "--train-samples", "2048",
+                 "--test-samples", "500", "--out", out.string()});
+  const int status = program.wait();
+  INFO(program.all());
+  REQUIRE(status == 0);
+  CHECK(program.seen("epoch 2: members 2"));
+  CHECK(fs::exists(out / "job-1" / "job.toml"));
+  CHECK_FALSE(fs::exists(out / "job-2"));  // one job for both calls
+  // Each node held once, after the first epoch, with its replica averaged; the release was the
+  // second generation; the job ended after the second epoch with one final average.
+  for (const auto* log : {"node-0.log", "node-1.log"}) {
+    std::ifstream in(out / "logs" / log);
+    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    INFO(log << ":\n" << text);
+    CHECK(text.find("epoch_hold job=") != std::string::npos);
+    CHECK(text.find("epochs_done=1 released=1") != std::string::npos);
+    CHECK(text.find("epochs_done=2") == std::string::npos);
+    CHECK(text.find("generation=2") != std::string::npos);
+    CHECK(text.find("job_done") != std::string::npos);
+  }
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
