@@ -90,8 +90,7 @@ struct Trainer::Nodes {
 /// own, on a thread, until the job ends), and what that member gathered.
 struct Trainer::Job {
   uint64_t id = 0;
-  bool pauses = false;      // sync: one job for every epoch, paused after each
-  int64_t first_epoch = 0;  // the train() epoch that is the job's epoch 0
+  int64_t first_epoch = 0;  // the train() epoch that is the job's epoch 0 (a job after a failed one starts later)
   fs::path dir;
   std::shared_ptr<actors::Submission> submission;
   std::thread member;
@@ -170,7 +169,7 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
                                                      "(TrainerOptions::epochs)",
                                                      epoch, o_.epochs));
   const auto params = model.parameters();
-  if (job_ && job_->pauses) {
+  if (job_) {
     // The next epoch of the running job: its inputs stay what they were.
     if (&train_data != job_->data || train_data.size() != job_->data_size)
       return error(Errc::invalid_argument, "train: the job trains on the data set its first train() call gave; pass that "
@@ -190,9 +189,8 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
     }
     if (!job_->submission->release(static_cast<uint32_t>(epoch - job_->first_epoch + 1)))
       return error(Errc::invalid_argument, fmt::format("job {}'s member is not running", job_->id));
-  } else {
-    end_job();  // a job of one epoch (async, gossip) is over by now
-    if (auto ok = start_job(model, train_data, optimizer, epoch); !ok) return std::unexpected(ok.error());
+  } else if (auto ok = start_job(model, train_data, optimizer, epoch); !ok) {
+    return std::unexpected(ok.error());
   }
   auto report = wait_epoch(model, epoch);
   if (!report) {
@@ -229,14 +227,12 @@ compute::Result<void> Trainer::start_job(compute::Model& model, const compute::D
   if (auto ok = compute::export_safetensors(init, model); !ok) return std::unexpected(ok.error());
 
   // The job file: the caller's (or the defaults), then what the options and the call say.
-  const bool pauses = o_.mode == "sync" || o_.mode == "gossip";
+  // A job started after a failed one trains the epochs left.
   std::vector<std::string> keys = {
       fmt::format("job.mode={}", toml_string(o_.mode)),
-      fmt::format("job.epochs={}", pauses ? o_.epochs : 1),
-      // A job per epoch (async, gossip) shuffles as epoch `epoch` of one long job would not, but
-      // differently each time.
-      fmt::format("job.seed={}", pauses ? o_.seed : o_.seed + static_cast<uint64_t>(epoch)),
-      fmt::format("job.pause_between_epochs={}", pauses),
+      fmt::format("job.epochs={}", o_.epochs - epoch),
+      fmt::format("job.seed={}", o_.seed + static_cast<uint64_t>(epoch)),
+      "job.pause_between_epochs=true",
       "data.dataset=\"files\"",
       fmt::format("data.train_file={}", toml_string((data / "train.tds").string())),
       fmt::format("data.test_file={}", o_.test_data ? toml_string((data / "test.tds").string()) : "\"\""),
@@ -310,7 +306,6 @@ compute::Result<void> Trainer::start_job(compute::Model& model, const compute::D
   auto job = std::make_unique<Job>();
   job->id = static_cast<uint64_t>(
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
-  job->pauses = pauses;
   job->first_epoch = epoch;
   job->dir = dir;
   job->data = &train_data;
@@ -408,7 +403,7 @@ compute::Result<EpochReport> Trainer::wait_epoch(compute::Model& model, int64_t 
   // The held report of this epoch's end with its model, or the job's end (rank 0 sent the model
   // before its done report, on the same connection).
   const auto at_hold = [&] {
-    return j.pauses && j.held && j.held->epoch >= released && j.params_complete(j.held->step);
+    return j.held && j.held->epoch >= released && j.params_complete(j.held->step);
   };
   j.changed.wait(lock, [&] { return at_hold() || j.status.has_value(); });
   const gossip::JobReport* rank0 = nullptr;
@@ -438,18 +433,10 @@ compute::Result<EpochReport> Trainer::wait_epoch(compute::Model& model, int64_t 
     report.test_accuracy = end.test_accuracy;
     report.test_loss = end.test_loss;
   }
-  // Samples of this call: sync counts the job's (its held and progress reports carry them); a job
-  // of one epoch, what its workers trained.
-  uint64_t samples_now = 0;
-  if (rank0) {
-    if (j.pauses && j.last_progress) samples_now = j.last_progress->samples;
-    else
-      for (const auto& d : j.done) samples_now += d.samples;
-  } else {
-    samples_now = j.held->samples;
-  }
-  const uint64_t samples_before = j.pauses ? samples_at_ : 0;
-  report.samples = samples_now >= samples_before ? samples_now - samples_before : samples_now;
+  // Samples of this call: the job's count in rank 0's reports (sync: exact; gossip and async:
+  // rank 0's own times the workers) since the last call's.
+  const uint64_t samples_now = rank0 ? (j.last_progress ? j.last_progress->samples : 0) : j.held->samples;
+  report.samples = samples_now >= samples_at_ ? samples_now - samples_at_ : samples_now;
   samples_at_ = samples_now;
   report.samples_per_second = report.train_seconds > 0 ? static_cast<double>(report.samples) / report.train_seconds : 0.0;
   std::copy(j.params.begin(), j.params.end(), model.parameters().begin());

@@ -89,10 +89,11 @@ const std::vector<Key>& keys() {
         "time-to-accuracy benchmarks."},
        -inf, inf, false, false, {}, assign<&J::job, &J::Job::stop_at_target>},
       {{"job", "pause_between_epochs", KeyType::boolean, "false",
-        "Sync and gossip: the workers wait at the end of each epoch (gossip: after averaging their replicas), "
-        "with the model sent to the submitter, until it releases the next one; the job stays one job "
-        "(optimiser state, schedule, generations). Set by tepdist::Trainer, whose train() calls release one "
-        "epoch each; `tepdist run` releases every epoch at once."},
+        "Cluster jobs: the workers wait at the end of each epoch, with the model sent to the submitter (gossip: "
+        "the average of the replicas; async: assembled from the shards once every update is applied), until "
+        "it releases the next one; the job stays one job (optimiser state, schedule, generations). Set by "
+        "tepdist::Trainer, whose train() calls release one epoch each; `tepdist run` releases every epoch at "
+        "once."},
        -inf, inf, false, false, {}, assign<&J::job, &J::Job::pause_between_epochs>},
       {{"job", "log_every_steps", KeyType::integer, "50", "Steps between progress-line updates; 1 or more."},
        1, 1e9, false, false, {}, assign<&J::job, &J::Job::log_every_steps>},
@@ -760,10 +761,10 @@ std::expected<JobConfig, ConfigError> validate(const toml::value& root, const st
     return std::unexpected(ConfigError{fmt::format("{}: optimizer.nesterov needs optimizer.momentum > 0", name)});
   if (c.data.dataset == "files" && c.data.train_file.empty())
     return std::unexpected(ConfigError{fmt::format("{}: data.dataset = \"files\" needs data.train_file", name)});
-  if (c.job.pause_between_epochs && c.job.mode != "sync" && c.job.mode != "gossip")
-    return std::unexpected(ConfigError{fmt::format("{}: job.pause_between_epochs: only sync and gossip jobs pause "
-                                                   "between epochs yet (job.mode is \"{}\")",
-                                                   name, c.job.mode)});
+  if (c.job.pause_between_epochs && c.job.mode == "single")
+    return std::unexpected(ConfigError{fmt::format("{}: job.pause_between_epochs is for cluster jobs (job.mode "
+                                                   "\"sync\", \"async\" or \"gossip\"), not \"single\"",
+                                                   name)});
   return c;
 }
 

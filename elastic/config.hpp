@@ -34,7 +34,7 @@ struct JobConfig {
     double target_accuracy = 0.85;
     bool stop_at_target = false;
     /// The workers wait after each epoch until the submitter releases the next (tepdist::Trainer's
-    /// train() calls); sync and gossip, for now.
+    /// train() calls).
     bool pause_between_epochs = false;
     int64_t log_every_steps = 50;
     int64_t ring_chunk_kb = 256;

@@ -36,6 +36,11 @@ class AsyncDriver final : public Driver {
 
   /// One batch (a fresh one, or a refused one again), its gradient pushed to the shards.
   void step(Trainer* self, Job& j) override {
+    if (held_ && j.detached) {  // nobody will release the hold: it trains on
+      held_ = serving_ = assembling_ = false;
+      finished_.clear();
+      j.held = false;
+    }
     if (serving_ || assembling_ || blocked_ || !worker_ || !may_step(j)) return;
     auto& a = *worker_;
     if (!a.may_step()) {
@@ -48,7 +53,9 @@ class AsyncDriver final : public Driver {
     elastic::StepSlice slice;
     if (fresh) {
       slice = elastic::next_slice(spans_, consumed_, batch);
-      if (slice.count == 0 || j.step >= j.total_steps) {
+      // A job that pauses between epochs: this worker's part of the released epochs is done, and
+      // it finishes as at the end; rank 0 assembles the epoch's model and hands it over.
+      if (slice.count == 0 || j.step >= j.total_steps || note_hold(j)) {
         if (j.config.elastic.local_steps > 0) {
           elastic::Outgoing<gossip::ShardUpdate> rest;
           a.flush(rest);
@@ -334,9 +341,24 @@ class AsyncDriver final : public Driver {
     return g;
   }
 
-  /// Every position of this worker's list is trained (or max_steps reached).
+  /// Every position of this worker's list is trained (or max_steps reached), or those of the
+  /// epochs released so far (a job that pauses between epochs).
   bool listed_all(const Job& j) const {
-    return elastic::next_slice(spans_, consumed_, 1).count == 0 || j.step >= j.total_steps;
+    const auto next = elastic::next_slice(spans_, consumed_, 1);
+    return next.count == 0 || j.step >= j.total_steps || at_hold(j, next.epoch);
+  }
+
+  /// Whether this worker's next positions wait for a release (held_, and the epochs done, set).
+  bool note_hold(const Job& j) {
+    const auto next = elastic::next_slice(spans_, consumed_, 1);
+    held_ = next.count > 0 && j.step < j.total_steps && at_hold(j, next.epoch);
+    if (held_) held_epochs_ = next.epoch;
+    return held_;
+  }
+
+  /// Whether positions of `epoch` wait for a release.
+  static bool at_hold(const Job& j, uint64_t epoch) {
+    return j.config.job.pause_between_epochs && !j.detached && epoch >= j.start.released_epochs;
   }
 
   /// False: a send queue was full and the job failed.
@@ -370,6 +392,7 @@ class AsyncDriver final : public Driver {
     // Not again once the final model is whole: a worker_finished that crossed job_finished on
     // its way comes while rank 0 evaluates.
     if (j.finishing || assembling_ || (cut_ && cut_->final) || finished_.size() < j.world) return;
+    if (held_) return start_pull(self, j);  // an epoch's model, not the job's end: no final checkpoint
     if (j.checkpoints.take(j.step, true)) return start_checkpoint(j, true);
     start_pull(self, j);
   }
@@ -383,7 +406,14 @@ class AsyncDriver final : public Driver {
   }
 
   /// Rank 0, the final model whole: the others may let their shards go; rank 0 evaluates and reports.
+  /// At an epoch's hold the others keep serving, and rank 0 evaluates the model, then hands it over.
   void assembled(Trainer* self, Job& j) {
+    if (held_) {
+      j.last_eval_step = -1;  // the assembled model is another than rank 0's replica
+      evaluate_snapshot(self);
+      hold_between_epochs(self, j, held_epochs_);
+      return;
+    }
     gossip::Control over{self_id_, self->state.o.incarnation, gossip::Control::Command::job_finished, j.start.job_id,
                          {}};
     for (size_t i = 1; i < j.start.addresses.size(); ++i) send_to(self, j.start.addresses[i], over);
@@ -396,6 +426,7 @@ class AsyncDriver final : public Driver {
   /// then waits for the others; the others keep serving their shards.
   void finish(Trainer* self, Job& j) {
     if (!worker_->idle() || !worker_->durable() || serving_ || finished_.contains(self_id_)) return;
+    note_hold(j);
     node_events().info("async_finished job={} rank={} generation={} steps={} pushes={} stale_rejected={}", j.start.job_id,
                        j.rank, j.generation, j.step, worker_->pushes(), worker_->rejected());
     if (j.rank == 0) {
@@ -404,6 +435,7 @@ class AsyncDriver final : public Driver {
     }
     serving_ = true;
     send_to(self, j.start.addresses[0], finished_message(self, j));
+    if (held_) hold_between_epochs(self, j, held_epochs_);  // rank 0 hands the model over
   }
 
   void on_state(Trainer* self, Job& j, const std::string& peer, const gossip::ShardState& st) {
@@ -471,6 +503,8 @@ class AsyncDriver final : public Driver {
   uint64_t left_in_ = 0;         // the generation that left this worker out (its host hands over in it)
   bool resumed_ = false;  // from a checkpoint: in gradients mode the shards' optimisers start from its state
   bool assembling_ = false;          // rank 0: pulling every shard for the final model
+  bool held_ = false;                // finished the released epochs of a job that pauses between them
+  uint64_t held_epochs_ = 0;         // the epochs done at that hold
   std::vector<uint8_t> assembled_;   // per shard
   size_t assembled_count_ = 0;
 };
@@ -604,7 +638,7 @@ std::expected<void, std::string> AsyncDriver::enter(Trainer* self, Job& j) {
   spans_ = std::move(*spans);
   consumed_ = 0;
   worker_->set_cursor(0);
-  blocked_ = serving_ = assembling_ = false;
+  blocked_ = serving_ = assembling_ = held_ = false;
   finished_.clear();
   uint64_t positions = 0;
   for (const auto& span : spans_) positions += span.end - span.begin;

@@ -18,13 +18,12 @@
 // nodes (options.nodes processes on this machine, each a relaunch of this very program, which is
 // why serve() comes first in main(); or the running cluster options.seeds names), then the job
 // of options.epochs epochs from the model's parameters. Each train() call is the job's next
-// epoch: in sync and gossip modes the job pauses after it (gossip averages its replicas), the
-// parameters come back into the model, and the next call releases the next epoch of the same job
-// (optimiser state, schedule, generations and positions carry on, as in one `tepdist run` of that
-// many epochs). close(), or the destructor, ends the job and stops the nodes it started, also when
-// the program throws; if the program is killed, its nodes get SIGTERM from the kernel and leave.
-// Async jobs do not pause yet: each of their train() calls is a job of one epoch on the same
-// nodes, starting from the model as it is (their optimiser state starts afresh each call).
+// epoch: the job pauses after it (gossip averages its replicas; async assembles the model from
+// its shards), the parameters come back into the model, and the next call releases the next
+// epoch of the same job (optimiser state, schedule, generations and positions carry on, as in one
+// `tepdist run` of that many epochs). close(), or the destructor, ends the job and stops the
+// nodes it started, also when the program throws; if the program is killed, its nodes get
+// SIGTERM from the kernel and leave.
 //
 // Data. Any compute::Dataset (byte images or float features, any sample shape) reaches the nodes
 // as it is, as a data set file under options.out/data (compute/data/dataset_file.hpp) that
