@@ -195,10 +195,11 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
   self->state.o = std::move(options);
   self->state.submission = std::move(submission);
   self->state.released = self->state.submission->job.released_epochs;
-  self->state.submission->set_releaser([handle = caf::actor_cast<caf::actor>(self)](uint32_t epochs) {
-    caf::anon_send(handle, release_atom::value, epochs);
-  });
-  self->attach_functor([submission = self->state.submission] { submission->set_releaser({}); });
+  const auto handle = caf::actor_cast<caf::actor>(self);
+  self->state.submission->set_controls(
+      [handle](uint32_t epochs) { caf::anon_send(handle, release_atom::value, epochs); },
+      [handle] { caf::anon_send(handle, stop_atom::value); });
+  self->attach_functor([submission = self->state.submission] { submission->set_controls({}, {}); });
   caf::anon_send(router, job_atom::value, caf::actor_cast<caf::actor>(self));
   self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);  // watches the join
   return {
@@ -275,15 +276,23 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
 }  // namespace
 
 bool Submission::release(uint32_t epochs) {
-  std::lock_guard lock(releaser_->mutex);
-  if (!releaser_->send) return false;
-  releaser_->send(epochs);
+  std::lock_guard lock(controls_->mutex);
+  if (!controls_->release) return false;
+  controls_->release(epochs);
   return true;
 }
 
-void Submission::set_releaser(std::function<void(uint32_t)> releaser) {
-  std::lock_guard lock(releaser_->mutex);
-  releaser_->send = std::move(releaser);
+bool Submission::stop() {
+  std::lock_guard lock(controls_->mutex);
+  if (!controls_->stop) return false;
+  controls_->stop();
+  return true;
+}
+
+void Submission::set_controls(std::function<void(uint32_t)> release, std::function<void()> stop) {
+  std::lock_guard lock(controls_->mutex);
+  controls_->release = std::move(release);
+  controls_->stop = std::move(stop);
 }
 
 RoleSpec submitter_role(SubmitterOptions options, std::shared_ptr<Submission> submission, caf::actor router) {

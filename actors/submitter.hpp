@@ -42,17 +42,22 @@ struct Submission {
   /// False while the submitter has not started (or has ended).
   bool release(uint32_t epochs);
 
-  /// The submitter's actor sets this while it runs (release goes through it).
-  void set_releaser(std::function<void(uint32_t)> releaser);
+  /// Asks the workers to stop the job (as Ctrl-C on `tepdist run` does), from any thread; the job
+  /// ends when they report it (on_end). False while the submitter has not started (or has ended).
+  bool stop();
+
+  /// The submitter's actor sets these while it runs (release and stop go through it).
+  void set_controls(std::function<void(uint32_t)> release, std::function<void()> stop);
 
  private:
   // Shared by copies (the node wraps a copy of the caller's Submission): release() on the caller's
   // reaches the submitter that runs.
-  struct Releaser {
+  struct Controls {
     std::mutex mutex;
-    std::function<void(uint32_t)> send;
+    std::function<void(uint32_t)> release;
+    std::function<void()> stop;
   };
-  std::shared_ptr<Releaser> releaser_ = std::make_shared<Releaser>();
+  std::shared_ptr<Controls> controls_ = std::make_shared<Controls>();
 };
 
 struct SubmitterOptions {

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <chrono>
 #include <condition_variable>
+#include <future>
 #include <cstdlib>
 #include <cstring>
 #include <map>
@@ -84,6 +85,41 @@ struct Trainer::Nodes {
   std::unique_ptr<actors::LocalCluster> cluster;
   std::mutex mutex;
   std::vector<std::string> events;  // restarts by the launcher's keeper, until a report takes them
+  // The thread the nodes are forked from, alive until they are stopped: a node's parent-death
+  // signal (PR_SET_PDEATHSIG) comes when the thread that forked it ends, not the process, and the
+  // first train() call may come from a thread that ends long before the Trainer.
+  std::thread owner;
+  std::mutex owner_mutex;
+  std::condition_variable owner_done;
+  bool stopping = false;
+
+  /// Starts the cluster from the owner thread.
+  std::expected<void, std::string> start(const elastic::JobConfig& config, const fs::path& out) {
+    std::promise<std::expected<std::unique_ptr<actors::LocalCluster>, std::string>> started;
+    auto result = started.get_future();
+    owner = std::thread([this, &config, &out, &started] {
+      started.set_value(actors::start_local_cluster(config, out, [this](const std::string& what) {
+        std::lock_guard lock(mutex);
+        events.push_back("local node " + what);
+      }));
+      std::unique_lock lock(owner_mutex);
+      owner_done.wait(lock, [this] { return stopping; });
+    });
+    auto made = result.get();
+    if (!made) return std::unexpected(made.error());
+    cluster = std::move(*made);
+    return {};
+  }
+
+  ~Nodes() {
+    cluster.reset();  // stops and reaps every node (from any thread of this process)
+    {
+      std::lock_guard lock(owner_mutex);
+      stopping = true;
+    }
+    owner_done.notify_all();
+    if (owner.joinable()) owner.join();
+  }
 };
 
 /// One job: the member this program adds to the cluster to submit and follow it (a node of its
@@ -138,16 +174,18 @@ std::vector<int> Trainer::node_pids() const {
 
 void Trainer::end_job() {
   if (!job_) return;
-  if (job_->member.joinable()) {
-    // A job still running is stopped: its member takes SIGTERM as Ctrl-C on `tepdist run`
-    // (it asks the workers to stop the job, then leaves).
-    bool running = false;
-    {
-      std::lock_guard lock(job_->mutex);
-      running = !job_->status;
-    }
-    if (running) ::pthread_kill(job_->member.native_handle(), SIGTERM);
-    job_->member.join();
+  auto& j = *job_;
+  if (j.member.joinable()) {
+    // A job still running is stopped, and its end awaited (the workers report it): a member
+    // that left first would leave the job to train on, detached, on a running cluster. Should
+    // the workers not answer, the member is told to go (SIGTERM, as Ctrl-C on `tepdist run`).
+    std::unique_lock lock(j.mutex);
+    if (!j.status && j.submission->stop())
+      j.changed.wait_for(lock, std::chrono::seconds(10), [&] { return j.status.has_value(); });
+    const bool running = !j.status;
+    lock.unlock();
+    if (running) ::pthread_kill(j.member.native_handle(), SIGTERM);
+    j.member.join();
   }
   job_.reset();
 }
@@ -169,7 +207,12 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
                                                      "(TrainerOptions::epochs)",
                                                      epoch, o_.epochs));
   const auto params = model.parameters();
+  bool running = false;
   if (job_) {
+    std::lock_guard lock(job_->mutex);
+    running = !job_->status;  // not over since (a failure between calls, or its target reached)
+  }
+  if (running) {
     // The next epoch of the running job: its inputs stay what they were.
     if (&train_data != job_->data || train_data.size() != job_->data_size)
       return error(Errc::invalid_argument, "train: the job trains on the data set its first train() call gave; pass that "
@@ -181,16 +224,12 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
       return error(Errc::invalid_argument, "train: the model's parameters are not those the last train() call left; a "
                                            "running job cannot take other parameters yet (a new Trainer can start "
                                            "from them)");
-    {
-      std::lock_guard lock(job_->mutex);
-      if (job_->status)
-        return error(Errc::invalid_argument, fmt::format("job {} is over: {}", job_->id,
-                                                         job_->why.empty() ? "it ended" : job_->why));
-    }
-    if (!job_->submission->release(static_cast<uint32_t>(epoch - job_->first_epoch + 1)))
-      return error(Errc::invalid_argument, fmt::format("job {}'s member is not running", job_->id));
-  } else if (auto ok = start_job(model, train_data, optimizer, epoch); !ok) {
-    return std::unexpected(ok.error());
+    running = job_->submission->release(static_cast<uint32_t>(epoch - job_->first_epoch + 1));
+  }
+  // The first call, or the job is over: a job of the epochs left, from the model as it is.
+  if (!running) {
+    end_job();
+    if (auto ok = start_job(model, train_data, optimizer, epoch); !ok) return std::unexpected(ok.error());
   }
   auto report = wait_epoch(model, epoch);
   if (!report) {
@@ -210,6 +249,7 @@ compute::Result<void> Trainer::start_job(compute::Model& model, const compute::D
     return error(Errc::invalid_argument, "TrainerOptions::seeds names a running cluster; secret_file must name its secret");
   if (local && o_.nodes < 1) return error(Errc::invalid_argument, "TrainerOptions::nodes must be 1 or more");
   if (auto ok = train_data.check(); !ok) return error(Errc::invalid_argument, "the training set: " + ok.error().message);
+  if (train_data.size() == 0) return error(Errc::invalid_argument, "the training set holds no samples");
   const fs::path out = fs::absolute(o_.out);
   const fs::path data = out / "data", dir = out / fmt::format("job-{}", ++jobs_started_);
   std::error_code ec;
@@ -280,12 +320,7 @@ compute::Result<void> Trainer::start_job(compute::Model& model, const compute::D
   if (local) {
     if (!nodes_) {
       auto nodes = std::make_unique<Nodes>();
-      auto started = actors::start_local_cluster(*config, out, [n = nodes.get()](const std::string& what) {
-        std::lock_guard lock(n->mutex);
-        n->events.push_back("local node " + what);
-      });
-      if (!started) return error(Errc::io, started.error());
-      nodes->cluster = std::move(*started);
+      if (auto started = nodes->start(*config, out); !started) return error(Errc::io, started.error());
       nodes_ = std::move(nodes);
     }
     seeds = nodes_->cluster->seeds;
@@ -341,10 +376,11 @@ compute::Result<void> Trainer::start_job(compute::Model& model, const compute::D
   };
   submission->on_params = [j](const gossip::TensorChunk& chunk) {
     std::lock_guard lock(j->mutex);
-    // Only this job's model, each piece once; a newer step's pieces replace an older one's.
+    // Only this job's model (from rank 0 of the generation the member knows: the submitter
+    // checks), each piece once. Pieces of another step start the model afresh: a new rank 0 may
+    // stand at a lower step than the old one (gossip and async count each worker's own).
     if (chunk.total != j->model_size) return;
     if (chunk.step != j->params_step || j->params.empty()) {
-      if (chunk.step < j->params_step && !j->params.empty()) return;
       j->params_step = chunk.step;
       j->params.assign(chunk.total, 0.0f);
       j->pieces.clear();
@@ -358,6 +394,11 @@ compute::Result<void> Trainer::start_job(compute::Model& model, const compute::D
   submission->on_generation = [j](const gossip::JobStart& g) {
     std::lock_guard lock(j->mutex);
     j->generation = g.generation;
+    // The model comes again from this generation's rank 0 (the pieces of two generations' ranks
+    // 0 may stand for different models at one step).
+    j->params.clear();
+    j->pieces.clear();
+    j->received = 0;
     if (g.generation > 1)
       j->events.push_back(fmt::format("generation {}: workers {}, resuming at step {}", g.generation,
                                       fmt::join(g.workers, " "), g.resume.step));
@@ -386,6 +427,12 @@ compute::Result<void> Trainer::start_job(compute::Model& model, const compute::D
   node.join = seeds;
   node.submission = submission;
   job->member = std::thread([j, node] {
+    // Signals meant for this node reach this thread only: close()'s SIGTERM, should it land
+    // after run_node has returned, stays pending here rather than end the program.
+    sigset_t signals;
+    sigemptyset(&signals);
+    for (const int sig : {SIGINT, SIGTERM, SIGUSR1}) sigaddset(&signals, sig);
+    ::pthread_sigmask(SIG_BLOCK, &signals, nullptr);
     const int status = actors::run_node(node);
     std::lock_guard lock(j->mutex);
     if (!j->status) j->status = status;
@@ -429,14 +476,17 @@ compute::Result<EpochReport> Trainer::wait_epoch(compute::Model& model, int64_t 
   report.steps = end.step;
   const auto evaluated = std::find_if(j.evaluations.begin(), j.evaluations.end(),
                                       [&](const gossip::JobReport& e) { return e.step == end.step; });
-  if (evaluated != j.evaluations.end() || rank0) {
-    report.test_accuracy = end.test_accuracy;
-    report.test_loss = end.test_loss;
+  if (evaluated != j.evaluations.end()) {
+    report.test_accuracy = evaluated->test_accuracy;
+    report.test_loss = evaluated->test_loss;
+  } else if (rank0) {  // the job's last evaluation, in rank 0's done report
+    report.test_accuracy = rank0->test_accuracy;
+    report.test_loss = rank0->test_loss;
   }
   // Samples of this call: the job's count in rank 0's reports (sync: exact; gossip and async:
   // rank 0's own times the workers) since the last call's.
   const uint64_t samples_now = rank0 ? (j.last_progress ? j.last_progress->samples : 0) : j.held->samples;
-  report.samples = samples_now >= samples_at_ ? samples_now - samples_at_ : samples_now;
+  report.samples = samples_now >= samples_at_ ? samples_now - samples_at_ : 0;
   samples_at_ = samples_now;
   report.samples_per_second = report.train_seconds > 0 ? static_cast<double>(report.samples) / report.train_seconds : 0.0;
   std::copy(j.params.begin(), j.params.end(), model.parameters().begin());

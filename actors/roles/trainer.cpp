@@ -271,8 +271,13 @@ void on_tick(Trainer* self) {
   if (s.job && s.job->member && !s.job->finishing && !s.job->held &&
       seconds_between(s.job->progress_at, Clock::now()) > s.job->config.job.step_timeout_s)
     check_step_timeout(self);
-  if (s.job && s.job->member && s.job->held && s.job->held_reported && s.job->rank == 0)
-    to_submitter(self, *s.job, held_report(*s.job));  // again: the submitter's report timeout, a report lost
+  if (s.job && s.job->member && s.job->held && s.job->held_reported && s.job->rank == 0) {
+    // Said again each tick (the submitter's report timeout, a report lost), and the model again
+    // now and then: pieces sent before the member knew this generation's rank 0 were refused.
+    const uint64_t t = ++s.job->held_ticks;
+    const bool again = ((t & (t - 1)) == 0 && t >= 2 && t <= 64) || t % 64 == 0;
+    if (!again || send_model(self)) to_submitter(self, *s.job, held_report(*s.job));  // a failed send drops the job
+  }
   if (s.job && s.job->control) {
     auto& j = *s.job;
     const uint64_t job_id = j.start.job_id;

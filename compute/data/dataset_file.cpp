@@ -5,6 +5,7 @@
 #include <zlib.h>
 
 #include <bit>
+#include <charconv>
 #include <cstring>
 #include <limits>
 
@@ -77,7 +78,10 @@ Result<Dataset> load_dataset(const std::filesystem::path& path) {
     if (meta.value("format", "") != format_name) return bad(path, "its metadata does not say format tepdist-dataset");
     if (std::to_string(crc_of(body)) != meta.at("crc32").get<std::string>())
       return fail(Errc::corrupt, fmt::format("{}: the data fails its CRC-32 (a torn or corrupted file)", path.string()));
-    d.classes = std::stoll(meta.at("classes").get<std::string>());
+    const std::string classes = meta.at("classes").get<std::string>();
+    if (std::from_chars(classes.data(), classes.data() + classes.size(), d.classes).ec != std::errc() ||
+        d.classes < 1 || d.classes > (int64_t{1} << 31))
+      return bad(path, fmt::format("its metadata's classes \"{}\" is not a count of classes", classes));
     const json& x = header.at("x");
     const json& y = header.at("y");
     const std::string dtype = x.at("dtype").get<std::string>();
@@ -88,20 +92,24 @@ Result<Dataset> load_dataset(const std::filesystem::path& path) {
     if (dims.size() < 2 || dims[0] != n || n < 0) return bad(path, "x is not [n, ...sample] for y's n labels");
     if (dims.size() > Shape::max_rank)
       return bad(path, fmt::format("x has rank {}; samples of rank {} at most are read", dims.size(), Shape::max_rank - 1));
-    for (const int64_t dim : dims)
-      if (dim < 0) return bad(path, "x has a negative dimension");
+    // Sizes checked against the data before anything is allocated or indexed: no product wraps.
+    const uint64_t width = dtype == "F32" ? sizeof(float) : 1;
+    uint64_t per = 1, count = 0, bytes = 0;
+    for (size_t k = 1; k < dims.size(); ++k)
+      if (dims[k] <= 0 || __builtin_mul_overflow(per, static_cast<uint64_t>(dims[k]), &per))
+        return bad(path, "x has a sample dimension that is not positive, or samples too large to hold");
+    if (per > body.size() || __builtin_mul_overflow(static_cast<uint64_t>(n), per, &count) ||
+        __builtin_mul_overflow(count, width, &bytes) || bytes > body.size())
+      return bad(path, "its shapes hold more data than the file");
     d.sample = Shape(std::span(dims).subspan(1));
-    auto slice = [&](const json& t, uint64_t bytes) -> std::optional<std::string_view> {
+    auto slice = [&](const json& t, uint64_t size) -> std::optional<std::string_view> {
       const auto begin = t.at("data_offsets").at(0).get<uint64_t>(), end = t.at("data_offsets").at(1).get<uint64_t>();
-      if (begin > end || end > body.size() || end - begin != bytes) return std::nullopt;
+      if (begin > end || end > body.size() || end - begin != size) return std::nullopt;
       return body.substr(begin, end - begin);
     };
-    if (d.sample.elements() <= 0 || n > static_cast<int64_t>(body.size()))
-      return bad(path, "its shapes do not fit its data");
-    const auto count = static_cast<uint64_t>(n) * static_cast<uint64_t>(d.sample.elements());
     d.kind = dtype == "F32" ? Dataset::Kind::floats : Dataset::Kind::bytes;
-    const auto xs = slice(x, count * (d.floats() ? sizeof(float) : 1));
-    const auto ys = slice(y, static_cast<uint64_t>(n) * sizeof(int32_t));
+    const auto xs = slice(x, bytes);
+    const auto ys = slice(y, static_cast<uint64_t>(n) * sizeof(int32_t));  // n <= bytes <= the file's size
     if (!xs || !ys) return bad(path, "data offsets outside the file or of the wrong size");
     if (d.floats()) {
       d.features.resize(count);
@@ -111,7 +119,7 @@ Result<Dataset> load_dataset(const std::filesystem::path& path) {
     }
     d.labels.resize(static_cast<size_t>(n));
     std::memcpy(d.labels.data(), ys->data(), ys->size());
-  } catch (const std::exception& e) {  // json's, and stoll's
+  } catch (const json::exception& e) {
     return bad(path, fmt::format("malformed header: {}", e.what()));
   }
   if (auto ok = d.check(); !ok) return fail(Errc::corrupt, fmt::format("{}: {}", path.string(), ok.error().message));

@@ -216,8 +216,9 @@ struct Control {
     targetReached @6;      # async, gossip with stop_at_target: rank 0's evaluation reached the target
     ringCheck @7;          # sync, gossip's final average: the next worker, waiting past step_timeout_s, asks
                            # whether this worker's trainer still takes messages (argument: a nonce)
-    ringCheckAnswer @8;
-    releaseEpochs @9;      # the submitter of a job that pauses between epochs: argument the epochs released (UInt32, little-endian)    # it does: the nonce back; one that is hung never answers and is evicted
+    ringCheckAnswer @8;    # it does: the nonce back; one that is hung never answers and is evicted
+    releaseEpochs @9;      # the submitter of a job that pauses between epochs releases more: argument
+                           # the epochs released so far (UInt32, little-endian)
   }
 }
 

@@ -3,6 +3,7 @@
 
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -188,6 +189,19 @@ TEST_CASE("data set files keep floats and bytes of any sample shape exactly, and
   // Not a data set at all.
   write_plain(dir.path / "junk.tds", "12345678{}");
   CHECK_THAT(load_dataset(dir.path / "junk.tds").error().message, Catch::Contains("junk.tds: not a tepdist data set file"));
+  // Shapes whose sizes wrap (2^62 + 1 times 4 elements is 4 in 64 bits) are refused before
+  // anything is read or allocated.
+  const std::string body(20, '\0');
+  const auto crc = crc32(crc32(0L, Z_NULL, 0), reinterpret_cast<const Bytef*>(body.data()), 20);
+  const std::string header = R"({"__metadata__":{"format":"tepdist-dataset","classes":"2","crc32":")" +
+                             std::to_string(crc) + R"("},"x":{"dtype":"U8","shape":[1,4611686018427387905,4],)" +
+                             R"("data_offsets":[0,16]},"y":{"dtype":"I32","shape":[1],"data_offsets":[16,20]}})";
+  std::string crafted(8, '\0');
+  const uint64_t length = header.size();
+  std::memcpy(crafted.data(), &length, 8);
+  write_plain(dir.path / "wrap.tds", crafted + header + body);
+  CHECK_THAT(load_dataset(dir.path / "wrap.tds").error().message,
+             Catch::Contains("wrap.tds") && Catch::Contains("samples too large to hold"));
   // A data set that does not check out is not written.
   CHECK_FALSE(save_dataset(dir.path / "no.tds", Dataset::of_floats({2}, {1}, {0}, 2)));
   CHECK_FALSE(fs::exists(dir.path / "no.tds"));

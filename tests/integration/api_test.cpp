@@ -2,6 +2,7 @@
 // tepdist::Trainer, run as a user runs them. Each test checks that no process it started is left.
 
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -49,6 +50,21 @@ std::vector<Epoch> epochs_of(const std::string& output) {
   for (auto it = std::sregex_iterator(output.begin(), output.end(), line); it != std::sregex_iterator(); ++it) {
     const auto& m = *it;
     out.push_back({std::stoi(m[1]), std::stoi(m[2]), m[3], m[4], m[5], m[6], m[9], std::stod(m[7]), std::stod(m[8])});
+  }
+  return out;
+}
+
+/// Lets a tepdist_trainer_probe waiting between epochs go on.
+void open_gate(const fs::path& fifo) { std::ofstream(fifo) << "go\n"; }
+
+/// The node process ids a probe line names ("... nodes PID,PID").
+std::vector<pid_t> pids_of(const std::string& line) {
+  std::vector<pid_t> out;
+  std::string list = line.substr(line.rfind(' ') + 1);
+  for (size_t at = 0; at < list.size();) {
+    const size_t comma = list.find(',', at);
+    out.push_back(std::stoi(list.substr(at, comma - at)));
+    at = comma == std::string::npos ? list.size() : comma + 1;
   }
   return out;
 }
@@ -202,4 +218,55 @@ TEST_CASE("Trainer, gossip: one job whose replicas are averaged at each epoch's 
     CHECK(text.find("job_done") != std::string::npos);
   }
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+TEST_CASE("Trainer: a node killed between epochs is restarted, the job goes on, and the next epoch's report says so",
+          "[integration][api]") {
+  TempDir dir;
+  const auto gate = dir.path / "gate";
+  REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
+  Child probe({TEPDIST_TRAINER_PROBE, (dir.path / "out").string(), "sync", "3", gate.string()});
+  const auto first = probe.wait_for("probe epoch 1 ", std::chrono::seconds(120));
+  INFO(probe.all());
+  REQUIRE(first);
+  const auto pids = pids_of(*first);
+  REQUIRE(pids.size() == 2);
+  // kill -9 of node-01 while the job waits for the program; the launcher restarts it.
+  REQUIRE(::kill(pids[1], SIGKILL) == 0);
+  open_gate(gate);
+  const auto second = probe.wait_for("probe epoch 2 ", std::chrono::seconds(120));
+  REQUIRE(second);
+  open_gate(gate);
+  REQUIRE(probe.wait_for("probe done", std::chrono::seconds(120)));
+  REQUIRE(probe.wait() == 0);
+  // One job throughout, on node-00's first process and node-01's second.
+  const auto job = [](const std::string& line) { return line.substr(line.find(" job "), line.find(" generation") - line.find(" job ")); };
+  const auto third = probe.seen("probe epoch 3 ");
+  REQUIRE(third);
+  CHECK(job(*second) == job(*first));
+  CHECK(job(*third) == job(*first));
+  const auto later = pids_of(*third);
+  REQUIRE(later.size() == 2);
+  CHECK(later[0] == pids[0]);
+  CHECK(later[1] != pids[1]);
+  // The reports after the kill list it: the death, the restart, and the generations they made.
+  CHECK(probe.seen("probe event: local node node-01 died (signal 9); restarted it"));
+  CHECK(probe.seen("probe event: generation"));
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+TEST_CASE("Trainer: a program killed with SIGKILL between epochs takes its node processes with it",
+          "[integration][api]") {
+  TempDir dir;
+  const auto gate = dir.path / "gate";
+  REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
+  Child probe({TEPDIST_TRAINER_PROBE, (dir.path / "out").string(), "sync", "3", gate.string()});
+  const auto first = probe.wait_for("probe epoch 1 ", std::chrono::seconds(120));
+  INFO(probe.all());
+  REQUIRE(first);
+  CHECK(pids_of(*first).size() == 2);
+  probe.signal(SIGKILL);
+  probe.wait();
+  // The kernel tells each node (PR_SET_PDEATHSIG); they leave on their own.
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(15)));
 }

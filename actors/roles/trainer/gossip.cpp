@@ -23,16 +23,19 @@ class GossipDriver final : public Driver {
 
   /// A local step on this worker's replica, and now and then an averaging with a peer.
   void step(Trainer* self, Job& j) override {
-    if (held_ && j.detached) held_ = final_average_ = false;  // nobody will release it: it trains on
+    if (held_ && j.held && j.detached) held_ = final_average_ = j.held = false;  // nobody will release it: on it goes
     if (final_average_ || !may_step(j)) return;
     const auto batch = static_cast<uint64_t>(j.config.data.batch_size);
     const auto slice = elastic::next_slice(spans_, consumed_, batch);
     if (slice.count == 0 || j.step >= j.total_steps) return start_final_average(self, j);
     // A job that pauses between epochs: this worker's part of the released epochs is done. The
-    // replicas are averaged as at the end, and the average is the model rank 0 hands over.
-    if (j.config.job.pause_between_epochs && !j.detached && slice.epoch >= j.start.released_epochs) {
+    // replicas are averaged as at the end, and the average is the model rank 0 hands over. Every
+    // worker averages at every boundary past the released epochs, detached or not (it learns of
+    // its submitter's end at its own time), so the rounds pair alike; a detached one goes on
+    // after the average.
+    if (j.config.job.pause_between_epochs && slice.epoch >= j.start.released_epochs && slice.epoch > averaged_) {
       held_ = true;
-      held_epochs_ = slice.epoch;
+      held_epochs_ = averaged_ = slice.epoch;
       return start_final_average(self, j);
     }
     const auto now = Clock::now();
@@ -133,7 +136,7 @@ class GossipDriver final : public Driver {
         r.job_id, j.rank, j.world, j.elements(), chunk_elements(j), every, std::max<uint64_t>(16, 4 * every)});
     random_.seed(j.config.job.seed * 1000003 + j.rank + r.generation * 7919);
     final_average_ = heard_final_ = held_ = false;
-    rounds_ = 0;
+    rounds_ = averaged_ = 0;
     auto spans = worker_positions(j);
     if (!spans) return std::unexpected(spans.error());
     spans_ = std::move(*spans);
@@ -165,8 +168,8 @@ class GossipDriver final : public Driver {
     const auto params = j.model->parameters();
     std::copy(params.begin(), params.end(), j.buffer.begin());
     std::vector<gossip::RingChunk> out;
-    // Every worker of a generation averages in the same order (an epoch's hold, then the end), so
-    // the rounds of one generation's ring are numbered alike everywhere.
+    // The rounds of one generation's ring, numbered in order (the ring takes them so): every
+    // worker averages at the same boundaries (the holds, then the end), so the numbers agree.
     j.ring->start(++rounds_, j.buffer, out);
     if (!send_ring(self, out)) return;
     j.waiting_since = j.progress_at = Clock::now();
@@ -186,7 +189,7 @@ class GossipDriver final : public Driver {
       heard_final_ = false;  // a chunk of another round is news again
       if (j.rank == 0) evaluate_snapshot(self);
       if (!hold_between_epochs(self, j, held_epochs_)) {  // released for good (detached): on it goes
-        held_ = final_average_ = false;
+        held_ = final_average_ = j.held = false;
         self->send(self, step_atom::value);
       }
       return;
@@ -265,6 +268,7 @@ class GossipDriver final : public Driver {
   bool held_ = false;         // the average under way (or done) is an epoch's hold, not the end
   uint64_t held_epochs_ = 0;  // the epochs done at that hold
   uint64_t rounds_ = 0;       // ring all-reduces started in this generation
+  uint64_t averaged_ = 0;     // the last epoch boundary this worker averaged at in this generation
 };
 
 }  // namespace

@@ -242,7 +242,7 @@ void report_held(Trainer* self) {
 JobReport held_report(const Job& j) {
   JobReport r = report_of(j, JobReport::Kind::held);
   r.epoch = static_cast<uint32_t>(j.held_epochs);
-  r.samples = j.driver->progress(j).samples;
+  r.samples = j.driver->job_samples(j);
   r.test_accuracy = j.last_accuracy;
   r.test_loss = j.last_test_loss;
   r.eval_seconds = j.eval_seconds;
@@ -257,6 +257,7 @@ bool hold_between_epochs(Trainer* self, Job& j, uint64_t epochs_done) {
                        j.start.released_epochs);
     j.held = true;
     j.held_epochs = epochs_done;
+    j.held_ticks = 0;
     j.held_reported = false;
     // Rank 0 sends the model and says so, after the epoch's evaluation if one is under way.
     if (j.rank == 0 && j.pending_evals == 0) report_held(self);
@@ -459,7 +460,7 @@ void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool e
   if (j.rank != 0) return;
   if (j.step % j.config.job.log_every_steps == 0 || last) {
     JobReport r = report_of(j, JobReport::Kind::progress);
-    r.samples = j.own_samples * j.world;
+    r.samples = j.driver->job_samples(j);
     r.samples_per_second = static_cast<double>(j.window_samples * j.world) /
                            std::max(1e-9, seconds_between(j.window_start, j.last_step_end));
     to_submitter(self, j, r);

@@ -115,6 +115,8 @@ class Driver {
   virtual void add_counters(const Job&, gossip::JobReport&) const {}
   /// Samples the job trained on, for the final rate (sync: the cluster's; others: this worker's).
   virtual uint64_t samples_trained(const Job& j) const;
+  /// The job's samples as rank 0's reports count them (sync: exact; others: its own times the world).
+  virtual uint64_t job_samples(const Job& j) const;
   /// The first generation of a job resumed from a checkpoint (elastic.resume_from): the model
   /// and optimiser hold its state; the mode takes where the job stood (sync: its progress and
   /// the generation's resume point; gossip and async: the positions left, re-split), or says
@@ -258,6 +260,7 @@ struct Job {
   bool held = false;
   bool held_reported = false;  // rank 0: the model and the held report went out for this hold
   uint64_t held_epochs = 0;    // the epochs done at this hold
+  uint64_t held_ticks = 0;     // rank 0: ticks held (the model goes again now and then)
   bool detached = false;  // the submitter is gone: the job goes on, and rank 0 saves the model here
 
   double train_seconds() const { return first_step ? seconds_between(*first_step, last_step_end) : 0.0; }
@@ -266,6 +269,7 @@ struct Job {
 };
 
 inline uint64_t Driver::samples_trained(const Job& j) const { return j.own_samples; }
+inline uint64_t Driver::job_samples(const Job& j) const { return j.own_samples * j.world; }
 
 struct TrainerState {
   TrainerOptions o;

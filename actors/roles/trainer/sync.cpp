@@ -99,6 +99,7 @@ class SyncDriver final : public Driver {
   }
 
   uint64_t samples_trained(const Job&) const override { return samples_; }
+  uint64_t job_samples(const Job&) const override { return progress_.samples; }
 
   std::expected<void, std::string> resume(Job& j, const compute::TrainingState& state) override {
     const auto& at = *state.job;
