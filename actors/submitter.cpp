@@ -35,6 +35,8 @@ struct SubmitterState {
   std::optional<std::chrono::steady_clock::time_point> gone_since;
   static constexpr double gone_grace_s = 15;  // and no report came meanwhile: the job is lost
   uint32_t released = 0;  // epochs released (Submission::release), until a generation carries them
+  std::string reset_file;  // and the parameters that came with the release (checksum 0: none)
+  uint64_t reset_checksum = 0;
   static inline const char* name = "tepdist.submitter";
 };
 using Submitter = caf::stateful_actor<SubmitterState>;
@@ -55,10 +57,14 @@ void end(Submitter* self, int status, const std::string& why) {
 void send_release(Submitter* self) {
   auto& s = self->state;
   if (!s.assigned || s.ended || s.released <= s.assigned->released_epochs) return;
-  std::vector<uint8_t> count(4);
-  for (size_t b = 0; b < 4; ++b) count[b] = static_cast<uint8_t>(s.released >> (8 * b));
+  std::vector<uint8_t> argument(4);
+  for (size_t b = 0; b < 4; ++b) argument[b] = static_cast<uint8_t>(s.released >> (8 * b));
+  if (s.reset_checksum) {
+    for (size_t b = 0; b < 8; ++b) argument.push_back(static_cast<uint8_t>(s.reset_checksum >> (8 * b)));
+    argument.insert(argument.end(), s.reset_file.begin(), s.reset_file.end());
+  }
   const gossip::Control release{s.o.self_id, s.o.incarnation, gossip::Control::Command::release_epochs, s.sent.job_id,
-                                count};
+                                argument};
   for (const auto& address : s.assigned->addresses) send_to(self, address, release);
 }
 
@@ -197,7 +203,9 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
   self->state.released = self->state.submission->job.released_epochs;
   const auto handle = caf::actor_cast<caf::actor>(self);
   self->state.submission->set_controls(
-      [handle](uint32_t epochs) { caf::anon_send(handle, release_atom::value, epochs); },
+      [handle](uint32_t epochs, std::string reset_file, uint64_t reset_checksum) {
+        caf::anon_send(handle, release_atom::value, epochs, std::move(reset_file), reset_checksum);
+      },
       [handle] { caf::anon_send(handle, stop_atom::value); });
   self->attach_functor([submission = self->state.submission] { submission->set_controls({}, {}); });
   caf::anon_send(router, job_atom::value, caf::actor_cast<caf::actor>(self));
@@ -254,11 +262,13 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
                                           s.coordinator_address, s.sent.job_id));
         self->delayed_send(self, std::chrono::seconds(5), tick_atom::value);
       },
-      [self](release_atom, uint32_t epochs) {
+      [self](release_atom, uint32_t epochs, std::string reset_file, uint64_t reset_checksum) {
         auto& s = self->state;
         if (epochs <= s.released) return;
         s.released = epochs;
-        node_events().info("job_released job={} epochs={}", s.sent.job_id, epochs);
+        s.reset_file = std::move(reset_file);
+        s.reset_checksum = reset_checksum;
+        node_events().info("job_released job={} epochs={} reset=\"{}\"", s.sent.job_id, epochs, s.reset_file);
         send_release(self);
       },
       [self](stop_atom) {
@@ -275,10 +285,10 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
 
 }  // namespace
 
-bool Submission::release(uint32_t epochs) {
+bool Submission::release(uint32_t epochs, std::string reset_file, uint64_t reset_checksum) {
   std::lock_guard lock(controls_->mutex);
   if (!controls_->release) return false;
-  controls_->release(epochs);
+  controls_->release(epochs, std::move(reset_file), reset_checksum);
   return true;
 }
 
@@ -289,7 +299,7 @@ bool Submission::stop() {
   return true;
 }
 
-void Submission::set_controls(std::function<void(uint32_t)> release, std::function<void()> stop) {
+void Submission::set_controls(Release release, std::function<void()> stop) {
   std::lock_guard lock(controls_->mutex);
   controls_->release = std::move(release);
   controls_->stop = std::move(stop);

@@ -37,24 +37,27 @@ struct Submission {
   std::function<void(int status, const std::string& why)> on_end;
 
   /// A job that pauses between epochs (job.released_epochs set, config job.pause_between_epochs):
-  /// releases epochs up to `epochs` (counted from the job's start). From any thread; the submitter
-  /// tells the workers of the latest generation, and again until a generation carries the count.
-  /// False while the submitter has not started (or has ended).
-  bool release(uint32_t epochs);
+  /// releases epochs up to `epochs` (counted from the job's start), optionally with parameters
+  /// the workers held now take first (a safetensors file every worker reads, and the checksum of
+  /// its values, compute::checksum). From any thread; the submitter tells the workers of the
+  /// latest generation, and again until a generation carries the count. False while the
+  /// submitter has not started (or has ended).
+  bool release(uint32_t epochs, std::string reset_file = {}, uint64_t reset_checksum = 0);
 
   /// Asks the workers to stop the job (as Ctrl-C on `tepdist run` does), from any thread; the job
   /// ends when they report it (on_end). False while the submitter has not started (or has ended).
   bool stop();
 
   /// The submitter's actor sets these while it runs (release and stop go through it).
-  void set_controls(std::function<void(uint32_t)> release, std::function<void()> stop);
+  using Release = std::function<void(uint32_t, std::string, uint64_t)>;
+  void set_controls(Release release, std::function<void()> stop);
 
  private:
   // Shared by copies (the node wraps a copy of the caller's Submission): release() on the caller's
   // reaches the submitter that runs.
   struct Controls {
     std::mutex mutex;
-    std::function<void(uint32_t)> release;
+    Release release;
     std::function<void()> stop;
   };
   std::shared_ptr<Controls> controls_ = std::make_shared<Controls>();

@@ -220,11 +220,21 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
     if (!same_optimizer(optimizer, job_->optimizer))
       return error(Errc::invalid_argument, "train: the optimiser differs from the one the job started with; a running "
                                            "job keeps its optimiser (a new one needs a new Trainer)");
-    if (!std::equal(params.begin(), params.end(), job_->left.begin(), job_->left.end()))
-      return error(Errc::invalid_argument, "train: the model's parameters are not those the last train() call left; a "
-                                           "running job cannot take other parameters yet (a new Trainer can start "
-                                           "from them)");
-    running = job_->submission->release(static_cast<uint32_t>(epoch - job_->first_epoch + 1));
+    const auto released = static_cast<uint32_t>(epoch - job_->first_epoch + 1);
+    if (std::equal(params.begin(), params.end(), job_->left.begin(), job_->left.end())) {
+      running = job_->submission->release(released);
+    } else {
+      // Parameters the program set: the held workers take them from a file before they go on.
+      if (o_.mode == "async")
+        return error(Errc::invalid_argument, "train: the model's parameters are not those the last train() call left; "
+                                             "a running async job cannot take other parameters yet (its shards hold "
+                                             "them; a new Trainer can start from them)");
+      const fs::path file = job_->dir / fmt::format("params-{}.safetensors", released);
+      if (auto ok = compute::export_safetensors(file, model); !ok) return std::unexpected(ok.error());
+      if (fs::absolute(file).string().size() + 12 > gossip::Control::max_argument)
+        return error(Errc::invalid_argument, fmt::format("{}: the path is too long to send", file.string()));
+      running = job_->submission->release(released, fs::absolute(file).string(), compute::checksum(params));
+    }
   }
   // The first call, or the job is over: a job of the epochs left, from the model as it is.
   if (!running) {

@@ -58,4 +58,11 @@ std::string Shape::to_string() const {
   return s + "]";
 }
 
+uint64_t checksum(std::span<const float> values) {
+  uint64_t h = 0xcbf29ce484222325ull;
+  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
+  for (size_t k = 0; k < values.size_bytes(); ++k) h = (h ^ bytes[k]) * 0x100000001b3ull;
+  return h;
+}
+
 }  // namespace tepdist::compute

@@ -101,4 +101,8 @@ class Tensor {
   std::vector<float> data_;
 };
 
+/// FNV-1a (64-bit) over the values' bytes: replicas compare equal by it (done reports, and
+/// parameters a program hands a running job).
+uint64_t checksum(std::span<const float> values);
+
 }  // namespace tepdist::compute

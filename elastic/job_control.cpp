@@ -180,8 +180,15 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
 }
 
 void JobControl::release(double now, uint32_t epochs, const Local& mine, Output& out) {
+  release(now, epochs, {}, 0, mine, out);
+}
+
+void JobControl::release(double now, uint32_t epochs, std::string reset_file, uint64_t reset_checksum,
+                         const Local& mine, Output& out) {
   if (epochs <= std::max(released_, record_.released_epochs)) return;  // a repeat, or one a record carries
   released_ = epochs;
+  reset_file_ = std::move(reset_file);
+  reset_checksum_ = reset_checksum;
   on_tick(now, mine, out);
 }
 
@@ -549,7 +556,12 @@ void JobControl::try_install(Output& out) {
   // A decay never undoes another: the smaller factor (one decided here before another node's
   // later decay was installed is not taken back up).
   if (rate_factor_ > 0) next.lr_factor = record_.lr_factor > 0 ? std::min(rate_factor_, record_.lr_factor) : rate_factor_;
-  next.released_epochs = std::max(record_.released_epochs, released_);
+  if (released_ > record_.released_epochs) {
+    next.released_epochs = released_;
+    next.reset_file = reset_file_;
+    next.reset_checksum = reset_checksum_;
+    next.reset_epochs = reset_checksum_ ? released_ : 0;
+  }
   next.donors.clear();
   for (const auto& id : counted)
     if (p.acks.at(id).progress == resume) next.donors.push_back(id);

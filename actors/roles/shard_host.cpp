@@ -181,7 +181,7 @@ struct Host {
       const bool holder = std::find(holders.begin(), holders.end(), init->self_id) != holders.end();
       const std::string& source = plan->plan.sources[s];
       auto old = shards.find(s);
-      Held h{nullptr, holder && holders.front() == init->self_id, holder};
+      Held h{nullptr, holder && holders.front() == init->self_id, holder, std::nullopt, 0};
       if (source.empty()) {  // the first generation: the job's initial parameters
         if (!holder) continue;
         const auto r = elastic::shard_range(init->elements, init->shards, s);

@@ -350,13 +350,18 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
   }
   if (j.driver->on_control(self, j, peer, c)) return;
   if (c.command == Command::release_epochs) {
-    // Only from the job's submitter; job control makes it a generation every worker installs.
-    if (peer != j.start.submitter_id || !j.control || c.argument.size() != 4) return;
+    // Only from the job's submitter: the epochs (u32), then optionally parameters the program set
+    // (a u64 checksum and a file's path). Job control makes it a generation every worker installs.
+    const auto& a = c.argument;
+    if (peer != j.start.submitter_id || !j.control || !(a.size() == 4 || a.size() > 12)) return;
     uint32_t epochs = 0;
-    for (size_t b = 0; b < 4; ++b) epochs |= uint32_t{c.argument[b]} << (8 * b);
+    uint64_t checksum = 0;
+    for (size_t b = 0; b < 4; ++b) epochs |= uint32_t{a[b]} << (8 * b);
+    for (size_t b = 0; b < 8 && a.size() > 12; ++b) checksum |= uint64_t{a[4 + b]} << (8 * b);
+    std::string file(a.begin() + std::min<ptrdiff_t>(12, static_cast<ptrdiff_t>(a.size())), a.end());
     elastic::JobControl::Output out;
     const uint64_t job_id = j.start.job_id;
-    j.control->release(now_ms(s), epochs, j.driver->local(j), out);
+    j.control->release(now_ms(s), epochs, std::move(file), checksum, j.driver->local(j), out);
     apply_control(self, job_id, out);
     return;
   }

@@ -218,6 +218,9 @@ struct Encoder {
             put_texts(b.initPreviousRegions(static_cast<unsigned>(m.previous_regions.size())), m.previous_regions);
             b.setLrFactor(m.lr_factor);
             b.setReleasedEpochs(m.released_epochs);
+            b.setResetFile(m.reset_file);
+            b.setResetChecksum(m.reset_checksum);
+            b.setResetEpochs(m.reset_epochs);
           } else if constexpr (std::is_same_v<T, GenerationVote>) {
             auto b = e.initGenerationVote();
             b.setJobId(m.job_id);
@@ -627,6 +630,9 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       if (!(j.lr_factor >= 0 && j.lr_factor <= 1))
         throw WireError{WireErrc::malformed, fmt::format("job start's rate factor {} is not in [0, 1]", j.lr_factor)};
       j.released_epochs = r.getReleasedEpochs();
+      j.reset_file = in.text(r.getResetFile(), Control::max_argument, "a job's reset file");
+      j.reset_checksum = r.getResetChecksum();
+      j.reset_epochs = r.getResetEpochs();
       return j;
     }
     case wire::Envelope::GENERATION_VOTE: {

@@ -201,7 +201,8 @@ struct Control {
     target_reached,
     ring_check,        ///< the next worker in the ring asks whether this one's trainer takes messages
     ring_check_answer,  ///< it does (the question's argument back)
-    release_epochs      ///< the submitter releases epochs of a job that pauses between them (argument: a u32)
+    release_epochs      ///< the submitter releases epochs of a job that pauses between them (argument: a u32, then
+                        ///< optionally a u64 checksum and the path of parameters to take: JobStart::reset_file)
   };
   std::string coordinator;
   uint64_t coordinator_incarnation = 0;
@@ -253,6 +254,11 @@ struct JobStart {
   /// [job] pause_between_epochs: the epochs the submitter released so far; the workers wait after
   /// the last of them until it releases more (a generation carries the new count).
   uint32_t released_epochs = 0;
+  /// With a release: parameters the program set between epochs, in a file every worker reads,
+  /// taken by the workers held when the release (reset_epochs) is installed; checksum 0: none.
+  std::string reset_file = {};
+  uint64_t reset_checksum = 0;
+  uint32_t reset_epochs = 0;
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 

@@ -264,6 +264,10 @@ struct JobStart {
   previousRegions @20 :List(Text);  # the generation before's workers' regions, same order
   lrFactor @21 :Float64;     # the plateau decays so far, as one factor on the rate; 0: 1 (none)
   releasedEpochs @22 :UInt32; # job.pause_between_epochs: the epochs its submitter released; workers wait at the end of the last
+  resetFile @23 :Text;       # with a release: parameters the program set between epochs (safetensors, a path every
+                             # worker reads); the workers held at the release take them
+  resetChecksum @24 :UInt64; # their checksum (FNV-1a of the floats); 0: no reset
+  resetEpochs @25 :UInt32;   # the release they came with
 }
 
 struct WorkerSpans {

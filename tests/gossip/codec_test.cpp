@@ -98,6 +98,9 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
         JobStart j{9, "[job]", "127.0.0.1:9000", {"a"}, {"127.0.0.1:1"}, "a", 4, "submitter-7", {5}, 4};
         j.lr_factor = 0.25;  // a plateau decay the record carries
         j.released_epochs = 2;  // a job that pauses between epochs: two released
+        j.reset_file = "/tmp/out/job-1/params-2.safetensors";  // with parameters the program set
+        j.reset_checksum = 0x1234567890abcdefull;
+        j.reset_epochs = 2;
         return j;
       }(),
       Control{"trainer-1", 5, Control::Command::release_epochs, 11, {3, 0, 0, 0}},

@@ -69,6 +69,12 @@ std::vector<pid_t> pids_of(const std::string& line) {
   return out;
 }
 
+/// The job id a probe line names ("... job J generation ...").
+std::string job_of(const std::string& line) {
+  const size_t at = line.find(" job ") + 5;
+  return line.substr(at, line.find(' ', at) - at);
+}
+
 /// Writes a secret file readable by its owner only; returns its path.
 fs::path secret_file(const TempDir& dir) {
   const auto path = dir.path / "secret";
@@ -240,11 +246,10 @@ TEST_CASE("Trainer: a node killed between epochs is restarted, the job goes on, 
   REQUIRE(probe.wait_for("probe done", std::chrono::seconds(120)));
   REQUIRE(probe.wait() == 0);
   // One job throughout, on node-00's first process and node-01's second.
-  const auto job = [](const std::string& line) { return line.substr(line.find(" job "), line.find(" generation") - line.find(" job ")); };
   const auto third = probe.seen("probe epoch 3 ");
   REQUIRE(third);
-  CHECK(job(*second) == job(*first));
-  CHECK(job(*third) == job(*first));
+  CHECK(job_of(*second) == job_of(*first));
+  CHECK(job_of(*third) == job_of(*first));
   const auto later = pids_of(*third);
   REQUIRE(later.size() == 2);
   CHECK(later[0] == pids[0]);
@@ -269,4 +274,35 @@ TEST_CASE("Trainer: a program killed with SIGKILL between epochs takes its node 
   probe.wait();
   // The kernel tells each node (PR_SET_PDEATHSIG); they leave on their own.
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(15)));
+}
+
+TEST_CASE("Trainer: parameters the program sets between epochs are where the next epoch starts, in sync and gossip",
+          "[integration][api]") {
+  for (const auto* mode : {"sync", "gossip"}) {
+    DYNAMIC_SECTION(mode) {
+      TempDir dir;
+      const auto gate = dir.path / "gate";
+      REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
+      // Every parameter 0 after the first epoch: plain SGD from there moves only the last layer's
+      // bias (each other gradient has a zero weight or a zero activation in it).
+      Child probe({TEPDIST_TRAINER_PROBE, (dir.path / "out").string(), mode, "2", gate.string(), "zero-after-first"});
+      REQUIRE(probe.wait_for("probe epoch 1 ", std::chrono::seconds(120)));
+      open_gate(gate);
+      const int status = probe.wait();
+      INFO(probe.all());
+      REQUIRE(status == 0);
+      const auto first = probe.seen("probe epoch 1 "), second = probe.seen("probe epoch 2 ");
+      REQUIRE(first);
+      REQUIRE(second);
+      CHECK(job_of(*second) == job_of(*first));
+      CHECK(probe.seen("probe nonzero 3"));  // the three classes' biases, and nothing else
+      for (const auto* log : {"node-0.log", "node-1.log"}) {
+        std::ifstream in(dir.path / "out" / "logs" / log);
+        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        INFO(log << ":\n" << text);
+        CHECK(text.find("parameters_taken") != std::string::npos);
+      }
+      CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+    }
+  }
 }

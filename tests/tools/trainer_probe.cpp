@@ -2,10 +2,13 @@
 // epoch but the last it prints what the report said and waits for a line on a FIFO the test
 // writes to (a kill, a join, a look at the processes happens meanwhile).
 //
-//   tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO
+//   tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [zero-after-first]
 //
 // Prints per epoch: "probe epoch E job J generation G members M samples S nodes PID,PID" and one
-// "probe event: ..." line per membership change or generation the report lists.
+// "probe event: ..." line per membership change or generation the report lists; at the end,
+// "probe nonzero N" (parameters not exactly 0). zero-after-first: the program sets every
+// parameter to 0 after the first epoch (plain SGD then moves only the last layer's bias: every
+// other gradient is a product with a zero weight or a zero activation).
 
 #include <tepdist/trainer.hpp>
 
@@ -37,10 +40,11 @@ Dataset make_data(int64_t n) {
 
 int main(int argc, char** argv) {
   tepdist::Trainer::serve(argc, argv, [] { return std::unique_ptr<Model>(); });
-  if (argc != 5) {
-    std::fprintf(stderr, "usage: tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO\n");
+  if (argc != 5 && argc != 6) {
+    std::fprintf(stderr, "usage: tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [zero-after-first]\n");
     return 2;
   }
+  const bool zero = argc == 6 && std::string(argv[5]) == "zero-after-first";
   const int epochs = std::stoi(argv[3]);
   const std::vector<LayerSpec> layers = {{"linear", "", {{"out_features", 32}}}, {"relu", "", {}},
                                          {"linear", "", {{"out_features", 3}}}};
@@ -57,6 +61,7 @@ int main(int argc, char** argv) {
   tepdist::Trainer trainer(options);
   tepdist::OptimizerSpec sgd;
   sgd.options.name = "sgd";
+  sgd.options.momentum = 0.0f;  // plain SGD (zero-after-first relies on it)
   sgd.schedule.base_lr = 0.05f;
   for (int epoch = 0; epoch < epochs; ++epoch) {
     auto report = trainer.train(**model, data, sgd, epoch);
@@ -79,7 +84,12 @@ int main(int argc, char** argv) {
       std::string line;
       std::getline(gate, line);
     }
+    if (zero && epoch == 0)
+      for (float& v : (*model)->parameters()) v = 0.0f;
   }
+  size_t nonzero = 0;
+  for (const float v : (*model)->parameters()) nonzero += v != 0.0f;
+  std::printf("probe nonzero %zu\n", nonzero);
   std::printf("probe done\n");
   return 0;
 }

@@ -134,6 +134,24 @@ void on_state_piece(Trainer* self, const std::string& peer, const gossip::StateP
   resume_training(self);
 }
 
+std::expected<void, std::string> take_reset(Job& j) {
+  const auto& r = j.start;
+  std::vector<float> before(j.model->parameters().begin(), j.model->parameters().end());
+  auto loaded = compute::import_safetensors(r.reset_file, *j.model);
+  if (loaded && checksum(j.model->parameters()) == r.reset_checksum) {
+    node_events().info("parameters_taken job={} epochs={} file=\"{}\" checksum={:016x}", r.job_id, r.reset_epochs,
+                       r.reset_file, r.reset_checksum);
+    return {};
+  }
+  std::copy(before.begin(), before.end(), j.model->parameters().begin());
+  return std::unexpected(loaded ? fmt::format("the parameters the program set for epoch {} ({}) are not what it sent "
+                                              "(checksum {:016x}, expected {:016x})",
+                                              r.reset_epochs + 1, r.reset_file, checksum(j.model->parameters()),
+                                              r.reset_checksum)
+                                : fmt::format("cannot take the parameters the program set for epoch {}: {}",
+                                              r.reset_epochs + 1, loaded.error().message));
+}
+
 void enter_generation(Trainer* self) {
   auto& s = self->state;
   auto& j = *s.job;
@@ -145,6 +163,11 @@ void enter_generation(Trainer* self) {
   if (me == r.workers.end()) return fail(self, fmt::format("generation {} does not name this worker", r.generation));
   j.member = true;
   j.stepped_in_generation = false;
+  // Released with parameters the program set: the workers held at the hold this release ends
+  // take them (a worker that trained on since, or a restarted one, has the job's state instead).
+  if (j.held && r.reset_checksum != 0 && r.reset_epochs == r.released_epochs && r.reset_epochs == j.held_epochs + 1 &&
+      j.has_state)
+    if (auto taken = take_reset(j); !taken) return fail_everywhere(self, taken.error());
   // A hold is entered afresh in every generation: its rank 0 (maybe another worker now) reports it.
   j.held = false;
   j.generation = r.generation;

@@ -2,13 +2,6 @@
 
 namespace tepdist::actors::trainer_detail {
 
-uint64_t checksum(std::span<const float> values) {
-  uint64_t h = 0xcbf29ce484222325ull;
-  const auto* bytes = reinterpret_cast<const unsigned char*>(values.data());
-  for (size_t i = 0; i < values.size_bytes(); ++i) h = (h ^ bytes[i]) * 0x100000001b3ull;
-  return h;
-}
-
 bool send_to(Trainer* self, const std::string& address, gossip::Body body) {
   auto& o = self->state.o;
   gossip::Message m{o.self_id, o.incarnation, o.cluster_id, std::move(body)};

@@ -311,7 +311,7 @@ struct TrainerState {
 
 // -- What every mode shares (job.cpp) --
 
-uint64_t checksum(std::span<const float> values);
+using compute::checksum;
 
 /// Sends, waiting for room while the peer's send queue is full (back-pressure: the peer has not
 /// taken what it was sent), at most send_wait(); false if it stayed full that long.
@@ -484,6 +484,10 @@ void on_state_piece(Trainer* self, const std::string& peer, const gossip::StateP
 /// The installed generation: ring order, this worker's rank, the mode's part (rings, pairs,
 /// positions), the rate rescaled; then training resumes, or the state is pulled first.
 void enter_generation(Trainer* self);
+
+/// A release that came with parameters the program set (JobStart::reset_file): into the model,
+/// checked against their checksum; an error (an unreadable file, other values) leaves it as it was.
+std::expected<void, std::string> take_reset(Job& j);
 
 /// The submitter is a client, not a part of the job: once the view holds it dead or left, the job
 /// goes on detached, and rank 0 saves the result on its own node. (Not in the view is not gone:
