@@ -8,6 +8,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
@@ -21,20 +22,10 @@ namespace fs = std::filesystem;
 using tepdist::test::Child;
 using tepdist::test::TempDir;
 using tepdist::test::all_gone;
+using tepdist::test::read_bytes;
+using tepdist::test::tensor_data;
 
 namespace {
-
-/// The float data of a .safetensors file written by tepdist (header skipped).
-std::vector<float> tensor_data(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  uint64_t header = 0;
-  in.read(reinterpret_cast<char*>(&header), sizeof header);
-  in.seekg(static_cast<std::streamoff>(8 + header));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> out(bytes.size() / sizeof(float));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
-  return out;
-}
 
 /// One epoch line of examples/mlp_sync.
 struct Epoch {
@@ -54,8 +45,19 @@ std::vector<Epoch> epochs_of(const std::string& output) {
   return out;
 }
 
-/// Lets a tepdist_trainer_probe waiting between epochs go on.
-void open_gate(const fs::path& fifo) { std::ofstream(fifo) << "go\n"; }
+/// A tepdist_trainer_probe under dir/out that waits between epochs at dir/gate (open_gate).
+std::unique_ptr<Child> start_probe(const TempDir& dir, const std::string& mode, int epochs,
+                                   const std::string& extra = "") {
+  const auto gate = dir.path / "gate";
+  REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
+  std::vector<std::string> argv = {TEPDIST_TRAINER_PROBE, (dir.path / "out").string(), mode, std::to_string(epochs),
+                                   gate.string()};
+  if (!extra.empty()) argv.push_back(extra);
+  return std::make_unique<Child>(argv);
+}
+
+/// Lets a probe waiting between epochs go on.
+void open_gate(const TempDir& dir) { std::ofstream(dir.path / "gate") << "go\n"; }
 
 /// The node process ids a probe line names ("... nodes PID,PID").
 std::vector<pid_t> pids_of(const std::string& line) {
@@ -147,8 +149,7 @@ TEST_CASE("Trainer: a program that throws between epochs ends its job and stops 
   // Its nodes were told to stop the job, then left (SIGTERM from the Trainer, not the kernel's
   // on the program's death: the program was still alive when they went).
   for (const auto* log : {"node-0.log", "node-1.log"}) {
-    std::ifstream in(out / "logs" / log);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string text = read_bytes(out / "logs" / log);
     INFO(log << ":\n" << text);
     CHECK(text.find("stopped by") != std::string::npos);
     CHECK(text.find("node_stopping") != std::string::npos);
@@ -214,8 +215,7 @@ TEST_CASE("Trainer, gossip: one job whose replicas are averaged at each epoch's 
   // Each node held once, after the first epoch, with its replica averaged; the release was the
   // second generation; the job ended after the second epoch with one final average.
   for (const auto* log : {"node-0.log", "node-1.log"}) {
-    std::ifstream in(out / "logs" / log);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string text = read_bytes(out / "logs" / log);
     INFO(log << ":\n" << text);
     CHECK(text.find("epoch_hold job=") != std::string::npos);
     CHECK(text.find("epochs_done=1 released=1") != std::string::npos);
@@ -229,9 +229,8 @@ TEST_CASE("Trainer, gossip: one job whose replicas are averaged at each epoch's 
 TEST_CASE("Trainer: a node killed between epochs is restarted, the job goes on, and the next epoch's report says so",
           "[integration][api]") {
   TempDir dir;
-  const auto gate = dir.path / "gate";
-  REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
-  Child probe({TEPDIST_TRAINER_PROBE, (dir.path / "out").string(), "sync", "3", gate.string()});
+  const auto started = start_probe(dir, "sync", 3);
+  auto& probe = *started;
   const auto first = probe.wait_for("probe epoch 1 ", std::chrono::seconds(120));
   INFO(probe.all());
   REQUIRE(first);
@@ -239,10 +238,10 @@ TEST_CASE("Trainer: a node killed between epochs is restarted, the job goes on, 
   REQUIRE(pids.size() == 2);
   // kill -9 of node-01 while the job waits for the program; the launcher restarts it.
   REQUIRE(::kill(pids[1], SIGKILL) == 0);
-  open_gate(gate);
+  open_gate(dir);
   const auto second = probe.wait_for("probe epoch 2 ", std::chrono::seconds(120));
   REQUIRE(second);
-  open_gate(gate);
+  open_gate(dir);
   REQUIRE(probe.wait_for("probe done", std::chrono::seconds(120)));
   REQUIRE(probe.wait() == 0);
   // One job throughout, on node-00's first process and node-01's second.
@@ -263,9 +262,8 @@ TEST_CASE("Trainer: a node killed between epochs is restarted, the job goes on, 
 TEST_CASE("Trainer: a program killed with SIGKILL between epochs takes its node processes with it",
           "[integration][api]") {
   TempDir dir;
-  const auto gate = dir.path / "gate";
-  REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
-  Child probe({TEPDIST_TRAINER_PROBE, (dir.path / "out").string(), "sync", "3", gate.string()});
+  const auto started = start_probe(dir, "sync", 3);
+  auto& probe = *started;
   const auto first = probe.wait_for("probe epoch 1 ", std::chrono::seconds(120));
   INFO(probe.all());
   REQUIRE(first);
@@ -281,13 +279,12 @@ TEST_CASE("Trainer: parameters the program sets between epochs are where the nex
   for (const auto* mode : {"sync", "gossip"}) {
     DYNAMIC_SECTION(mode) {
       TempDir dir;
-      const auto gate = dir.path / "gate";
-      REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
       // Every parameter 0 after the first epoch: plain SGD from there moves only the last layer's
       // bias (each other gradient has a zero weight or a zero activation in it).
-      Child probe({TEPDIST_TRAINER_PROBE, (dir.path / "out").string(), mode, "2", gate.string(), "zero-after-first"});
+      const auto started = start_probe(dir, mode, 2, "zero-after-first");
+      auto& probe = *started;
       REQUIRE(probe.wait_for("probe epoch 1 ", std::chrono::seconds(120)));
-      open_gate(gate);
+      open_gate(dir);
       const int status = probe.wait();
       INFO(probe.all());
       REQUIRE(status == 0);
@@ -297,8 +294,7 @@ TEST_CASE("Trainer: parameters the program sets between epochs are where the nex
       CHECK(job_of(*second) == job_of(*first));
       CHECK(probe.seen("probe nonzero 3"));  // the three classes' biases, and nothing else
       for (const auto* log : {"node-0.log", "node-1.log"}) {
-        std::ifstream in(dir.path / "out" / "logs" / log);
-        const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const std::string text = read_bytes(dir.path / "out" / "logs" / log);
         INFO(log << ":\n" << text);
         CHECK(text.find("parameters_taken") != std::string::npos);
       }

@@ -26,22 +26,12 @@ namespace fs = std::filesystem;
 using tepdist::test::Child;
 using tepdist::test::TempDir;
 using tepdist::test::all_gone;
+using tepdist::test::read_bytes;
+using tepdist::test::tensor_data;
 using tepdist::test::processes_mentioning;
 using tepdist::test::read_json;
 
 namespace {
-
-/// The float data of a .safetensors file written by tepdist (header skipped).
-std::vector<float> tensor_data(const fs::path& file) {
-  std::ifstream in(file, std::ios::binary);
-  uint64_t header = 0;
-  in.read(reinterpret_cast<char*>(&header), sizeof header);
-  in.seekg(static_cast<std::streamoff>(8 + header));
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  std::vector<float> out(bytes.size() / sizeof(float));
-  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
-  return out;
-}
 
 /// ||a - b|| / ||a|| over the parameters of two models written by tepdist (the same layout).
 double relative_difference(const fs::path& a_file, const fs::path& b_file) {
@@ -731,8 +721,7 @@ TEST_CASE("examples/lenet_async: a user's model class trained by tepdist::Traine
   CHECK(fs::exists(out / "job-1" / "job.toml"));
   CHECK_FALSE(fs::exists(out / "job-2"));
   for (const auto* log : {"node-0.log", "node-1.log"}) {
-    std::ifstream in(out / "logs" / log);
-    const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string text = read_bytes(out / "logs" / log);
     INFO(log << ":\n" << text);
     CHECK(text.find("epochs_done=1 released=1") != std::string::npos);
     CHECK(text.find("generation=2") != std::string::npos);

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -71,6 +72,18 @@ inline nlohmann::json read_json(const std::filesystem::path& file) {
 inline std::string read_bytes(const std::filesystem::path& file) {
   std::ifstream in(file, std::ios::binary);
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+/// The float data of a .safetensors file written by tepdist (the header skipped).
+inline std::vector<float> tensor_data(const std::filesystem::path& file) {
+  const std::string bytes = read_bytes(file);
+  if (bytes.size() < 8) return {};
+  uint64_t header = 0;
+  std::memcpy(&header, bytes.data(), sizeof header);
+  if (header > bytes.size() - 8) return {};
+  std::vector<float> out((bytes.size() - 8 - header) / sizeof(float));
+  std::memcpy(out.data(), bytes.data() + 8 + header, out.size() * sizeof(float));
+  return out;
 }
 
 }  // namespace tepdist::test
