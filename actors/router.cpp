@@ -233,6 +233,7 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
             node_events().info("{} id={} {}", up ? "peer_up" : "peer_down", peer, detail);
           }
           if (!up && self->state.job) caf::anon_send(self->state.job, peer_atom::value, peer, detail);
+          else if (!up) self->state.early_trouble.emplace(peer, detail);
         },
         [self](tick_atom) {
           self->state.tick_pending = false;
@@ -277,6 +278,8 @@ caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* 
           caf::anon_send(job, view_atom::value, s.swim->members());
           for (auto& [peer, address, m] : s.early_jobs) caf::anon_send(job, wire_atom::value, peer, address, std::move(m));
           s.early_jobs.clear();
+          if (s.early_trouble) caf::anon_send(job, peer_atom::value, s.early_trouble->first, s.early_trouble->second);
+          s.early_trouble.reset();
         },
         [self](leave_atom) {
           gossip::swim::Output out;

@@ -54,6 +54,9 @@ struct RouterState {
   };
   std::vector<Early> early_shards;
   std::vector<Early> early_jobs;  ///< job frames that came before the trainer (or submitter) registered
+  /// The last connection trouble before it registered (a seed that refused the first connection):
+  /// said to it when it does, so a join that fails at once is not reported as "no problem".
+  std::optional<std::pair<std::string, std::string>> early_trouble;
   static constexpr size_t early_job_limit = 64;
   size_t early_shard_bytes = 0;
   static constexpr size_t early_shard_limit = 256u << 20;
