@@ -39,15 +39,7 @@ std::unexpected<compute::Error> error(Errc code, const std::string& why) {
   return compute::fail(code, "tepdist::Trainer: " + why);
 }
 
-/// A value as a TOML basic string, for an override.
-std::string toml_string(const std::string& s) {
-  std::string quoted = "\"";
-  for (const char ch : s) {
-    if (ch == '"' || ch == '\\') quoted += '\\';
-    quoted += ch;
-  }
-  return quoted + "\"";
-}
+using elastic::toml_string;
 
 /// `--set` values for the optimiser the caller chose.
 std::vector<std::string> optimizer_overrides(const OptimizerSpec& o) {

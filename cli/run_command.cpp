@@ -156,15 +156,6 @@ int run_run_command(const RunArgs& args) {
   auto loaded = args.config ? elastic::load_config(fs::path(*args.config), overrides)
                             : elastic::parse_config(quickstart_toml, "(built-in configs/quickstart.toml)", overrides);
   if (!loaded) return usage_error(loaded.error().message);
-  // A path as a TOML basic string for an override.
-  const auto toml_path = [](const fs::path& p) {
-    std::string quoted = "\"";
-    for (const char ch : p.string()) {
-      if (ch == '"' || ch == '\\') quoted += '\\';
-      quoted += ch;
-    }
-    return quoted + "\"";
-  };
   std::vector<std::string> implied;
   if (!quorum_given && loaded->cluster.local_nodes > 0 && loaded->network.model.partitions.empty() &&
       loaded->text.find("quorum") == std::string::npos)
@@ -172,7 +163,7 @@ int run_run_command(const RunArgs& args) {
   // Checkpoints of a local cluster go beside its other output unless the file says where.
   if (const auto& e = loaded->elastic; loaded->cluster.local_nodes > 0 && e.checkpoint_dir.empty() &&
                                        (e.checkpoint_every_steps > 0 || e.checkpoint_every_s > 0))
-    implied.push_back("elastic.checkpoint_dir=" + toml_path(fs::absolute(fs::path(args.out) / "checkpoints")));
+    implied.push_back("elastic.checkpoint_dir=" + elastic::toml_string(fs::absolute(fs::path(args.out) / "checkpoints").string()));
   // A resumed gossip or async job: the step it resumed at, and the positions it has left.
   std::optional<std::pair<int64_t, uint64_t>> resumed_lists;
   uint64_t resumed_samples = 0;  // a resumed sync job: the samples its checkpoint had consumed
@@ -195,7 +186,7 @@ int run_run_command(const RunArgs& args) {
                : at.job->mode == "sync" ? fmt::format(", position {} (job {}, sync mode)", at.job->position, at.job->job_id)
                                         : fmt::format(", {} positions left (job {}, {} mode)", left, at.job->job_id,
                                                       at.job->mode));
-    implied.push_back("elastic.resume_from=" + toml_path(fs::absolute(found->part)));
+    implied.push_back("elastic.resume_from=" + elastic::toml_string(fs::absolute(found->part).string()));
   }
   if (!implied.empty()) {
     overrides.insert(overrides.end(), implied.begin(), implied.end());

@@ -866,6 +866,16 @@ ConfigResult<std::string> load_secret(const JobConfig::Cluster& cluster) {
   return long_enough(std::move(secret), cluster.secret_file);
 }
 
+std::string toml_string(std::string_view value) {
+  std::string quoted = "\"";
+  for (const char ch : value) {
+    if (ch == '"' || ch == '\\') quoted += '\\';
+    if (static_cast<unsigned char>(ch) < 0x20 || ch == 0x7f) quoted += fmt::format("\\u{:04x}", static_cast<unsigned>(ch));
+    else quoted += ch;
+  }
+  return quoted + "\"";
+}
+
 ConfigResult<std::string> text_for_nodes(const JobConfig& config) {
   const std::vector<std::string> no_secret = {"cluster.secret=\"\""};
   auto shipped = parse_config(config.text, config.source, no_secret);

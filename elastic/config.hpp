@@ -208,6 +208,10 @@ struct KeyInfo {
 /// [cluster] secret removed. Every node proves its own secret; none is shipped.
 ConfigResult<std::string> text_for_nodes(const JobConfig& config);
 
+/// `value` as a TOML basic string (quoted, with `"`, `\` and control characters escaped), for an
+/// override's value: `--set data.train_file=` + toml_string(path).
+std::string toml_string(std::string_view value);
+
 /// The name `tepdist run` gives its local node i: node-00, node-01, ...
 std::string local_node_name(int64_t i);
 

@@ -332,3 +332,11 @@ TEST_CASE("pause_between_epochs is for cluster jobs, and dataset files needs its
   CHECK(c.data.train_file == "a.tds");
   CHECK(c.data.test_file == "b.tds");
 }
+
+TEST_CASE("toml_string quotes any path so that an override reads it back as it was", "[elastic][config]") {
+  for (const std::string& path : {std::string("/plain/path"), std::string("/a \"quoted\" \\ name"),
+                                 std::string("/with\nnewline\tand\x7f")}) {
+    const auto c = parse_ok("", {"data.train_file=" + toml_string(path), "data.dataset=\"files\""});
+    CHECK(c.data.train_file == path);
+  }
+}
