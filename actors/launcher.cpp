@@ -225,22 +225,29 @@ std::expected<std::vector<std::string>, std::string> wait_ready(LocalNodes& node
 
 }  // namespace
 
-int run_node_process(const NodeProcessArgs& args) {
-  std::optional<fs::path> file;
-  if (args.config) file = *args.config;
-  auto config = elastic::load_config(file, args.overrides);
+std::optional<ClusterConfig> load_cluster_config(const std::string& command, const std::optional<std::string>& file,
+                                                 const std::vector<std::string>& overrides) {
+  std::optional<fs::path> path;
+  if (file) path = *file;
+  auto config = elastic::load_config(path, overrides);
   if (!config) {
-    fmt::print(stderr, "tepdist node: {}\n", config.error().message);
-    return 2;
+    fmt::print(stderr, "tepdist {}: {}\n", command, config.error().message);
+    return std::nullopt;
   }
   auto secret = elastic::load_secret(config->cluster);
   if (!secret) {
-    fmt::print(stderr, "tepdist node: {}: {}\n", config->source, secret.error().message);
-    return 2;
+    fmt::print(stderr, "tepdist {}: {}: {}\n", command, config->source, secret.error().message);
+    return std::nullopt;
   }
+  return ClusterConfig{std::move(*config), std::move(*secret)};
+}
+
+int run_node_process(const NodeProcessArgs& args) {
+  auto loaded = load_cluster_config("node", args.config, args.overrides);
+  if (!loaded) return 2;
   NodeOptions o;
-  o.config = std::move(*config);
-  o.secret = std::move(*secret);
+  o.config = std::move(loaded->config);
+  o.secret = std::move(loaded->secret);
   o.name = args.name;
   // --region, else the node's [nodes.NAME] table (a node named by its address has none).
   o.region = !args.region.empty() ? args.region : o.config.node(args.name).region;
@@ -281,7 +288,7 @@ std::expected<std::unique_ptr<LocalCluster>, std::string> start_local_cluster(
   cluster->secret = generate_secret();
   const fs::path secret_file = fs::absolute(out / "secret");
   if (auto ok = write_private_file(secret_file, cluster->secret + "\n"); !ok) return std::unexpected(ok.error());
-  const std::vector<std::string> cluster_keys = {fmt::format("cluster.secret_file=\"{}\"", secret_file.string()),
+  const std::vector<std::string> cluster_keys = {"cluster.secret_file=" + elastic::toml_string(secret_file.string()),
                                                  "cluster.secret=\"\"", "cluster.local_nodes=0"};
   auto node_config = elastic::parse_config(c.text, (out / "cluster.toml").string(), cluster_keys);
   if (!node_config) return std::unexpected(node_config.error().message);

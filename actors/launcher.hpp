@@ -77,6 +77,18 @@ std::expected<void, std::string> write_private_file(const std::filesystem::path&
 /// The monitor endpoint a ready file names (its "http=" line); empty: the node has none.
 std::string ready_http(const std::filesystem::path& path);
 
+/// A job file and the cluster secret it names, as the cluster subcommands (node, status, leave)
+/// load them first.
+struct ClusterConfig {
+  elastic::JobConfig config;
+  std::string secret;
+};
+
+/// Loads and validates the job file (none: the defaults) with its overrides, then the secret.
+/// On failure, prints "tepdist COMMAND: why" to stderr and returns nothing (exit status 2).
+std::optional<ClusterConfig> load_cluster_config(const std::string& command, const std::optional<std::string>& file,
+                                                 const std::vector<std::string>& overrides);
+
 /// What `PROGRAM node` takes: the tepdist binary's `node` subcommand, and a program on the C++ API
 /// relaunched by its Trainer.
 struct NodeProcessArgs {

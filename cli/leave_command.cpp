@@ -6,7 +6,7 @@
 #include <chrono>
 
 #include "cli/cluster_client.hpp"
-#include "cli/cluster_config.hpp"
+#include "actors/launcher.hpp"
 #include "elastic/coordination.hpp"
 
 namespace tepdist::cli {
@@ -16,7 +16,7 @@ int run_leave_command(const LeaveArgs& args) {
     fmt::print(stderr, "tepdist leave: {}\n", why);
     return 1;
   };
-  auto loaded = load_cluster_config("leave", args.config, args.overrides);
+  auto loaded = actors::load_cluster_config("leave", args.config, args.overrides);
   if (!loaded) return 2;
   ClusterClient client(loaded->config, loaded->secret, "leave");
   if (auto ok = client.start(); !ok) return fail(ok.error());

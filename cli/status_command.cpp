@@ -9,13 +9,13 @@
 #include <thread>
 
 #include "cli/cluster_client.hpp"
-#include "cli/cluster_config.hpp"
+#include "actors/launcher.hpp"
 #include "elastic/status.hpp"
 
 namespace tepdist::cli {
 
 int run_status_command(const StatusArgs& args) {
-  auto loaded = load_cluster_config("status", args.config, args.overrides);
+  auto loaded = actors::load_cluster_config("status", args.config, args.overrides);
   if (!loaded) return 2;
   const elastic::JobConfig* config = &loaded->config;
   const std::string* secret = &loaded->secret;
