@@ -174,7 +174,7 @@ void keep_ending(Trainer* self) {
   if (j.finishing) return;
   if (j.rank == 0 && j.driver->ending(j)) {
     JobReport r = report_of(j, JobReport::Kind::progress);
-    r.samples = j.own_samples * j.world;
+    r.samples = j.driver->job_samples(j);
     to_submitter(self, j, r);
   }
   j.driver->keep_ending(self, j);

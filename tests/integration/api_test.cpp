@@ -10,7 +10,6 @@
 #include <fstream>
 #include <memory>
 #include <regex>
-#include <set>
 #include <string>
 #include <vector>
 
@@ -110,7 +109,6 @@ TEST_CASE("Trainer, sync: three train() calls are one job on the same node proce
     // The job evaluated the epoch's model on the test set the program gave, as the program does.
     CHECK(epochs[e].job_accuracy == Approx(epochs[e].test_accuracy).margin(1e-4));
   }
-  CHECK(std::set<std::string>{epochs[0].nodes}.size() == 1);
   CHECK(epochs[0].nodes.find(',') != std::string::npos);  // two of them
   // Float features, trained end to end: four overlapping classes, chance is 0.25.
   CHECK(epochs.back().test_accuracy > 0.7);
