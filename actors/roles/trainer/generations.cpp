@@ -136,20 +136,22 @@ void on_state_piece(Trainer* self, const std::string& peer, const gossip::StateP
 
 std::expected<void, std::string> take_reset(Job& j) {
   const auto& r = j.start;
-  std::vector<float> before(j.model->parameters().begin(), j.model->parameters().end());
+  const auto params = j.model->parameters();
+  const std::vector<float> before(params.begin(), params.end());
   auto loaded = compute::import_safetensors(r.reset_file, *j.model);
-  if (loaded && checksum(j.model->parameters()) == r.reset_checksum) {
+  const uint64_t got = loaded ? checksum(params) : 0;
+  if (loaded && got == r.reset_checksum) {
     node_events().info("parameters_taken job={} epochs={} file=\"{}\" checksum={:016x}", r.job_id, r.reset_epochs,
-                       r.reset_file, r.reset_checksum);
+                       r.reset_file, got);
     return {};
   }
-  std::copy(before.begin(), before.end(), j.model->parameters().begin());
-  return std::unexpected(loaded ? fmt::format("the parameters the program set for epoch {} ({}) are not what it sent "
-                                              "(checksum {:016x}, expected {:016x})",
-                                              r.reset_epochs + 1, r.reset_file, checksum(j.model->parameters()),
-                                              r.reset_checksum)
-                                : fmt::format("cannot take the parameters the program set for epoch {}: {}",
-                                              r.reset_epochs + 1, loaded.error().message));
+  std::copy(before.begin(), before.end(), params.begin());
+  if (!loaded)
+    return std::unexpected(fmt::format("cannot take the parameters the program set for epoch {}: {}", r.reset_epochs + 1,
+                                       loaded.error().message));
+  return std::unexpected(fmt::format("the parameters the program set for epoch {} ({}) are not what it sent (checksum "
+                                     "{:016x}, expected {:016x})",
+                                     r.reset_epochs + 1, r.reset_file, got, r.reset_checksum));
 }
 
 void enter_generation(Trainer* self) {

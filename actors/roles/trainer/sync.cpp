@@ -21,10 +21,10 @@ class SyncDriver final : public Driver {
     if (!may_step(j)) return;
     // A member that pulled the state of the job's last step (the others finished meanwhile) is done.
     if (finished(j)) return finish_job(self);
-    // Between epochs of a job that pauses there: until a generation releases the next.
-    if (!mid_step(j) && hold_between_epochs(self, j, progress_.epoch)) return;
     // One step at a time: a step message left over from an earlier job or step finds the ring busy.
     if (mid_step(j)) return;
+    // Between epochs of a job that pauses there: until a generation releases the next.
+    if (hold_between_epochs(self, j, progress_.epoch)) return;
     const size_t e = j.elements();
     const auto now = Clock::now();
     if (!j.first_step) j.first_step = j.window_start = now;
