@@ -121,7 +121,8 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
       back_said_at_ = now;
     }
   }
-  if (paused() && !promised_to_.empty() && now - promised_at_ >= o_.retry_ms) {
+  on_local(now, mine, out);
+  if (paused() && !promised_to_.empty() && !mine.shards_unplaced && now - promised_at_ >= o_.retry_ms) {
     // The install may have been lost: the proposer answers a repeated ack with its record. The
     // duty holder hears it too: should the proposer have lost the duty, it proposes anew.
     GenerationVote a = ack_of(promised_, mine);
@@ -272,22 +273,43 @@ void JobControl::propose(double now, const Local& mine, Output& out) {
     promised_from_ = o_.self;
     promised_to_.clear();  // a promise to itself
     out.paused = true;
-    on_ack(o_.self, ack_of(proposal_->number, mine), out);
+    ack_withheld_ = mine.shards_unplaced;  // on_local acks it
+    if (!ack_withheld_) on_ack(o_.self, ack_of(proposal_->number, mine), out);
   }
 }
 
 void JobControl::ack_promise(double now, const std::string& from, const GenerationVote& vote, const Local& mine,
                              Output& out) {
-  GenerationVote a = ack_of(vote.number, mine);
-  a.job_id = vote.job_id;
   promised_at_ = now;
   promised_to_.clear();
-  if (const Member* m = find(view_, from)) {
-    promised_to_ = m->address;
-    out.sends.emplace_back(m->address, std::move(a));
-  } else {
-    out.log.push_back(fmt::format("cannot ack generation {}: {} is not in this view", vote.number, from));
+  const Member* m = find(view_, from);
+  if (!m) return out.log.push_back(fmt::format("cannot ack generation {}: {} is not in this view", vote.number, from));
+  promised_to_ = m->address;
+  if (mine.shards_unplaced) {
+    if (!std::exchange(ack_withheld_, true))
+      out.log.push_back(fmt::format("acking generation {} once this node's shard host has placed generation {}",
+                                    vote.number, record_.generation));
+    return;
   }
+  ack_withheld_ = false;
+  GenerationVote a = ack_of(vote.number, mine);
+  a.job_id = vote.job_id;
+  out.sends.emplace_back(m->address, std::move(a));
+}
+
+void JobControl::on_local(double now, const Local& mine, Output& out) {
+  if (!ack_withheld_ || mine.shards_unplaced) return;
+  ack_withheld_ = false;
+  if (!paused()) return;
+  if (promised_from_ == o_.self) {
+    if (proposal_ && proposal_->number == promised_) on_ack(o_.self, ack_of(promised_, mine), out);
+    return;
+  }
+  if (promised_to_.empty()) return;
+  GenerationVote a = ack_of(promised_, mine);
+  a.job_id = record_.job_id ? record_.job_id : job_id_;
+  out.sends.emplace_back(promised_to_, std::move(a));
+  promised_at_ = now;
 }
 
 void JobControl::on_vote(double now, const std::string& from, const GenerationVote& vote, const Local& mine,
@@ -688,6 +710,7 @@ std::expected<void, std::string> JobControl::on_install(const JobStart& record, 
 
 void JobControl::install(const JobStart& record, Output& out) {
   record_ = record;
+  ack_withheld_ = false;
   // A decay this node decided is done once a record carries it, or a smaller one.
   if (rate_factor_ > 0 && record.lr_factor > 0 && record.lr_factor <= rate_factor_) rate_factor_ = 0;
   rates_.clear();  // cursors count in the list of the generation they move in

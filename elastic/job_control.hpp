@@ -43,6 +43,11 @@
 //               next generation's holders have fetched them: a shard no acker holds (its only
 //               holder is the leaver, or its replicas were still fetching) takes the leaver as
 //               its source in that install, instead of being lost.
+//   placed      an async worker whose shard host has not yet placed the installed generation (it
+//               places on its own thread, just after the worker enters it) does not know what it
+//               holds: it promises a proposal but holds its ack back until the host has placed
+//               (on_local), since an ack is what says which shards a holder has. Placing needs no
+//               peer, so the wait is short and cannot wait on the proposal it holds up.
 //   resend      the workers of a proposal that have not acked it are sent it again every
 //               resend_ms (a proposal or an ack lost, a worker whose view did not yet hold the
 //               proposer); a worker acks a proposal it has promised again, to its proposer only.
@@ -124,6 +129,10 @@ class JobControl {
     bool has_state = false;
     std::vector<std::pair<std::string, uint64_t>> cursors = {};  ///< gossip: others', from mixings
     std::vector<std::pair<uint32_t, uint64_t>> held_shards = {};  ///< async: (shard, version) held here
+    /// Async: this node's shard host has not placed the installed generation yet, so what it
+    /// holds is not known and held_shards says nothing. Its ack waits until it is (on_local):
+    /// taken for "holds none", a shard's only copy was lost (a node acking as it started the job).
+    bool shards_unplaced = false;
   };
   struct Output {
     std::vector<std::pair<std::string, gossip::Body>> sends;  ///< (address, body)
@@ -144,6 +153,9 @@ class JobControl {
 
   /// The view changed: the duty holder proposes if it disagrees with the generation.
   void on_view(double now, const std::vector<gossip::Member>& view, const Local& mine, Output& out);
+  /// What this node holds became known (its shard host placed the generation): an ack it held
+  /// back for that goes now.
+  void on_local(double now, const Local& mine, Output& out);
   /// Time passed: a proposal that did not install is made again.
   void on_tick(double now, const Local& mine, Output& out);
   /// A vote from `from` (a member id; the transport authenticated it).
@@ -254,6 +266,7 @@ class JobControl {
   // sources for the next install only.
   std::map<std::string, std::vector<std::pair<uint32_t, uint64_t>>> handover_;
   double promised_at_ = 0;            // when the promise was made or last repeated
+  bool ack_withheld_ = false;         // the ack of promised_ waits for Local::shards_unplaced to clear
   bool left_out_ = false;             // not a worker of the installed generation, though running
   double back_said_at_ = -1;          // when `back` was last said (-1: at the install; timed from the next tick)
   double rate_factor_ = 0;             // set_rate_factor's, until a record carries it (0: none)

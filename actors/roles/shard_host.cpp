@@ -238,6 +238,7 @@ struct Host {
       if (owed.empty()) handed_over();
     }
     publish_installed();
+    caf::anon_send(init->trainer, handover_atom::value);  // an ack held back for the placement may go
     if (fetching) schedule_refetch();
     node_events().info("shards_placed job={} generation={} shards={} held={}", init->job_id, generation, init->shards,
                        held.empty() ? "-" : held);

@@ -70,6 +70,11 @@ struct ShardHostCounters {
     if (generation != generation_) return {};
     return {held_.begin(), held_.end()};
   }
+  /// The last generation the host has placed (what held() reports is known from then on).
+  uint64_t placed() const {
+    std::lock_guard lock(mutex);
+    return generation_;
+  }
   /// The host installed `generation`: what it holds in it, and no cursors yet.
   void installed(uint64_t generation, std::map<uint32_t, uint64_t> held) {
     std::lock_guard lock(mutex);

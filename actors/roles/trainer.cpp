@@ -418,7 +418,15 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
           fail(self, fmt::format("a shard of the async job is lost: {}", why));
       },
       [self](handover_atom) {
-        if (self->state.drain) on_drain(self);  // the host's shards are ready, or handed over: the drain may go on
+        // The shard host placed a generation, has its shards ready, or handed them over: an ack
+        // held back until it placed goes now, and a drain may go on.
+        auto& s = self->state;
+        if (s.job && s.job->control) {
+          elastic::JobControl::Output out;
+          s.job->control->on_local(now_ms(s), s.job->driver->local(*s.job), out);
+          apply_control(self, s.job->start.job_id, out);
+        }
+        if (s.drain) on_drain(self);
       },
       [self](gather_atom, uint64_t, std::shared_ptr<const ShardGather> gathered) {
         if (self->state.job && gathered) self->state.job->driver->on_gathered(self, *self->state.job, *gathered);

@@ -807,6 +807,45 @@ TEST_CASE("async: a shard whose every holder restarted is lost, naming it and wh
     if (n.control->has_record()) CHECK(n.control->record().generation == 1);
 }
 
+TEST_CASE("async: a holder whose shards are not placed yet holds its ack back, and the shards it holds are not lost",
+          "[elastic][job_control]") {
+  // Replication 1: each shard's only copy is on one worker. A node joins while the workers are
+  // still starting the job, before their shard hosts have placed generation 1 (so what they hold
+  // is not known yet); the duty holder (w0) is one of them. Acks saying "holds none" would lose
+  // every shard; held back, the install waits until each has placed, then takes every shard from
+  // its holder.
+  Net net;
+  const std::vector<std::string> ids{"w0", "w1", "w2"};
+  for (const auto& id : ids) net.add(id);
+  net.add("w3");
+  net.start(ids, 6);
+  for (const auto& id : ids) net.nodes.at(id).local.shards_unplaced = true;
+  for (const auto& id : {"w3", "w0", "w1", "w2"}) net.set_view(id, {});
+  net.deliver_all();
+  for (const auto& [id, n] : net.nodes) {
+    CHECK(n.lost.empty());
+    if (n.control->has_record()) CHECK(n.control->record().generation == 1);
+  }
+  // The hosts place, one after another; the install comes once the last has.
+  const auto placement = elastic::place_shards(6, ids, 1);
+  for (const auto& id : ids) {
+    auto& n = net.nodes.at(id);
+    n.local.shards_unplaced = false;
+    for (uint32_t s = 0; s < placement.size(); ++s)
+      if (placement[s].front() == id) n.local.held_shards.emplace_back(s, 0);
+    JobControl::Output out;
+    n.control->on_local(net.now, n.local, out);
+    net.apply(n, out);
+    net.deliver_all();
+  }
+  const auto& next = net.nodes.at("w0").control->record();
+  REQUIRE(next.generation == 2);
+  CHECK(next.workers.size() == 4);
+  REQUIRE(next.shard_sources.size() == 6);
+  for (uint32_t s = 0; s < 6; ++s) CHECK(next.shard_sources[s] == placement[s].front());
+  for (const auto& [id, n] : net.nodes) CHECK(n.lost.empty());
+}
+
 TEST_CASE("async: a holder that asked to be left out is not waited for", "[elastic][job_control]") {
   Net net;
   const auto cut = five_holding(net);

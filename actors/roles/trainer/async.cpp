@@ -127,7 +127,9 @@ class AsyncDriver final : public Driver {
     if (!current || !counters_) return {at, false, {}};
     auto cursors = counters_->cursors(j.generation);
     std::erase_if(cursors, [&](const auto& c) { return c.first == self_id_; });
-    return {at, j.has_state, std::move(cursors), counters_->held(j.generation)};
+    // Until the host has placed this generation (on its own thread, just after enter()), held()
+    // says nothing: job control holds an ack back until it has (the host tells the trainer).
+    return {at, j.has_state, std::move(cursors), counters_->held(j.generation), counters_->placed() < j.generation};
   }
 
   void add_status(const Job& j, const std::string& self_id, gossip::JobStatus& st) const override {
