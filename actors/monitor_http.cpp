@@ -4,12 +4,14 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <deque>
 #include <filesystem>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -21,25 +23,116 @@
 namespace tepdist::actors {
 namespace {
 
+/// An accepted connection: its descriptor, and its socket's inode (a descriptor number is reused
+/// once closed; the inode tells one connection from the next on it).
+struct Accepted {
+  int fd;
+  ino_t inode;
+  auto operator<=>(const Accepted&) const = default;
+};
+
+ino_t inode_of(int fd) {
+  struct stat st{};
+  return ::fstat(fd, &st) == 0 ? st.st_ino : 0;
+}
+
+/// This process's accepted connections on local TCP port `port`: sockets bound to it that have a
+/// peer (the listening socket has none; a client of the port here has another local port).
+std::vector<Accepted> accepted_on(int port) {
+  std::vector<Accepted> fds;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
+    int fd = -1;
+    try {
+      fd = std::stoi(entry.path().filename().string());
+    } catch (const std::exception&) {
+      continue;
+    }
+    sockaddr_storage local{}, peer{};
+    socklen_t local_len = sizeof local, peer_len = sizeof peer;
+    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
+    int local_port = -1;
+    if (local.ss_family == AF_INET) local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
+    else if (local.ss_family == AF_INET6) local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
+    if (local_port != port) continue;
+    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0) fds.push_back({fd, inode_of(fd)});
+  }
+  return fds;
+}
+
+/// The connections the pool has taken, each with when a worker began serving it: what the
+/// deadline's watchdog cuts off. httplib hands the pool a closure, not the socket, so the pool
+/// names the socket itself as it takes it: the accepting thread calls enqueue() right after each
+/// accept(), so the one accepted connection on the port that is not yet here is the new one.
+class Connections {
+ public:
+  using Clock = std::chrono::steady_clock;
+
+  /// The connection just accepted on `port` (none found: {-1, 0}, never cut off).
+  Accepted take(int port) {
+    std::lock_guard lock(mutex_);
+    Accepted found{-1, 0};
+    for (const auto& c : accepted_on(port))
+      if (!open_.contains(c)) {
+        if (found.fd >= 0) return {-1, 0};  // two unknown: cannot tell which is new
+        found = c;
+      }
+    if (found.fd >= 0) open_.emplace(found, std::nullopt);
+    return found;
+  }
+  void serving(const Accepted& c) {
+    std::lock_guard lock(mutex_);
+    if (auto it = open_.find(c); it != open_.end()) it->second = Clock::now();
+  }
+  void done(const Accepted& c) {
+    std::lock_guard lock(mutex_);
+    open_.erase(c);
+  }
+  bool empty() const {
+    std::lock_guard lock(mutex_);
+    return open_.empty();
+  }
+  /// Served for `deadline` or longer.
+  std::vector<Accepted> overdue(std::chrono::milliseconds deadline) const {
+    std::lock_guard lock(mutex_);
+    std::vector<Accepted> out;
+    const auto now = Clock::now();
+    for (const auto& [c, since] : open_)
+      if (since && now - *since >= deadline) out.push_back(c);
+    return out;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  std::map<Accepted, std::optional<Clock::time_point>> open_;
+};
+
 /// cpp-httplib's task queue with a bound: at most `workers` connections served at once and as many
 /// waiting; beyond that the accepting thread waits, so further connections wait in the kernel's
 /// listen backlog (and are refused once it is full) instead of piling up here. (httplib's own pool
-/// queues every accepted connection without limit.)
+/// queues every accepted connection without limit.) Each connection is registered in
+/// `connections` from its accept until its worker closed it.
 class BoundedPool final : public httplib::TaskQueue {
  public:
-  explicit BoundedPool(size_t workers) : capacity_(workers) {
+  BoundedPool(size_t workers, Connections& connections, int port)
+      : capacity_(workers), connections_(connections), port_(port) {
     for (size_t i = 0; i < workers; ++i) threads_.emplace_back([this] { work(); });
   }
 
   void enqueue(std::function<void()> fn) override {
+    auto serve = [fn = std::move(fn), &connections = connections_, c = connections_.take(port_)] {
+      connections.serving(c);
+      fn();  // httplib closes the socket before it returns
+      connections.done(c);
+    };
     std::unique_lock lock(mutex_);
     space_.wait(lock, [&] { return jobs_.size() < capacity_ || shutdown_; });
     if (shutdown_) {
       lock.unlock();
-      fn();  // the connection is the job's to close: served (or timed out) here, never leaked
+      serve();  // the connection is the job's to close: served (or timed out) here, never leaked
       return;
     }
-    jobs_.push_back(std::move(fn));
+    jobs_.push_back(std::move(serve));
     ready_.notify_one();
   }
 
@@ -70,6 +163,8 @@ class BoundedPool final : public httplib::TaskQueue {
   }
 
   const size_t capacity_;
+  Connections& connections_;
+  const int port_;
   std::mutex mutex_;
   std::condition_variable ready_, space_;
   std::deque<std::function<void()>> jobs_;
@@ -93,30 +188,6 @@ std::optional<std::pair<std::string, int>> split_address(const std::string& text
   }
   if (port < 0 || port > 65535) return std::nullopt;
   return std::pair{host, port};
-}
-
-/// This process's accepted connections on local TCP port `port`: sockets bound to it that have a
-/// peer (the listening socket has none; a client of the port here has another local port).
-std::vector<int> accepted_on(int port) {
-  std::vector<int> fds;
-  std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd", ec)) {
-    int fd = -1;
-    try {
-      fd = std::stoi(entry.path().filename().string());
-    } catch (const std::exception&) {
-      continue;
-    }
-    sockaddr_storage local{}, peer{};
-    socklen_t local_len = sizeof local, peer_len = sizeof peer;
-    if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
-    int local_port = -1;
-    if (local.ss_family == AF_INET) local_port = ntohs(reinterpret_cast<sockaddr_in*>(&local)->sin_port);
-    else if (local.ss_family == AF_INET6) local_port = ntohs(reinterpret_cast<sockaddr_in6*>(&local)->sin6_port);
-    if (local_port != port) continue;
-    if (::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0) fds.push_back(fd);
-  }
-  return fds;
 }
 
 /// A JSON string literal of `text`.
@@ -145,6 +216,23 @@ struct MonitorHttp::Impl {
   int port = 0;                       // bound
   std::atomic<bool> ended{false};     // listen_after_bind returned
   std::atomic<bool> stopping{false};  // stop() was called
+  Connections connections;            // accepted and not yet closed
+  std::thread watchdog;
+  std::mutex watch_mutex;
+  std::condition_variable watch_stop;
+
+  /// Cuts off (shuts down, for its worker to close) every connection served for the deadline or
+  /// longer, within a tenth of the deadline.
+  void watch() {
+    const auto every = std::clamp<std::chrono::milliseconds>(options.deadline / 10, std::chrono::milliseconds(20),
+                                                             std::chrono::milliseconds(1000));
+    std::unique_lock lock(watch_mutex);
+    while (!watch_stop.wait_for(lock, every, [&] { return stopping.load(); })) {
+      if (connections.empty()) continue;
+      for (const auto& c : connections.overdue(options.deadline))
+        if (inode_of(c.fd) == c.inode) ::shutdown(c.fd, SHUT_RDWR);  // the fd may be closed since
+    }
+  }
 };
 
 MonitorHttp::MonitorHttp(MonitorHttpOptions options, MonitorHttpViews views) : impl_(std::make_unique<Impl>()) {
@@ -160,14 +248,15 @@ std::expected<std::string, std::string> MonitorHttp::start() {
   if (!address) return std::unexpected(fmt::format("monitor.http \"{}\" is not host:port", i.options.listen));
   auto& server = i.server;
   const size_t threads = std::max<size_t>(1, i.options.threads);
-  server.new_task_queue = [threads] { return new BoundedPool(threads); };
+  server.new_task_queue = [threads, &i] { return new BoundedPool(threads, i.connections, i.port); };
   server.set_read_timeout(i.options.timeout);
   server.set_write_timeout(i.options.timeout);
-  // A kept-alive connection holds its worker while it waits for the next request: a second at most
-  // (a dashboard polls every two seconds, a scraper far less often).
+  // A connection waits a second at most for its request, and serves one: the deadline is then the
+  // request's (a dashboard polls every two seconds, a scraper less often; a connection each costs
+  // them a loopback handshake).
   server.set_keep_alive_timeout(std::clamp<time_t>(
       std::chrono::duration_cast<std::chrono::seconds>(i.options.timeout).count(), 0, 1));
-  server.set_keep_alive_max_count(100);
+  server.set_keep_alive_max_count(1);
   server.set_payload_max_length(0);  // no request has a body here
   // SO_REUSEADDR (a restarted node gets its port back), not httplib's SO_REUSEPORT, with which a
   // second node given the same port would bind it too and take half of its requests.
@@ -218,19 +307,25 @@ std::expected<std::string, std::string> MonitorHttp::start() {
   });
   // stop() only reaches a server that runs: wait for it (a thread's start, not a peer).
   while (!server.is_running() && !i.ended) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  i.watchdog = std::thread([&i] { i.watch(); });
   return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, bound) : fmt::format("{}:{}", host, bound);
 }
 
 void MonitorHttp::stop() {
   if (!impl_ || !impl_->thread.joinable()) return;
   auto& i = *impl_;
-  i.stopping = true;
+  {
+    std::lock_guard lock(i.watch_mutex);
+    i.stopping = true;
+  }
+  i.watch_stop.notify_all();
+  if (i.watchdog.joinable()) i.watchdog.join();
   i.server.stop();
   // The workers finish the connections they serve before the server's thread ends, and a client
   // that trickles bytes could keep one forever: cut every accepted connection off (shut down, not
   // closed, so the worker that owns the descriptor closes it) until the thread is done.
   while (!i.ended) {
-    for (const int fd : accepted_on(i.port)) ::shutdown(fd, SHUT_RDWR);
+    for (const auto& c : accepted_on(i.port)) ::shutdown(c.fd, SHUT_RDWR);
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   i.thread.join();

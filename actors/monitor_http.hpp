@@ -12,8 +12,10 @@
 // bounded whoever connects: a fixed pool of worker threads, a short read and write timeout, request
 // lines and headers of at most 8 KiB each (cpp-httplib's limits, 400 beyond), no request bodies,
 // and while every worker is busy new connections wait in the kernel's listen backlog instead of in
-// memory here. It needs no secret, so it listens on loopback unless the operator names another
-// address.
+// memory here. One request per connection, and a connection is cut off `deadline` after it was
+// accepted: the read and write timeouts count per read and per write, so without it a client
+// sending (or reading) one byte within each timeout held a worker for hours. It needs no secret,
+// so it listens on loopback unless the operator names another address.
 
 #include <chrono>
 #include <cstddef>
@@ -28,6 +30,8 @@ struct MonitorHttpOptions {
   std::string listen = "127.0.0.1:0";  ///< host:port, host an IP address; port 0: any free one
   size_t threads = 4;                   ///< connections served at once
   std::chrono::milliseconds timeout{5000};  ///< per read and per write of one connection
+  /// A connection's whole life, its one request read and answered (give or take a tenth of it).
+  std::chrono::milliseconds deadline{10000};
 };
 
 /// What the endpoint shows. Each is called on a server thread, at most `threads` at a time.

@@ -205,3 +205,34 @@ TEST_CASE("stopping the endpoint cuts off a client in the middle of its request"
   char byte = 0;
   CHECK(::recv(slow.fd, &byte, 1, 0) <= 0);  // the server's end is gone (closed or reset)
 }
+
+TEST_CASE("a client that never finishes its request is cut off at the deadline, and the request behind it is served",
+          "[actors][monitor]") {
+  // One worker, and a read timeout past the test's own timeout: a client that sends part of a
+  // request and then a byte now and then (here: nothing more) held the worker until the timeout of
+  // each read; only the deadline frees it.
+  MonitorHttpOptions o{"127.0.0.1:0"};
+  o.threads = 1;
+  o.timeout = std::chrono::seconds(600);
+  o.deadline = std::chrono::milliseconds(500);
+  MonitorHttp http(o, fixed_views());
+  const auto bound = http.start();
+  REQUIRE(bound);
+  IdleConnection slow(*bound);
+  REQUIRE(slow.fd >= 0);
+  const std::string part = "GET /metrics HTTP/1.1\r\nHost: x\r\n";  // and never the blank line
+  REQUIRE(::send(slow.fd, part.data(), part.size(), 0) == static_cast<ssize_t>(part.size()));
+  const auto [host, port] = host_port(*bound);
+  httplib::Client client(host, port);
+  client.set_connection_timeout(std::chrono::seconds(10));
+  client.set_read_timeout(std::chrono::seconds(10));
+  auto res = client.Get("/metrics");
+  REQUIRE(res);
+  CHECK(res->status == 200);
+  CHECK(res->get_header_value("Connection") == "close");  // one request per connection
+  timeval tv{10, 0};
+  ::setsockopt(slow.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char byte = 0;
+  CHECK(::recv(slow.fd, &byte, 1, 0) <= 0);  // cut off: closed or reset, not timed out here (errno)
+  CHECK(errno != EAGAIN);
+}
