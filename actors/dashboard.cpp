@@ -2,8 +2,8 @@
 // else. It polls /status every two seconds and draws the members, the job and its workers, a
 // timeline of membership events and the generations this node installed, every node's figures as the monitor gossip brought them here
 // (stale ones marked), and SVG charts whose points a test can count: the node's training history
-// (loss, samples/s, the rate), rank 0's evaluations (test accuracy), and each node's speed since
-// the page opened. A status it cannot fetch is shown as such; the
+// (loss, samples/s, the rate), rank 0's evaluations (test accuracy), and each node's speed and
+// bytes in and out per second since the page opened. A status it cannot fetch is shown as such; the
 // last figures stay.
 
 #include "actors/monitor_http.hpp"
@@ -41,7 +41,7 @@ svg { border: 1px solid #ccc; background: #fafafa; }
 <h2>Nodes</h2>
 <table id="nodes"><thead><tr><th>id</th><th>state</th><th>age</th><th>generation</th><th>step</th><th>samples/s</th><th>loss</th><th>accuracy</th><th>MB in</th><th>MB out</th></tr></thead><tbody></tbody></table>
 <h2>Workers</h2>
-<table id="workers"><thead><tr><th>id</th><th>position</th><th>samples/s</th><th>share</th></tr></thead><tbody></tbody></table>
+<table id="workers"><thead><tr><th>id</th><th>position</th><th>step</th><th>lag</th><th>samples/s</th><th>share</th><th>staleness</th></tr></thead><tbody></tbody></table>
 <h2>Training</h2>
 <div class="charts">
 <figure><svg id="chart-loss" width="480" height="200"></svg><figcaption>training loss (this node's history)</figcaption></figure>
@@ -49,12 +49,13 @@ svg { border: 1px solid #ccc; background: #fafafa; }
 <figure><svg id="chart-throughput" width="480" height="200"></svg><figcaption>samples/s (this node's history)</figcaption></figure>
 <figure><svg id="chart-lr" width="480" height="200"></svg><figcaption>learning rate in effect</figcaption></figure>
 <figure><svg id="chart-speed" width="480" height="200"></svg><figcaption>samples/s per node, since this page opened</figcaption></figure>
+<figure><svg id="chart-bytes" width="480" height="200"></svg><figcaption>MB/s in + out per node, since this page opened</figcaption></figure>
 </div>
 <h2>Timeline</h2>
 <table id="timeline"><thead><tr><th>when</th><th>what</th></tr></thead><tbody></tbody></table>
 <script>
 "use strict";
-const seen = { speed: {} };
+const seen = { speed: {}, bytes: {}, last: {} };
 const keep = 300;
 const colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f"];
 
@@ -129,8 +130,19 @@ function show(doc) {
   for (const n of doc.nodes || [])
     if (n.figures.samples_per_second !== undefined && !n.stale)
       (seen.speed[n.id] = seen.speed[n.id] || []).push(n.figures.samples_per_second);
-  for (const a of Object.values(seen.speed)) while (a.length > keep) a.shift();
+  // Bytes: each node's counters' rise between two of its summaries, per second.
+  for (const n of doc.nodes || []) {
+    const f = n.figures, before = seen.last[n.id];
+    if (f.bytes_in === undefined || f.bytes_out === undefined || n.stale) continue;
+    if (before && n.unix_ms > before.unix_ms) {
+      const rate = (f.bytes_in + f.bytes_out - before.bytes) / 1e6 / ((n.unix_ms - before.unix_ms) / 1000);
+      (seen.bytes[n.id] = seen.bytes[n.id] || []).push(Math.max(0, rate));
+    }
+    if (!before || n.unix_ms > before.unix_ms) seen.last[n.id] = { unix_ms: n.unix_ms, bytes: f.bytes_in + f.bytes_out };
+  }
+  for (const a of Object.values(seen.speed).concat(Object.values(seen.bytes))) while (a.length > keep) a.shift();
   chart(document.getElementById("chart-speed"), Object.entries(seen.speed).map(([name, values]) => ({ name, values })));
+  chart(document.getElementById("chart-bytes"), Object.entries(seen.bytes).map(([name, values]) => ({ name, values })));
   const job = doc.job;
   const last = job && job.evaluations.length ? job.evaluations[job.evaluations.length - 1] : null;
   document.getElementById("job").textContent = job
@@ -139,8 +151,8 @@ function show(doc) {
       (last ? `, test accuracy ${last.test_accuracy.toFixed(4)} at step ${last.step}` : "")
     : "no job";
   fill(document.querySelector("#workers tbody"), job ? job.workers.map(w =>
-    [[w.id], [String(w.position), "num"],
-     [w.samples_per_second ? w.samples_per_second.toFixed(0) : "", "num"], [w.share ? String(w.share) : "", "num"]]) : []);
+    [[w.id], [String(w.position), "num"], [num(w.step, 0), "num"], [num(w.lag_steps, 0), "num"],
+     [num(w.samples_per_second, 0), "num"], [num(w.share, 0), "num"], [num(w.staleness, 1), "num"]]) : []);
   if (!job) return;
   // Membership events and the generations this node installed, newest first.
   const timeline = (doc.events || []).map(e => [e.unix_ms, `${e.member} ${e.kind}`, e.kind]).concat(

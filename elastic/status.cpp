@@ -71,6 +71,48 @@ double figure(const NodeFigures& f, const std::string& name) {
   return it == f.values.end() ? std::nan("") : it->second;
 }
 
+/// A worker of the job as the document knows it: its position and load as the answering worker
+/// holds them, and its own figures as the monitor gossip brought them (NaN: not known). Lag: the
+/// steps it is behind the furthest worker of the job, among the workers whose figures are fresh.
+struct WorkerRow {
+  std::string id;
+  uint64_t position = 0;
+  double step = std::nan(""), lag = std::nan(""), samples_per_second = std::nan(""), share = std::nan(""),
+         staleness = std::nan("");
+};
+
+std::vector<WorkerRow> worker_rows(const StatusDocument& doc) {
+  std::vector<WorkerRow> out;
+  if (!doc.job) return out;
+  const auto& j = *doc.job;
+  std::map<std::string, const NodeFigures*> fresh;
+  for (const auto& r : node_rows(doc))
+    if (!r.stale && figure(*r.figures, "job_id") == static_cast<double>(j.job_id)) fresh[r.id] = r.figures;
+  double furthest = std::nan("");
+  for (const auto& [id, position] : j.workers)
+    if (const auto f = fresh.find(id); f != fresh.end() && !(figure(*f->second, "step") <= furthest))
+      furthest = figure(*f->second, "step");
+  for (const auto& [id, position] : j.workers) {
+    WorkerRow w{id, position};
+    const auto f = fresh.find(id);
+    const NodeFigures* figures = f == fresh.end() ? nullptr : f->second;
+    if (figures) {
+      w.step = figure(*figures, "step");
+      w.lag = furthest - w.step;
+      w.samples_per_second = figure(*figures, "samples_per_second");
+      w.staleness = figure(*figures, "staleness");
+    }
+    if (const auto* load = load_of(j, id)) {
+      if (load->samples_per_second > 0) w.samples_per_second = load->samples_per_second;
+      if (load->share > 0) w.share = static_cast<double>(load->share);
+    }
+    out.push_back(std::move(w));
+  }
+  return out;
+}
+
+nlohmann::json number_or_null(double v) { return std::isnan(v) ? nlohmann::json(nullptr) : nlohmann::json(v); }
+
 }  // namespace
 
 gossip::MetricsSnapshot snapshot_of(const FigureTable& table) {
@@ -170,14 +212,14 @@ std::string status_json(const StatusDocument& doc) {
   out["job"] = nullptr;
   if (const auto& j = doc.job) {
     nlohmann::json workers = nlohmann::json::array();
-    for (const auto& [id, position] : j->workers) {
-      nlohmann::json w = {{"id", id}, {"position", position}, {"samples_per_second", nullptr}, {"share", nullptr}};
-      if (const auto* load = load_of(*j, id)) {
-        if (load->samples_per_second > 0) w["samples_per_second"] = load->samples_per_second;
-        if (load->share > 0) w["share"] = load->share;
-      }
-      workers.push_back(std::move(w));
-    }
+    for (const auto& w : worker_rows(doc))
+      workers.push_back({{"id", w.id},
+                         {"position", w.position},
+                         {"step", number_or_null(w.step)},
+                         {"lag_steps", number_or_null(w.lag)},
+                         {"samples_per_second", number_or_null(w.samples_per_second)},
+                         {"share", number_or_null(w.share)},
+                         {"staleness", number_or_null(w.staleness)}});
     out["job"] = {{"job_id", j->job_id},          {"mode", j->mode},
                   {"generation", j->generation},  {"phase", j->phase},
                   {"step", j->progress.step},     {"epoch", j->progress.epoch},
@@ -236,13 +278,14 @@ std::string status_table(const StatusDocument& doc) {
       out += fmt::format("test accuracy {:.4f}, test loss {:.4f} (step {}, {} evaluations)\n", e.accuracy, e.loss,
                          e.step, j->evaluations.size());
     }
-    out += fmt::format("{:<16} {:>10} {:>12} {:>6}\n", "WORKER", "POSITION", "SAMPLES/S", "SHARE");
-    for (const auto& [id, position] : j->workers) {
-      const auto* load = load_of(*j, id);
-      out += fmt::format("{:<16} {:>10} {:>12} {:>6}\n", id, position,
-                         load && load->samples_per_second > 0 ? fmt::format("{:.0f}", load->samples_per_second) : "-",
-                         load && load->share > 0 ? std::to_string(load->share) : "-");
-    }
+    // Step, lag and staleness from each worker's own figures (the monitor gossip); "-": not known.
+    const auto num = [](double v, const char* spec) { return std::isnan(v) ? std::string("-") : fmt::format(fmt::runtime(spec), v); };
+    out += fmt::format("{:<16} {:>10} {:>8} {:>6} {:>12} {:>6} {:>10}\n", "WORKER", "POSITION", "STEP", "LAG",
+                       "SAMPLES/S", "SHARE", "STALENESS");
+    for (const auto& w : worker_rows(doc))
+      out += fmt::format("{:<16} {:>10} {:>8} {:>6} {:>12} {:>6} {:>10}\n", w.id, w.position, num(w.step, "{:.0f}"),
+                         num(w.lag, "{:.0f}"), num(w.samples_per_second, "{:.0f}"), num(w.share, "{:.0f}"),
+                         num(w.staleness, "{:.1f}"));
   } else {
     out += "no job on this member\n";
   }

@@ -63,7 +63,9 @@ std::vector<gossip::Member> shard_primaries(const StatusDocument& doc);
 /// members: [{id, state, incarnation, address, region,
 /// roles, shards: [{shard, primary}]}], shards: [{shard, primary, replicas, version (null: not
 /// heard)}], job: null | {job_id, mode, generation, phase, step, epoch, position, samples, lr, loss,
-/// workers: [{id, position, samples_per_second, share}], evaluations: [{step, epoch, train_seconds,
+/// workers: [{id, position, step, lag_steps, samples_per_second, share, staleness}] (step, lag_steps:
+/// the steps behind the furthest worker, and async staleness from each worker's own figures; null
+/// where they are not fresh), evaluations: [{step, epoch, train_seconds,
 /// test_accuracy, test_loss}] (rank 0's), history: [{step, train_seconds, loss, samples_per_second,
 /// lr}], generations: [{generation, resume_step, workers, installed_unix_ms}]}}.
 std::string status_json(const StatusDocument& doc);

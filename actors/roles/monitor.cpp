@@ -41,6 +41,9 @@ elastic::NodeFigures own_figures(const MonitorOptions& o, const gossip::StateSyn
     const auto load = std::ranges::find(j->loads, o.self_id, &gossip::WorkerLoad::worker);
     if (load != j->loads.end() && load->samples_per_second > 0) f.values["samples_per_second"] = load->samples_per_second;
     if (!j->evaluations.empty()) f.values["test_accuracy"] = j->evaluations.back().accuracy;
+    // Async: the recent staleness of this worker's applied pushes (none before its first answer).
+    if (j->mode == "async" && o.metrics)
+      if (const auto v = o.metrics->gauge_value("tepdist_worker_staleness", {{"mode", "async"}})) f.values["staleness"] = *v;
   }
   return f;
 }

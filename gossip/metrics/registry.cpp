@@ -92,6 +92,15 @@ uint64_t MetricsRegistry::counter_total(const std::string& name) const {
   return total;
 }
 
+std::optional<double> MetricsRegistry::gauge_value(const std::string& name, const Labels& labels) const {
+  std::lock_guard lock(mutex_);
+  const auto it = families_.find(name);
+  if (it == families_.end()) return std::nullopt;
+  const auto g = it->second.gauges.find(sorted(labels));
+  if (g == it->second.gauges.end()) return std::nullopt;
+  return g->second->value();
+}
+
 Gauge& MetricsRegistry::gauge(const std::string& name, const Labels& labels, const std::string& help) {
   std::lock_guard lock(mutex_);
   auto& slot = family(name, Kind::gauge, help).gauges[sorted(labels)];

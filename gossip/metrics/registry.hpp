@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <mutex>
 #include <string>
 #include <utility>
@@ -69,6 +70,8 @@ class MetricsRegistry {
 
   /// The sum of the counters called name, over all their label sets (0: none).
   uint64_t counter_total(const std::string& name) const;
+  /// The gauge called name with these labels, if it was made.
+  std::optional<double> gauge_value(const std::string& name, const Labels& labels = {}) const;
 
   /// Every metric in the Prometheus text exposition format, names and label sets sorted.
   std::string render_prometheus() const;

@@ -46,8 +46,42 @@ TEST_CASE("the status document shows the job's generation and each worker's posi
   CHECK_THAT(table, Catch::Contains("job 7 (gossip): generation 3, voting, epoch 2, step 40, 9000 samples"));
   CHECK_THAT(table, Catch::Contains("0p"));
   CHECK_THAT(table, Catch::Contains("learning rate in effect 0.025"));
-  CHECK_THAT(table, Catch::Contains("a                       512         1234      -"));
-  CHECK_THAT(table, Catch::Contains("c                       128            -      -"));
+  CHECK_THAT(table, Catch::Contains("a                       512        -      -         1234      -          -"));
+  CHECK_THAT(table, Catch::Contains("c                       128        -      -            -      -          -"));
+}
+
+TEST_CASE("each worker's step, lag and staleness come from its own fresh figures, of this job only",
+          "[elastic][status][monitor]") {
+  // a and c are workers of async job 7; a answers. c is 30 steps behind a. b is dead (its figures
+  // stale), d's figures are of another job: neither counts for the lag.
+  JobStatus job{7, "async", 2, "training", {130, 1, 512, 9000}, {{"a", 512}, {"b", 300}, {"c", 128}, {"d", 64}}};
+  auto sync = answer(job);
+  sync.members.push_back({"c", "10.0.0.3:7000", 1, Member::State::alive, "eu", {"worker"}, {}, 3});
+  sync.members.push_back({"d", "10.0.0.4:7000", 1, Member::State::alive, "eu", {"worker"}, {}, 4});
+  elastic::FigureTable figures{
+      {"a", {100000, {{"job_id", 7}, {"step", 130}, {"samples_per_second", 900}, {"staleness", 2.5}}}},
+      {"b", {99500, {{"job_id", 7}, {"step", 400}}}},
+      {"c", {99800, {{"job_id", 7}, {"step", 100}, {"staleness", 6.25}}}},
+      {"d", {99900, {{"job_id", 6}, {"step", 900}}}}};
+  sync.figures = elastic::snapshot_of(figures);
+  const auto doc = elastic::status_document("10.0.0.1:7000", sync);
+  const auto json = nlohmann::json::parse(elastic::status_json(doc));
+  const auto& w = json["job"]["workers"];
+  REQUIRE(w.size() == 4);
+  CHECK(w[0]["step"] == 130);
+  CHECK(w[0]["lag_steps"] == 0);
+  CHECK(w[0]["staleness"] == Approx(2.5));
+  CHECK(w[0]["samples_per_second"] == Approx(900));  // from its figures: the answer has no load for it
+  CHECK(w[1]["step"].is_null());                     // b: dead, its figures stale
+  CHECK(w[1]["lag_steps"].is_null());
+  CHECK(w[2]["step"] == 100);
+  CHECK(w[2]["lag_steps"] == 30);
+  CHECK(w[2]["staleness"] == Approx(6.25));
+  CHECK(w[3]["step"].is_null());  // d: another job's figures
+  const auto table = elastic::status_table(doc);
+  INFO(table);
+  CHECK_THAT(table, Catch::Contains("WORKER") && Catch::Contains("LAG") && Catch::Contains("STALENESS"));
+  CHECK_THAT(table, Catch::Contains("c                       128      100     30            -      -        6.2"));
 }
 
 TEST_CASE("a member without a job says so in both renderings", "[elastic][status]") {

@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstdio>
@@ -78,6 +79,8 @@ return {
   nodes: document.querySelectorAll("#nodes tbody tr").length,
   lossPoints: points("#chart-loss"),
   accuracyPoints: points("#chart-accuracy"),
+  bytesSeries: document.querySelectorAll("#chart-bytes polyline").length,
+  workers: Array.from(document.querySelectorAll("#workers tbody tr")).map(r => Array.from(r.cells).map(c => c.textContent)),
   timeline: Array.from(document.querySelectorAll("#timeline tbody tr")).map(r => r.textContent),
   job: document.getElementById("job").textContent,
   error: document.getElementById("error").textContent,
@@ -152,8 +155,10 @@ TEST_CASE("the dashboard in a real browser lists the members and draws the statu
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
   do {
     page = wd.call("POST", at + "/execute/sync", {{"script", read_page}, {"args", json::array()}});
+    const auto& w = page["workers"];
+    const bool steps = w.size() == 3 && std::ranges::all_of(w, [](const json& row) { return row[2] != ""; });
     if (page["drawn"].is_object() && page["nodes"].get<int>() >= 3 && page["lossPoints"].get<int>() >= 2 &&
-        page["accuracyPoints"].get<int>() >= 1)
+        page["accuracyPoints"].get<int>() >= 1 && page["bytesSeries"].get<int>() >= 3 && steps)
       break;
     std::this_thread::sleep_for(std::chrono::milliseconds(250));
   } while (std::chrono::steady_clock::now() < deadline);
@@ -168,6 +173,15 @@ TEST_CASE("the dashboard in a real browser lists the members and draws the statu
   // The charts have a point for each point of the document the page drew.
   CHECK(page["lossPoints"] == drawn["job"]["history"].size());
   CHECK(page["accuracyPoints"] == drawn["job"]["evaluations"].size());
+  // Bytes per node: a line for each node whose summaries came at least twice since the page opened.
+  CHECK(page["bytesSeries"].get<int>() >= 3);
+  // Each worker's step and lag, from its own figures (sync: the ring keeps them within a step or two).
+  REQUIRE(page["workers"].size() == 3);
+  for (const auto& row : page["workers"]) {
+    REQUIRE(row.size() == 7);
+    CHECK(row[2] != "");
+    CHECK(row[3] != "");
+  }
   // The timeline: the members' events and the generation, one row each.
   CHECK(page["timeline"].size() == drawn["events"].size() + drawn["job"]["generations"].size());
   CHECK_THAT(page["timeline"].dump(), Catch::Contains("generation 1: 3 workers"));

@@ -464,6 +464,13 @@ class AsyncDriver final : public Driver {
       return;
     }
     j.waiting_since = j.progress_at = Clock::now();
+    if (auto& f = j.figures; st.kind == gossip::ShardState::Kind::values && !st.rejected && !st.duplicate && f.staleness) {
+      f.staleness->observe(static_cast<double>(st.staleness));
+      if (!f.recent_staleness)
+        f.recent_staleness = &f.metrics->gauge("tepdist_worker_staleness", {{"mode", "async"}},
+                                               "the recent mean staleness of this worker's applied pushes");
+      f.recent_staleness->set(worker_->recent_staleness());
+    }
     if (!send_all(self, j, out)) return;
     if (blocked_ && worker_->may_step()) {
       blocked_ = false;

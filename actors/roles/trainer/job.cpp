@@ -548,6 +548,13 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
                  &m.gauge("tepdist_job_generation", l, "the generation this worker trains in"),
                  &m.histogram("tepdist_train_step_seconds", l, "from the end of one step to the end of the next",
                               {0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1, 2, 5, 10})};
+    if (j.config.job.mode == "async") {
+      j.figures.staleness = &m.histogram("tepdist_async_push_staleness", l,
+                                         "versions a shard moved on between the values a push of this worker was "
+                                         "computed on and its apply",
+                                         {0, 1, 2, 4, 8, 16, 32, 64, 128});
+      j.figures.metrics = &m;  // the recent mean's gauge is made at the first answer: none is none yet
+    }
   }
   // The mode's own set-up comes last: async's registers its shard host, which takes updates from then on.
   const auto& mode = j.config.job.mode;

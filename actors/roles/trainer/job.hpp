@@ -228,6 +228,10 @@ struct Job {
     gossip::Gauge* share = nullptr;
     gossip::Gauge* generation = nullptr;
     gossip::Histogram* step_seconds = nullptr;
+    /// Async: the staleness of each of this worker's pushes a primary applied, and the recent mean.
+    gossip::Histogram* staleness = nullptr;
+    gossip::Gauge* recent_staleness = nullptr;
+    gossip::MetricsRegistry* metrics = nullptr;
   } figures;
   Clock::time_point figures_at;  // the end of the step the figures last counted
   uint64_t figures_samples = 0;  // own_samples as they last counted it
