@@ -173,3 +173,56 @@ TEST_CASE("the nodes' HTTP endpoints show the running job: /metrics parses and i
   CHECK(run.wait() == 130);
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
+
+TEST_CASE("an async job's endpoint shows each worker's push staleness, in /metrics and per worker in /status",
+          "[integration][run][monitor]") {
+  TempDir dir;
+  const std::string job = tepdist::test::fashion_subset_job(dir, "mode = \"async\"\nepochs = 1000\nlog_every_steps = 8\n");
+  Child run({TEPDIST_BINARY, "run", job, "--nodes", "2", "--set", "data.dataset=\"synthetic\"", "--out",
+             (dir.path / "out").string()});
+  const auto line = run.wait_for("dashboard:", std::chrono::seconds(60));
+  INFO(run.all());
+  REQUIRE(line);
+  std::smatch m;
+  REQUIRE(std::regex_search(*line, m, std::regex("http://(127\\.0\\.0\\.1):(\\d+)/")));
+  httplib::Client client(m[1].str(), std::stoi(m[2]));
+  client.set_read_timeout(std::chrono::seconds(10));
+  REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));  // training
+  // Each worker's figures reach node-00 by the monitor gossip, a round every 2 s: ask until both
+  // workers' staleness is there (nothing pushes a status to wait on).
+  nlohmann::json doc;
+  const auto known = [](const nlohmann::json& w) { return w["staleness"].is_number() && w["lag_steps"].is_number(); };
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  do {
+    auto status = client.Get("/status");
+    REQUIRE(status);
+    REQUIRE(status->status == 200);
+    doc = nlohmann::json::parse(status->body);
+    if (doc["job"].is_object() && doc["job"]["workers"].size() == 2 &&
+        std::all_of(doc["job"]["workers"].begin(), doc["job"]["workers"].end(), known))
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  } while (std::chrono::steady_clock::now() < deadline);
+  INFO(doc.dump(1));
+  REQUIRE(doc["job"].is_object());
+  CHECK(doc["job"]["mode"] == "async");
+  REQUIRE(doc["job"]["workers"].size() == 2);
+  for (const auto& w : doc["job"]["workers"]) {
+    REQUIRE(known(w));
+    CHECK(w["staleness"].get<double>() >= 0);
+    CHECK(w["lag_steps"].get<double>() >= 0);
+    CHECK(w["step"].get<double>() > 0);
+  }
+  // The furthest worker lags nobody.
+  CHECK(std::any_of(doc["job"]["workers"].begin(), doc["job"]["workers"].end(),
+                    [](const nlohmann::json& w) { return w["lag_steps"].get<double>() == 0; }));
+  auto scrape = client.Get("/metrics");
+  REQUIRE(scrape);
+  CHECK(scraped_steps(dir, scrape->body, "async.prom") > 0);  // the strict parser takes the histogram too
+  CHECK_THAT(scrape->body, Catch::Contains("tepdist_async_push_staleness_bucket{node=\"node-00\",mode=\"async\",le=\"0\"}") &&
+                               Catch::Contains("tepdist_worker_staleness{node=\"node-00\",mode=\"async\"}"));
+
+  run.signal(SIGINT);
+  CHECK(run.wait() == 130);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
