@@ -39,7 +39,7 @@ svg { border: 1px solid #ccc; background: #fafafa; }
 <h2>Members (<span id="member-count">0</span>)</h2>
 <table id="members"><thead><tr><th>id</th><th>state</th><th>address</th><th>region</th><th>roles</th></tr></thead><tbody></tbody></table>
 <h2>Nodes</h2>
-<table id="nodes"><thead><tr><th>id</th><th>state</th><th>age</th><th>generation</th><th>step</th><th>samples/s</th><th>loss</th><th>accuracy</th><th>MB in</th><th>MB out</th></tr></thead><tbody></tbody></table>
+<table id="nodes"><thead><tr><th>id</th><th>state</th><th>age</th><th>generation</th><th>step</th><th>step ms</th><th>samples/s</th><th>loss</th><th>accuracy</th><th>MB in</th><th>MB out</th><th>queued KB</th></tr></thead><tbody></tbody></table>
 <h2>Workers</h2>
 <table id="workers"><thead><tr><th>id</th><th>position</th><th>step</th><th>lag</th><th>samples/s</th><th>share</th><th>staleness</th></tr></thead><tbody></tbody></table>
 <h2>Training</h2>
@@ -122,10 +122,13 @@ function show(doc) {
   fill(document.querySelector("#nodes tbody"), (doc.nodes || []).map(n => {
     const f = n.figures;
     return [[n.id], [n.stale ? "stale" : n.state, n.stale ? "stale" : n.state], [n.age_s.toFixed(0) + " s", "num"],
-            [num(f.generation, 0), "num"], [num(f.step, 0), "num"], [num(f.samples_per_second, 0), "num"],
+            [num(f.generation, 0), "num"], [num(f.step, 0), "num"],
+            [num(f.step_seconds === undefined ? undefined : f.step_seconds * 1e3, 1), "num"],
+            [num(f.samples_per_second, 0), "num"],
             [num(f.loss, 4), "num"], [num(f.test_accuracy, 4), "num"],
             [num(f.bytes_in === undefined ? undefined : f.bytes_in / 1e6, 1), "num"],
-            [num(f.bytes_out === undefined ? undefined : f.bytes_out / 1e6, 1), "num"]];
+            [num(f.bytes_out === undefined ? undefined : f.bytes_out / 1e6, 1), "num"],
+            [num(f.send_queue_bytes === undefined ? undefined : f.send_queue_bytes / 1e3, 1), "num"]];
   }));
   for (const n of doc.nodes || [])
     if (n.figures.samples_per_second !== undefined && !n.stale)

@@ -19,17 +19,23 @@ struct MonitorState {
   elastic::FigureTable table;
   std::vector<std::string> known;  // the ids of the view at the last round
   std::mt19937_64 random;
+  std::pair<double, uint64_t> steps{0, 0};  // the step-time histogram's sum and count at the last round
   static inline const char* name = "tepdist.monitor";
 };
 using Monitor = caf::stateful_actor<MonitorState>;
 
-/// This node's summary from its router's status answer and its registry.
-elastic::NodeFigures own_figures(const MonitorOptions& o, const gossip::StateSync& sync) {
+/// This node's summary from its router's status answer and its registry. `steps`: the step-time
+/// histogram's sum and count at the last round (the mean step time is of the steps since).
+elastic::NodeFigures own_figures(const MonitorOptions& o, const gossip::StateSync& sync, std::pair<double, uint64_t>& steps) {
   elastic::NodeFigures f;
   f.unix_ms = unix_ms();
   if (o.metrics) {
     f.values["bytes_in"] = static_cast<double>(o.metrics->counter_total("tepdist_transport_received_bytes_total"));
     f.values["bytes_out"] = static_cast<double>(o.metrics->counter_total("tepdist_transport_sent_bytes_total"));
+    f.values["send_queue_bytes"] = o.metrics->gauge_total("tepdist_transport_send_queue_bytes");
+    const auto now = o.metrics->histogram_total("tepdist_train_step_seconds");
+    if (now.second > steps.second) f.values["step_seconds"] = (now.first - steps.first) / static_cast<double>(now.second - steps.second);
+    steps = now;
   }
   if (const auto& j = sync.job) {
     f.values["job_id"] = static_cast<double>(j->job_id);
@@ -62,7 +68,7 @@ void round(Monitor* self) {
                   std::ranges::find(m.roles, std::string("monitor")) != m.roles.end())
                 peers.push_back(&m);
             }
-            s.table[s.o.self_id] = own_figures(s.o, sync);
+            s.table[s.o.self_id] = own_figures(s.o, sync, s.steps);
             // Membership forgot them: so does the table (and no made-up id stays).
             std::erase_if(s.table, [&](const auto& e) {
               return e.first != s.o.self_id && std::ranges::find(s.known, e.first) == s.known.end();

@@ -101,6 +101,27 @@ std::optional<double> MetricsRegistry::gauge_value(const std::string& name, cons
   return g->second->value();
 }
 
+double MetricsRegistry::gauge_total(const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  const auto it = families_.find(name);
+  if (it == families_.end()) return 0;
+  double total = 0;
+  for (const auto& [labels, g] : it->second.gauges) total += g->value();
+  return total;
+}
+
+std::pair<double, uint64_t> MetricsRegistry::histogram_total(const std::string& name) const {
+  std::lock_guard lock(mutex_);
+  const auto it = families_.find(name);
+  if (it == families_.end()) return {0, 0};
+  std::pair<double, uint64_t> total{0, 0};
+  for (const auto& [labels, h] : it->second.histograms) {
+    total.first += h->sum();
+    total.second += h->count();
+  }
+  return total;
+}
+
 Gauge& MetricsRegistry::gauge(const std::string& name, const Labels& labels, const std::string& help) {
   std::lock_guard lock(mutex_);
   auto& slot = family(name, Kind::gauge, help).gauges[sorted(labels)];

@@ -72,6 +72,10 @@ class MetricsRegistry {
   uint64_t counter_total(const std::string& name) const;
   /// The gauge called name with these labels, if it was made.
   std::optional<double> gauge_value(const std::string& name, const Labels& labels = {}) const;
+  /// The sum of the gauges called name, over all their label sets (0: none).
+  double gauge_total(const std::string& name) const;
+  /// The sum and count of the histograms called name, over all their label sets.
+  std::pair<double, uint64_t> histogram_total(const std::string& name) const;
 
   /// Every metric in the Prometheus text exposition format, names and label sets sorted.
   std::string render_prometheus() const;

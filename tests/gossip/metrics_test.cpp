@@ -68,3 +68,20 @@ TEST_CASE("common labels lead every series, and a series' own label of the same 
   CHECK_THAT(text, Catch::Contains("tepdist_z_seconds_bucket{node=\"n1\",le=\"0.5\"} 1\n"));
   CHECK_THAT(text, Catch::Contains("tepdist_z_seconds_count{node=\"n1\"} 1\n"));
 }
+
+TEST_CASE("the monitor reads gauges and histograms back: one series, or summed over label sets", "[gossip][metrics]") {
+  MetricsRegistry r;
+  CHECK_FALSE(r.gauge_value("queue_bytes", {{"peer", "b"}}));  // never made: none, not 0
+  CHECK(r.gauge_total("queue_bytes") == 0);
+  r.gauge("queue_bytes", {{"peer", "b"}}).set(100);
+  r.gauge("queue_bytes", {{"peer", "c"}}).set(28);
+  CHECK(r.gauge_value("queue_bytes", {{"peer", "b"}}) == 100);
+  CHECK_FALSE(r.gauge_value("queue_bytes", {{"peer", "d"}}));
+  CHECK(r.gauge_total("queue_bytes") == 128);
+  r.histogram("step_seconds", {{"mode", "sync"}}, "", {0.1, 1}).observe(0.25);
+  r.histogram("step_seconds", {{"mode", "async"}}, "", {0.1, 1}).observe(0.5);
+  const auto [sum, count] = r.histogram_total("step_seconds");
+  CHECK(sum == Approx(0.75));
+  CHECK(count == 2);
+  CHECK(r.histogram_total("none").second == 0);
+}

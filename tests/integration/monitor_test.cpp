@@ -111,7 +111,8 @@ TEST_CASE("the nodes' HTTP endpoints show the running job: /metrics parses and i
     // And node-01's own figures, which only the monitor gossip brings to node-00.
     const auto gossiped = [](const nlohmann::json& nodes) {
       return std::any_of(nodes.begin(), nodes.end(), [](const nlohmann::json& n) {
-        return n["id"] == "node-01" && n["figures"].contains("step") && n["figures"]["step"].get<double>() > 0;
+        return n["id"] == "node-01" && n["figures"].contains("step") && n["figures"]["step"].get<double>() > 0 &&
+               n["figures"].contains("step_seconds");
       });
     };
     if (doc["job"].is_object() && doc["job"]["step"].get<int64_t>() > 0 && !doc["job"]["history"].empty() &&
@@ -156,6 +157,8 @@ TEST_CASE("the nodes' HTTP endpoints show the running job: /metrics parses and i
   CHECK(nodes["node-01"]["stale"] == false);
   CHECK(nodes["node-01"]["figures"]["step"].get<double>() > 0);
   CHECK(nodes["node-01"]["figures"]["bytes_out"].get<double>() > 0);
+  CHECK(nodes["node-01"]["figures"]["step_seconds"].get<double>() > 0);  // of its steps in the last round
+  CHECK(nodes["node-01"]["figures"]["send_queue_bytes"].get<double>() >= 0);
   CHECK(doc["job"]["generations"][0]["workers"] == 2);
 
   // tepdist status --watch asks again and again, until interrupted.
