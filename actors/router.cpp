@@ -156,7 +156,8 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
       std::holds_alternative<gossip::JobStart>(m.body) || std::holds_alternative<gossip::RingChunk>(m.body) ||
       std::holds_alternative<gossip::JobReport>(m.body) || std::holds_alternative<gossip::Control>(m.body) ||
       std::holds_alternative<gossip::ParamPush>(m.body) || std::holds_alternative<gossip::GenerationVote>(m.body) ||
-      std::holds_alternative<gossip::StatePull>(m.body) || std::holds_alternative<gossip::StatePiece>(m.body)) {
+      std::holds_alternative<gossip::StatePull>(m.body) || std::holds_alternative<gossip::StatePiece>(m.body) ||
+      std::holds_alternative<gossip::FileFetch>(m.body) || std::holds_alternative<gossip::FilePiece>(m.body)) {
     if (s.job) {
       caf::anon_send(s.job, wire_atom::value, peer, address, m);
       return;

@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <set>
@@ -140,9 +141,38 @@ int64_t rank_of(const SubmitterState& s, const std::string& peer) {
   return s.assigned ? it - workers.begin() : INT64_MAX;
 }
 
-void on_frame(Submitter* self, const std::string& peer, const gossip::Message& m) {
+/// A worker asks for a piece of one of the job's files (one it cannot read where the config
+/// says): served from this machine, by checksum, only the files the job lists.
+void serve_file(Submitter* self, const std::string& peer, const std::string& address, const gossip::FileFetch& f) {
+  auto& s = self->state;
+  gossip::FilePiece p{f.job_id, f.checksum, f.offset};
+  const auto& files = s.submission->job.files;
+  const auto file = std::ranges::find(files, f.checksum, &gossip::JobFile::checksum);
+  if (f.job_id != s.submission->job.job_id || file == files.end()) {
+    p.refused = fmt::format("job {} lists no file of checksum {:016x}", s.submission->job.job_id, f.checksum);
+  } else if (f.offset >= file->size) {
+    p.refused = fmt::format("{} has {} bytes; a piece at {} was asked for", file->path, file->size, f.offset);
+  } else {
+    const auto length = std::min<uint64_t>({f.length, gossip::FilePiece::max_bytes, file->size - f.offset});
+    p.data.resize(length);
+    std::ifstream in(file->path, std::ios::binary);
+    in.seekg(static_cast<std::streamoff>(f.offset));
+    in.read(reinterpret_cast<char*>(p.data.data()), static_cast<std::streamsize>(length));
+    if (!in || static_cast<uint64_t>(in.gcount()) != length) {
+      p.data.clear();
+      p.refused = fmt::format("cannot read {} bytes at {} of {} here (changed since the job was submitted?)", length,
+                              f.offset, file->path);
+    }
+  }
+  if (!p.refused.empty())
+    node_events().warn("file_fetch_refused from={} reason=\"{}\"", peer, p.refused);
+  send_to(self, address, std::move(p));
+}
+
+void on_frame(Submitter* self, const std::string& peer, const std::string& address, const gossip::Message& m) {
   auto& s = self->state;
   if (s.ended) return;
+  if (const auto* fetch = std::get_if<gossip::FileFetch>(&m.body)) return serve_file(self, peer, address, *fetch);
   if (const auto* start = std::get_if<gossip::JobStart>(&m.body)) {
     if (!s.submitted || start->coordinator.empty() || start->job_id != s.sent.job_id) return;
     if (!s.assigned) {
@@ -212,8 +242,8 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
   self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);  // watches the join
   return {
       [self](view_atom, std::vector<gossip::Member> view) { on_view(self, std::move(view)); },
-      [self](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {
-        on_frame(self, peer, m);
+      [self](wire_atom, const std::string& peer, const std::string& address, const gossip::Message& m) {
+        on_frame(self, peer, address, m);
       },
       [self](peer_atom, const std::string& peer, const std::string& detail) {
         self->state.trouble = fmt::format("{}: {}", peer, detail);

@@ -26,6 +26,7 @@
 #include "compute/io/checkpoint.hpp"
 #include "compute/io/files.hpp"
 #include "elastic/config.hpp"
+#include "elastic/job_files.hpp"
 #include "elastic/job.hpp"
 
 namespace tepdist {
@@ -354,6 +355,11 @@ compute::Result<void> Trainer::start_job(compute::Model& model, const compute::D
   auto submission = std::make_shared<actors::Submission>();
   submission->job.job_id = job->id;
   submission->job.config = std::move(*shipped);
+  // The data and the starting parameters, which this process serves to nodes that cannot read
+  // them where it wrote them (a running cluster on other machines).
+  auto files = elastic::describe_job_files(cluster);
+  if (!files) return error(Errc::io, files.error());
+  submission->job.files = std::move(*files);
   submission->job.released_epochs = 1;
   submission->expected_workers = local ? static_cast<size_t>(o_.nodes) : 0;
   submission->join_timeout_s = config->cluster.join_timeout_s;

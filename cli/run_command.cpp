@@ -21,6 +21,7 @@
 #include "compute/io/checkpoint.hpp"
 #include "elastic/balance.hpp"
 #include "elastic/checkpoints.hpp"
+#include "elastic/job_files.hpp"
 #include "elastic/progress.hpp"
 #include "compute/io/files.hpp"
 #include "elastic/coordination.hpp"
@@ -262,6 +263,10 @@ int run_run_command(const RunArgs& args) {
   auto shipped = elastic::text_for_nodes(c);
   if (!shipped) return runtime_error(shipped.error().message);
   submission->job.config = std::move(*shipped);
+  // The files it names, which this process serves to a node that cannot read them (another machine).
+  auto files = elastic::describe_job_files(c);
+  if (!files) return usage_error(fmt::format("{}: {}", c.source, files.error()));
+  submission->job.files = std::move(*files);
   // A job that pauses between epochs (job.pause_between_epochs) has them all released here.
   submission->job.released_epochs = static_cast<uint32_t>(c.job.epochs);
   submission->expected_workers = static_cast<size_t>(local);

@@ -54,6 +54,11 @@ void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart&
       fail_start(self, start, fmt::format("busy with job {}", s.job->start.job_id));
     return;
   }
+  if (s.fetching) {
+    if (s.fetching->start.job_id != start.job_id)
+      fail_start(self, start, fmt::format("busy fetching the files of job {}", s.fetching->start.job_id));
+    return;
+  }
   if (auto ok = elastic::check_assignment(start, s.view); !ok) {
     if (start.workers.empty() || start.workers.size() != start.addresses.size()) return fail_start(self, start, ok.error());
     if (!s.held || s.held->job_id != start.job_id) {
@@ -70,7 +75,7 @@ void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart&
   // so that the job goes on without it rather than wait for the leave to be gossiped.
   if (s.drained && !s.drain) return decline_join(self, start, "this node has drained: it is leaving");
   node_events().info("job_accepted job={} generation={} from={}", start.job_id, start.generation, peer);
-  start_job(self, start, true);
+  prepare_job(self, start, true);
   if (s.drain) on_drain(self);  // asked to drain while the assignment was held: the job's drain goes on
 }
 
@@ -291,6 +296,7 @@ void on_tick(Trainer* self) {
     apply_control(self, job_id, out);
   }
   if (s.job && s.job->member) keep_ending(self);
+  tick_files(self);
   if (s.joining && seconds_between(s.joining_since, Clock::now()) > TrainerState::joining_limit_s) {
     node_events().warn("job_joining_abandoned reason=\"proposed as a worker {:.0f} s ago, and no generation "
                        "naming this node came\"",
@@ -409,6 +415,7 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
         else if (const auto* vote = std::get_if<gossip::GenerationVote>(&m.body)) on_vote(self, peer, *vote);
         else if (const auto* pull = std::get_if<gossip::StatePull>(&m.body)) on_state_pull(self, peer, *pull);
         else if (const auto* piece = std::get_if<gossip::StatePiece>(&m.body)) on_state_piece(self, peer, *piece);
+        else if (const auto* file = std::get_if<gossip::FilePiece>(&m.body)) on_file_piece(self, *file);
         else if (const auto* control = std::get_if<gossip::Control>(&m.body)) on_control(self, peer, *control);
       },
       [self](step_atom) { do_step(self); },

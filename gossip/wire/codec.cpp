@@ -221,6 +221,25 @@ struct Encoder {
             b.setResetFile(m.reset_file);
             b.setResetChecksum(m.reset_checksum);
             b.setResetEpochs(m.reset_epochs);
+            auto files = b.initFiles(static_cast<unsigned>(m.files.size()));
+            for (unsigned i = 0; i < m.files.size(); ++i) {
+              files[i].setPath(m.files[i].path);
+              files[i].setSize(m.files[i].size);
+              files[i].setChecksum(m.files[i].checksum);
+            }
+          } else if constexpr (std::is_same_v<T, FileFetch>) {
+            auto b = e.initFileFetch();
+            b.setJobId(m.job_id);
+            b.setChecksum(m.checksum);
+            b.setOffset(m.offset);
+            b.setLength(m.length);
+          } else if constexpr (std::is_same_v<T, FilePiece>) {
+            auto b = e.initFilePiece();
+            b.setJobId(m.job_id);
+            b.setChecksum(m.checksum);
+            b.setOffset(m.offset);
+            b.setData(kj::arrayPtr(m.data.data(), m.data.size()));
+            b.setRefused(m.refused);
           } else if constexpr (std::is_same_v<T, GenerationVote>) {
             auto b = e.initGenerationVote();
             b.setJobId(m.job_id);
@@ -359,7 +378,7 @@ constexpr const char* kind_names[] = {"ping",         "ack",          "ping_req"
                                       "state_sync",   "tensor_chunk", "param_pull",  "param_push",     "control",
                                       "metrics",      "job_start",    "ring_chunk",  "job_report",     "shard_update",
                                       "shard_state",  "gossip_average", "generation_vote", "state_pull", "state_piece",
-                                      "leave_request", "shard_transfer"};
+                                      "leave_request", "shard_transfer", "file_fetch", "file_piece"};
 
 const char* union_name(wire::Envelope::Which kind) {
   const auto i = static_cast<size_t>(kind);
@@ -633,7 +652,24 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       j.reset_file = in.text(r.getResetFile(), Control::max_argument, "a job's reset file");
       j.reset_checksum = r.getResetChecksum();
       j.reset_epochs = r.getResetEpochs();
+      const auto files = in.list<JobFile>(r.getFiles(), JobStart::max_files, "a job's files");
+      for (auto f : files)
+        j.files.push_back({in.text(f.getPath(), Control::max_argument, "a job file's path"), f.getSize(), f.getChecksum()});
       return j;
+    }
+    case wire::Envelope::FILE_FETCH: {
+      auto r = e.getFileFetch();
+      return FileFetch{r.getJobId(), r.getChecksum(), r.getOffset(), r.getLength()};
+    }
+    case wire::Envelope::FILE_PIECE: {
+      auto r = e.getFilePiece();
+      const auto data = r.getData();
+      if (data.size() > FilePiece::max_bytes)
+        throw WireError{WireErrc::over_limit, fmt::format("a file piece of {} bytes (at most {})", data.size(),
+                                                          FilePiece::max_bytes)};
+      FilePiece piece{r.getJobId(), r.getChecksum(), r.getOffset(), {data.begin(), data.end()}};
+      piece.refused = in.text(r.getRefused(), wire_caps::reason_bytes, "a file piece's refusal");
+      return piece;
     }
     case wire::Envelope::GENERATION_VOTE: {
       auto r = e.getGenerationVote();
@@ -746,6 +782,7 @@ uint32_t kind_limit(wire::Envelope::Which kind, uint32_t configured) {
     case wire::Envelope::PARAM_PULL:
     case wire::Envelope::CONTROL:
     case wire::Envelope::STATE_PULL:
+    case wire::Envelope::FILE_FETCH:
     case wire::Envelope::LEAVE_REQUEST:
     case wire::Envelope::JOB_REPORT: return wire_caps::control_frame_bytes;
     case wire::Envelope::JOB_START:
@@ -759,6 +796,7 @@ uint32_t kind_limit(wire::Envelope::Which kind, uint32_t configured) {
     case wire::Envelope::GOSSIP_AVERAGE:
     case wire::Envelope::STATE_PIECE:
     case wire::Envelope::SHARD_TRANSFER: return configured;
+    case wire::Envelope::FILE_PIECE: return std::min<uint32_t>(configured, FilePiece::max_bytes + (64u << 10));
   }
   return 0;  // a kind this build does not know: get_body refuses it
 }

@@ -218,6 +218,15 @@ struct Control {
 
 
 
+/// A file a job reads (its data sets, the parameters it starts from), as the submitter has it: a
+/// worker that cannot read the same bytes at `path` fetches them from the submitter (FileFetch).
+struct JobFile {
+  std::string path;
+  uint64_t size = 0;
+  uint64_t checksum = 0;  ///< FNV-1a (64-bit) of the bytes
+  friend bool operator==(const JobFile&, const JobFile&) = default;
+};
+
 /// A training job, from the submitter to the coordinator, then from the coordinator to every
 /// worker with the ring order filled in. Later generations of the job travel as the same record
 /// (elastic/job_control.hpp): generation, where it resumes, and who holds the state there.
@@ -259,6 +268,10 @@ struct JobStart {
   std::string reset_file = {};
   uint64_t reset_checksum = 0;
   uint32_t reset_epochs = 0;
+  /// The files the job's config names (data.train_file, data.test_file, model.init_file), which
+  /// the submitter serves to a worker that does not have them (elastic/job_files.hpp).
+  std::vector<JobFile> files = {};
+  static constexpr size_t max_files = 16;
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 
@@ -292,6 +305,22 @@ struct StatePiece {
   uint64_t job_id = 0;
   TensorChunk chunk;  ///< step: the state's step
   friend bool operator==(const StatePiece&, const StatePiece&) = default;
+};
+
+/// A worker asks the job's submitter for [offset, offset + length) of one of the job's files (by
+/// its checksum: the submitter serves only the files its job lists).
+struct FileFetch {
+  uint64_t job_id = 0, checksum = 0, offset = 0, length = 0;
+  friend bool operator==(const FileFetch&, const FileFetch&) = default;
+};
+
+/// The submitter's answer: the bytes at offset (at most FileFetch::length), or why not.
+struct FilePiece {
+  uint64_t job_id = 0, checksum = 0, offset = 0;
+  std::vector<uint8_t> data = {};
+  std::string refused = {};
+  static constexpr size_t max_bytes = 1u << 20;
+  friend bool operator==(const FilePiece&, const FilePiece&) = default;
 };
 
 /// `tepdist leave NODE` and the node's answers: accepted (draining), then done (leaving now), or
@@ -415,7 +444,7 @@ struct GossipAverage {
 
 using Body = std::variant<Ping, Ack, PingReq, Join, Leave, StateSync, TensorChunk, ParamPull, ParamPush, Control,
                           MetricsSnapshot, JobStart, RingChunk, JobReport, ShardUpdate, ShardState, GossipAverage,
-                          GenerationVote, StatePull, StatePiece, LeaveRequest, ShardTransfer>;
+                          GenerationVote, StatePull, StatePiece, LeaveRequest, ShardTransfer, FileFetch, FilePiece>;
 
 /// Everything after the handshake: who sent it and what.
 struct Message {

@@ -68,6 +68,8 @@ struct Envelope {
     statePiece @22 :StatePiece;
     leaveRequest @23 :LeaveRequest;
     shardTransfer @24 :ShardTransfer;
+    fileFetch @25 :FileFetch;
+    filePiece @26 :FilePiece;
   }
 }
 
@@ -268,6 +270,29 @@ struct JobStart {
                              # worker reads); the workers held at the release take them
   resetChecksum @24 :UInt64; # their checksum (FNV-1a of the floats); 0: no reset
   resetEpochs @25 :UInt32;   # the release they came with
+  files @26 :List(JobFile);  # the files the config names, served by the submitter to a worker without them
+}
+
+struct JobFile {
+  path @0 :Text;             # as the submitter has it (the config names it so)
+  size @1 :UInt64;
+  checksum @2 :UInt64;       # FNV-1a (64-bit) of the bytes
+}
+
+struct FileFetch {
+  # A worker asks the submitter for [offset, offset + length) of a job's file, named by checksum.
+  jobId @0 :UInt64;
+  checksum @1 :UInt64;
+  offset @2 :UInt64;
+  length @3 :UInt64;
+}
+
+struct FilePiece {
+  jobId @0 :UInt64;
+  checksum @1 :UInt64;
+  offset @2 :UInt64;
+  data @3 :Data;             # at most 1 MiB
+  refused @4 :Text;          # not served: why
 }
 
 struct WorkerSpans {

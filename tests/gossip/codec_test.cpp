@@ -101,8 +101,12 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
         j.reset_file = "/tmp/out/job-1/params-2.safetensors";  // with parameters the program set
         j.reset_checksum = 0x1234567890abcdefull;
         j.reset_epochs = 2;
+        j.files = {{"/tmp/out/data/train.tds", 47040123, 0xfeedfacecafebeefull}, {"/tmp/out/init.safetensors", 1, 2}};
         return j;
       }(),
+      FileFetch{9, 0xfeedfacecafebeefull, 1u << 20, 1u << 20},
+      FilePiece{9, 0xfeedfacecafebeefull, 1u << 20, {0, 1, 2, 255}},
+      FilePiece{9, 7, 0, {}, "no file of checksum 0000000000000007 in job 9"},
       Control{"trainer-1", 5, Control::Command::release_epochs, 11, {3, 0, 0, 0}},
       [] {
         JobReport r;

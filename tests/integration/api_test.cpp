@@ -3,6 +3,7 @@
 
 #include <signal.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <catch2/catch.hpp>
 #include <cstring>
@@ -195,6 +196,63 @@ TEST_CASE("Trainer on a running cluster of plain tepdist nodes: a layer list tra
   b.signal(SIGTERM);
   CHECK(a.wait() == 0);
   CHECK(b.wait() == 0);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
+TEST_CASE("Trainer on a running cluster whose nodes cannot read its files: the data and the parameters go over the wire",
+          "[integration][api]") {
+  // Another machine, as far as files go: each node runs in a mount namespace of its own where the
+  // program's output folder (the data set and the starting parameters it writes) is an empty
+  // tmpfs. The nodes fetch what the job lists from the program, check it, and train on it.
+  if (::geteuid() != 0) {
+    WARN("skipped: a mount namespace per node needs root");
+    return;
+  }
+  TempDir dir;
+  const auto hidden = dir.path / "mlp";
+  fs::create_directories(hidden);
+  const std::string secret = "cluster.secret_file=\"" + secret_file(dir).string() + "\"";
+  // Each node's own results folder (its cache of fetched files) stays visible: it is not under mlp.
+  const auto node = [&](const std::string& name, const std::string& join) {
+    std::string command = "mount -t tmpfs tmpfs '" + hidden.string() + "' && exec '" + TEPDIST_BINARY + "' node --name " +
+                          name + " --set '" + secret + "' --set 'cluster.results_dir=\"" + (dir.path / name).string() +
+                          "\"'";
+    if (!join.empty()) command += " --join " + join;
+    return std::make_unique<Child>(std::vector<std::string>{"/usr/bin/unshare", "--mount", "--propagation", "private",
+                                                            "/bin/sh", "-c", command});
+  };
+  auto a = node("a", "");
+  const auto ready = a->wait_for("node_ready");
+  INFO(a->all());
+  REQUIRE(ready);
+  const std::string seed = tepdist::test::field(*ready, "address");
+  auto b = node("b", seed);
+  REQUIRE(b->wait_for("member_joined id=a"));
+  REQUIRE(a->wait_for("member_joined id=b"));
+
+  Child mlp({TEPDIST_EXAMPLE_MLP, "--epochs", "2", "--seeds", seed, "--secret-file", (dir.path / "secret").string(),
+             "--out", hidden.string()});
+  const int mlp_status = mlp.wait();
+  INFO(mlp.all());
+  INFO(b->all());
+  REQUIRE(mlp_status == 0);
+  const auto epochs = epochs_of(mlp.all());
+  REQUIRE(epochs.size() == 2);
+  CHECK(epochs[1].members == 2);
+  CHECK(epochs[1].test_accuracy > 0.7);
+  // Both nodes fetched the files (the training set, the test set, the initial parameters), and
+  // keep them where they fetched them to, by checksum.
+  for (auto* n : {a.get(), b.get()}) {
+    CHECK(n->seen("job_files_fetching"));
+    CHECK(n->seen("job_files_fetched"));
+  }
+  size_t cached = 0;
+  for (const auto& e : fs::directory_iterator(dir.path / "a" / "files")) cached += e.path().extension() != ".part";
+  CHECK(cached == 3);
+  a->signal(SIGTERM);
+  b->signal(SIGTERM);
+  CHECK(a->wait() == 0);
+  CHECK(b->wait() == 0);
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 

@@ -320,7 +320,7 @@ void on_install(Trainer* self, const std::string& peer, const gossip::JobStart& 
   // Drained since it promised (the node is leaving): it would take shards away with it.
   if (s.drained && !s.drain) return decline_join(self, record, "this node has drained: it is leaving");
   node_events().info("job_joining job={} generation={} from={}", record.job_id, record.generation, peer);
-  start_job(self, record, false);
+  prepare_job(self, record, false);
 }
 
 void on_vote(Trainer* self, const std::string& peer, const gossip::GenerationVote& vote) {

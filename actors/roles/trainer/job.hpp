@@ -36,6 +36,7 @@
 #include "elastic/coordination.hpp"
 #include "elastic/job.hpp"
 #include "elastic/job_control.hpp"
+#include "elastic/job_files.hpp"
 #include "elastic/progress.hpp"
 #include "elastic/state_transfer.hpp"
 #include "actors/roles/shard_host.hpp"
@@ -306,6 +307,20 @@ struct TrainerState {
   Clock::time_point started = Clock::now();
   static constexpr double held_limit_s = 10;
   static constexpr double pending_limit_s = 30;  // how long a submission waits for this view
+  // A job this node lacks files of (it cannot read them where its config says): fetched from the
+  // submitter before the job starts here (files.cpp). Then, for the job's set-up, where this node
+  // has each of the record's files (same order; the config's path where it reads them there).
+  struct Fetching {
+    gossip::JobStart start;
+    bool has_state = false;
+    std::optional<elastic::FileFetcher> fetcher;  // over the files missing here (fetch order)
+    std::vector<size_t> index;                    // per fetched file: its index in start.files
+    std::vector<int> fds;                         // per fetched file: its part file, open
+    Clock::time_point since;
+  };
+  std::optional<Fetching> fetching;
+  uint64_t local_files_job = 0;
+  std::vector<std::string> local_files;
   bool ticking = false;
   // Draining (the node leaves: SIGTERM, `tepdist leave`): the step under way ends, no other starts.
   std::optional<caf::typed_response_promise<std::string>> drain;
@@ -502,6 +517,16 @@ void check_submitter(Trainer* self);
 /// (has_state: every worker starts from the same initial parameters), or a joiner's install
 /// (it pulls the state).
 void start_job(Trainer* self, const gossip::JobStart& record, bool has_state);
+
+// -- A job's files (files.cpp) --
+
+/// start_job once this node has the job's files (JobStart::files): at once when it reads each
+/// where the config says, or has fetched it before; else after fetching the rest from the
+/// submitter. A fetch that fails refuses the job (a joiner declines it), naming the file.
+void prepare_job(Trainer* self, const gossip::JobStart& record, bool has_state);
+void on_file_piece(Trainer* self, const gossip::FilePiece& piece);
+/// Each tick while fetching: what is overdue is asked for again; a fetch that stalled fails.
+void tick_files(Trainer* self);
 
 /// A joiner whose setup of the job failed: it says why in its own log, asks the duty holder to
 /// leave it out, and never joins the job again; the job is not failed for it.

@@ -1,0 +1,169 @@
+// A job's files on a node that cannot read them where the config says (another machine than the
+// submitter's, or a stale copy): fetched from the submitter into RESULTS_DIR/files, checked, and
+// read from there (elastic/job_files.hpp has the protocol).
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+
+#include "actors/roles/trainer/job.hpp"
+
+namespace tepdist::actors::trainer_detail {
+namespace {
+
+namespace fs = std::filesystem;
+
+/// Whether `path` holds exactly the bytes `f` describes (the size first: a cheap no).
+bool holds(const std::string& path, const gossip::JobFile& f) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  if (ec || size != f.size) return false;
+  const auto d = elastic::describe_file(path);
+  return d && d->checksum == f.checksum;
+}
+
+std::string files_dir(const TrainerState& s) { return (fs::path(s.o.results_dir) / "files").string(); }
+
+void close_parts(TrainerState::Fetching& f) {
+  for (int& fd : f.fds)
+    if (fd >= 0) ::close(std::exchange(fd, -1));
+}
+
+/// The fetch failed: the job is refused here (a joiner declines it), saying which file and why.
+void fetch_failed(Trainer* self, const std::string& why) {
+  auto& s = self->state;
+  auto f = std::move(*s.fetching);
+  s.fetching.reset();
+  close_parts(f);
+  const auto message = fmt::format("cannot get the job's files from its submitter {}: {}", f.start.submitter, why);
+  if (!f.has_state && f.start.generation >= 2) return decline_join(self, f.start, message);
+  s.ended_jobs.insert(f.start.job_id);
+  fail_start(self, f.start, message);
+}
+
+void send_fetches(Trainer* self, const std::vector<gossip::FileFetch>& asks) {
+  auto& s = self->state;
+  for (const auto& a : asks)
+    if (!send_to(self, s.fetching->start.submitter, a)) return fetch_failed(self, "its send queue stayed full");
+}
+
+/// Every file is here: the job starts, reading the fetched ones from the cache.
+void start_with_files(Trainer* self) {
+  auto& s = self->state;
+  auto f = std::move(*s.fetching);
+  s.fetching.reset();
+  close_parts(f);
+  node_events().info("job_files_fetched job={} files={} seconds={:.1f}", f.start.job_id, f.index.size(),
+                     seconds_between(f.since, Clock::now()));
+  start_job(self, f.start, f.has_state);
+}
+
+}  // namespace
+
+void prepare_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
+  auto& s = self->state;
+  if (s.fetching) {
+    // Fetching for this job already: a later record (a newer generation) is the one to start with.
+    if (s.fetching->start.job_id == record.job_id && record.generation > s.fetching->start.generation)
+      s.fetching->start = record;
+    return;
+  }
+  s.local_files_job = record.job_id;
+  s.local_files.assign(record.files.size(), std::string());
+  std::vector<gossip::JobFile> missing;
+  std::vector<size_t> index;
+  const auto dir = files_dir(s);
+  for (size_t i = 0; i < record.files.size(); ++i) {
+    const auto& file = record.files[i];
+    if (holds(file.path, file)) {
+      s.local_files[i] = file.path;
+    } else if (const auto cached = elastic::cached_name(dir, file); holds(cached, file)) {
+      s.local_files[i] = cached;
+    } else {
+      missing.push_back(file);
+      index.push_back(i);
+    }
+  }
+  if (missing.empty()) return start_job(self, record, has_state);
+
+  TrainerState::Fetching f{record, has_state};
+  f.index = index;
+  f.since = Clock::now();
+  auto fail = [&](const std::string& why) {
+    s.fetching = std::move(f);
+    fetch_failed(self, why);
+  };
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return fail(fmt::format("cannot create {}: {}", dir, ec.message()));
+  if (record.submitter.empty()) return fail("the job names no submitter");
+  auto fetcher = elastic::FileFetcher::make(record.job_id, missing, {});
+  if (!fetcher) return fail(fetcher.error());
+  for (const auto& file : missing) {
+    const auto part = elastic::cached_name(dir, file) + ".part";
+    const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    f.fds.push_back(fd);
+    if (fd < 0) return fail(fmt::format("cannot write {}: {}", part, std::strerror(errno)));
+  }
+  uint64_t bytes = 0;
+  for (const auto& file : missing) bytes += file.size;
+  node_events().info("job_files_fetching job={} files={} bytes={} from={}", record.job_id, missing.size(), bytes,
+                     record.submitter);
+  f.fetcher.emplace(std::move(*fetcher));
+  s.fetching = std::move(f);
+  std::vector<gossip::FileFetch> asks;
+  s.fetching->fetcher->start(now_ms(s), asks);
+  start_ticking(self);
+  send_fetches(self, asks);
+  if (s.fetching && s.fetching->fetcher->done()) start_with_files(self);  // empty files only
+}
+
+void on_file_piece(Trainer* self, const gossip::FilePiece& piece) {
+  auto& s = self->state;
+  if (!s.fetching) return;
+  auto& f = *s.fetching;
+  std::vector<gossip::FileFetch> more;
+  auto w = f.fetcher->on_piece(now_ms(s), piece, more);
+  if (!w) return fetch_failed(self, w.error());
+  if (!w->has_value()) return;
+  const auto& [file, offset, data] = **w;
+  const auto& described = f.fetcher->files()[file];
+  if (::pwrite(f.fds[file], data->data(), data->size(), static_cast<off_t>(offset)) != static_cast<ssize_t>(data->size()))
+    return fetch_failed(self, fmt::format("cannot write {}: {}", elastic::cached_name(files_dir(s), described) + ".part",
+                                          std::strerror(errno)));
+  if (f.fetcher->complete(file)) {
+    // Whole: checked against the record before it is taken (a piece changed on the way, or the
+    // submitter's file changed since it was described), then renamed into place.
+    const auto cached = elastic::cached_name(files_dir(s), described);
+    const auto part = cached + ".part";
+    ::fsync(f.fds[file]);
+    ::close(std::exchange(f.fds[file], -1));
+    const auto got = elastic::describe_file(part);
+    if (!got || got->checksum != described.checksum) {
+      std::error_code ec;
+      fs::remove(part, ec);
+      return fetch_failed(self, fmt::format("{} came with checksum {:016x}, not the {:016x} the job lists", described.path,
+                                            got ? got->checksum : 0, described.checksum));
+    }
+    std::error_code ec;
+    fs::rename(part, cached, ec);
+    if (ec) return fetch_failed(self, fmt::format("cannot rename {}: {}", part, ec.message()));
+    s.local_files[f.index[file]] = cached;
+  }
+  send_fetches(self, more);
+  if (s.fetching && s.fetching->fetcher->done()) start_with_files(self);
+}
+
+void tick_files(Trainer* self) {
+  auto& s = self->state;
+  if (!s.fetching) return;
+  std::vector<gossip::FileFetch> again;
+  if (auto ok = s.fetching->fetcher->on_tick(now_ms(s), again); !ok) return fetch_failed(self, ok.error());
+  send_fetches(self, again);
+}
+
+}  // namespace tepdist::actors::trainer_detail
