@@ -15,6 +15,7 @@
 #include "actors/roles/trainer.hpp"
 #include "actors/router.hpp"
 #include "elastic/coordination.hpp"
+#include "elastic/job_files.hpp"
 
 namespace tepdist::actors {
 namespace {
@@ -36,7 +37,8 @@ struct SubmitterState {
   std::optional<std::chrono::steady_clock::time_point> gone_since;
   static constexpr double gone_grace_s = 15;  // and no report came meanwhile: the job is lost
   uint32_t released = 0;  // epochs released (Submission::release), until a generation carries them
-  std::string reset_file;  // and the parameters that came with the release (checksum 0: none)
+  gossip::JobFile reset_file;  // and the parameters that came with the release (checksum 0: none)
+  std::vector<gossip::JobFile> served;  // besides the job's files: every reset file released, for fetching
   uint64_t reset_checksum = 0;
   static inline const char* name = "tepdist.submitter";
 };
@@ -61,8 +63,9 @@ void send_release(Submitter* self) {
   std::vector<uint8_t> argument(4);
   for (size_t b = 0; b < 4; ++b) argument[b] = static_cast<uint8_t>(s.released >> (8 * b));
   if (s.reset_checksum) {
-    for (size_t b = 0; b < 8; ++b) argument.push_back(static_cast<uint8_t>(s.reset_checksum >> (8 * b)));
-    argument.insert(argument.end(), s.reset_file.begin(), s.reset_file.end());
+    for (const uint64_t v : {s.reset_checksum, s.reset_file.size, s.reset_file.checksum})
+      for (size_t b = 0; b < 8; ++b) argument.push_back(static_cast<uint8_t>(v >> (8 * b)));
+    argument.insert(argument.end(), s.reset_file.path.begin(), s.reset_file.path.end());
   }
   const gossip::Control release{s.o.self_id, s.o.incarnation, gossip::Control::Command::release_epochs, s.sent.job_id,
                                 argument};
@@ -146,9 +149,9 @@ int64_t rank_of(const SubmitterState& s, const std::string& peer) {
 void serve_file(Submitter* self, const std::string& peer, const std::string& address, const gossip::FileFetch& f) {
   auto& s = self->state;
   gossip::FilePiece p{f.job_id, f.checksum, f.offset};
-  const auto& files = s.submission->job.files;
-  const auto file = std::ranges::find(files, f.checksum, &gossip::JobFile::checksum);
-  if (f.job_id != s.submission->job.job_id || file == files.end()) {
+  auto file = std::ranges::find(s.submission->job.files, f.checksum, &gossip::JobFile::checksum);
+  if (file == s.submission->job.files.end()) file = std::ranges::find(s.served, f.checksum, &gossip::JobFile::checksum);
+  if (f.job_id != s.submission->job.job_id || file == s.served.end()) {
     p.refused = fmt::format("job {} lists no file of checksum {:016x}", s.submission->job.job_id, f.checksum);
   } else if (f.offset >= file->size) {
     p.refused = fmt::format("{} has {} bytes; a piece at {} was asked for", file->path, file->size, f.offset);
@@ -296,9 +299,17 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
         auto& s = self->state;
         if (epochs <= s.released) return;
         s.released = epochs;
-        s.reset_file = std::move(reset_file);
-        s.reset_checksum = reset_checksum;
-        node_events().info("job_released job={} epochs={} reset=\"{}\"", s.sent.job_id, epochs, s.reset_file);
+        s.reset_file = {reset_file};
+        s.reset_checksum = 0;
+        if (reset_checksum) {
+          // The file's bytes, for workers that fetch it (they cannot read it where it is).
+          auto described = elastic::describe_file(reset_file);
+          if (!described) return end(self, 1, fmt::format("the parameters to release: {}", described.error()));
+          s.reset_file = *described;
+          s.reset_checksum = reset_checksum;
+          s.served.push_back(*described);
+        }
+        node_events().info("job_released job={} epochs={} reset=\"{}\"", s.sent.job_id, epochs, s.reset_file.path);
         send_release(self);
       },
       [self](stop_atom) {

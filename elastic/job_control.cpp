@@ -184,7 +184,7 @@ void JobControl::release(double now, uint32_t epochs, const Local& mine, Output&
   release(now, epochs, {}, 0, mine, out);
 }
 
-void JobControl::release(double now, uint32_t epochs, std::string reset_file, uint64_t reset_checksum,
+void JobControl::release(double now, uint32_t epochs, gossip::JobFile reset_file, uint64_t reset_checksum,
                          const Local& mine, Output& out) {
   if (epochs <= std::max(released_, record_.released_epochs)) return;  // a repeat, or one a record carries
   released_ = epochs;
@@ -580,7 +580,9 @@ void JobControl::try_install(Output& out) {
   if (rate_factor_ > 0) next.lr_factor = record_.lr_factor > 0 ? std::min(rate_factor_, record_.lr_factor) : rate_factor_;
   if (released_ > record_.released_epochs) {
     next.released_epochs = released_;
-    next.reset_file = reset_file_;
+    next.reset_file = reset_file_.path;
+    next.reset_file_size = reset_file_.size;
+    next.reset_file_checksum = reset_file_.checksum;
     next.reset_checksum = reset_checksum_;
     next.reset_epochs = reset_checksum_ ? released_ : 0;
   }

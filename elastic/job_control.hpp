@@ -173,7 +173,9 @@ class JobControl {
   void release(double now, uint32_t epochs, const Local& mine, Output& out);
   /// The same, with parameters the program set between epochs (a file every worker reads, and
   /// their checksum): the release's record carries them (JobStart::reset_*).
-  void release(double now, uint32_t epochs, std::string reset_file, uint64_t reset_checksum, const Local& mine,
+  /// `reset_file`: its path as the submitter has it, and its bytes' size and checksum (a worker that
+  /// cannot read it there fetches it).
+  void release(double now, uint32_t epochs, gossip::JobFile reset_file, uint64_t reset_checksum, const Local& mine,
                Output& out);
   /// A record of a generation (from its proposer, or forwarded by a member that has it).
   std::expected<void, std::string> on_install(const gossip::JobStart& record, Output& out);
@@ -271,7 +273,7 @@ class JobControl {
   double back_said_at_ = -1;          // when `back` was last said (-1: at the install; timed from the next tick)
   double rate_factor_ = 0;             // set_rate_factor's, until a record carries it (0: none)
   uint32_t released_ = 0;              // release's, until a record carries it
-  std::string reset_file_;             // and the parameters it came with (checksum 0: none)
+  gossip::JobFile reset_file_;         // and the parameters it came with (checksum 0: none)
   uint64_t reset_checksum_ = 0;
   std::map<std::string, Rate> rates_;  // rebalance: by worker, in the installed generation
   double installed_at_ = -1;           // when this node installed it (-1: at the next tick)

@@ -357,17 +357,20 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
   if (j.driver->on_control(self, j, peer, c)) return;
   if (c.command == Command::release_epochs) {
     // Only from the job's submitter: the epochs (u32), then optionally parameters the program set
-    // (a u64 checksum and a file's path). Job control makes it a generation every worker installs.
+    // (u64s: their checksum, the file's size and its bytes' checksum; then the file's path). Job
+    // control makes it a generation every worker installs.
     const auto& a = c.argument;
-    if (peer != j.start.submitter_id || !j.control || !(a.size() == 4 || a.size() > 12)) return;
+    if (peer != j.start.submitter_id || !j.control || !(a.size() == 4 || a.size() > 28)) return;
     uint32_t epochs = 0;
-    uint64_t checksum = 0;
+    uint64_t u64[3] = {0, 0, 0};
     for (size_t b = 0; b < 4; ++b) epochs |= uint32_t{a[b]} << (8 * b);
-    for (size_t b = 0; b < 8 && a.size() > 12; ++b) checksum |= uint64_t{a[4 + b]} << (8 * b);
-    std::string file(a.begin() + std::min<ptrdiff_t>(12, static_cast<ptrdiff_t>(a.size())), a.end());
+    for (size_t k = 0; k < 3 && a.size() > 28; ++k)
+      for (size_t b = 0; b < 8; ++b) u64[k] |= uint64_t{a[4 + 8 * k + b]} << (8 * b);
+    gossip::JobFile file{std::string(a.begin() + std::min<ptrdiff_t>(28, static_cast<ptrdiff_t>(a.size())), a.end()),
+                         u64[1], u64[2]};
     elastic::JobControl::Output out;
     const uint64_t job_id = j.start.job_id;
-    j.control->release(now_ms(s), epochs, std::move(file), checksum, j.driver->local(j), out);
+    j.control->release(now_ms(s), epochs, std::move(file), u64[0], j.driver->local(j), out);
     apply_control(self, job_id, out);
     return;
   }

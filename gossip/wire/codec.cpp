@@ -221,6 +221,8 @@ struct Encoder {
             b.setResetFile(m.reset_file);
             b.setResetChecksum(m.reset_checksum);
             b.setResetEpochs(m.reset_epochs);
+            b.setResetFileSize(m.reset_file_size);
+            b.setResetFileChecksum(m.reset_file_checksum);
             auto files = b.initFiles(static_cast<unsigned>(m.files.size()));
             for (unsigned i = 0; i < m.files.size(); ++i) {
               files[i].setPath(m.files[i].path);
@@ -652,6 +654,8 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       j.reset_file = in.text(r.getResetFile(), Control::max_argument, "a job's reset file");
       j.reset_checksum = r.getResetChecksum();
       j.reset_epochs = r.getResetEpochs();
+      j.reset_file_size = r.getResetFileSize();
+      j.reset_file_checksum = r.getResetFileChecksum();
       const auto files = in.list<JobFile>(r.getFiles(), JobStart::max_files, "a job's files");
       for (auto f : files)
         j.files.push_back({in.text(f.getPath(), Control::max_argument, "a job file's path"), f.getSize(), f.getChecksum()});

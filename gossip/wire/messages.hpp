@@ -272,6 +272,9 @@ struct JobStart {
   /// the submitter serves to a worker that does not have them (elastic/job_files.hpp).
   std::vector<JobFile> files = {};
   static constexpr size_t max_files = 16;
+  /// The reset file's bytes (size and FNV-1a), for a worker that fetches it from the submitter.
+  uint64_t reset_file_size = 0;
+  uint64_t reset_file_checksum = 0;
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 

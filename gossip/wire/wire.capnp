@@ -271,6 +271,8 @@ struct JobStart {
   resetChecksum @24 :UInt64; # their checksum (FNV-1a of the floats); 0: no reset
   resetEpochs @25 :UInt32;   # the release they came with
   files @26 :List(JobFile);  # the files the config names, served by the submitter to a worker without them
+  resetFileSize @27 :UInt64;     # the reset file's bytes, for a worker that fetches it from the submitter
+  resetFileChecksum @28 :UInt64; # (FNV-1a of the bytes)
 }
 
 struct JobFile {

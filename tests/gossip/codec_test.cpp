@@ -102,6 +102,8 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
         j.reset_checksum = 0x1234567890abcdefull;
         j.reset_epochs = 2;
         j.files = {{"/tmp/out/data/train.tds", 47040123, 0xfeedfacecafebeefull}, {"/tmp/out/init.safetensors", 1, 2}};
+        j.reset_file_size = 4096;
+        j.reset_file_checksum = 0xabcdef;
         return j;
       }(),
       FileFetch{9, 0xfeedfacecafebeefull, 1u << 20, 1u << 20},

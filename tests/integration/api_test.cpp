@@ -45,14 +45,15 @@ std::vector<Epoch> epochs_of(const std::string& output) {
   return out;
 }
 
-/// A tepdist_trainer_probe under dir/out that waits between epochs at dir/gate (open_gate).
+/// A tepdist_trainer_probe under `out` (default dir/out) that waits between epochs at dir/gate
+/// (open_gate); `extra`: its optional arguments.
 std::unique_ptr<Child> start_probe(const TempDir& dir, const std::string& mode, int epochs,
-                                   const std::string& extra = "") {
+                                   const std::vector<std::string>& extra = {}, fs::path out = {}) {
   const auto gate = dir.path / "gate";
   REQUIRE(::mkfifo(gate.c_str(), 0600) == 0);
-  std::vector<std::string> argv = {TEPDIST_TRAINER_PROBE, (dir.path / "out").string(), mode, std::to_string(epochs),
-                                   gate.string()};
-  if (!extra.empty()) argv.push_back(extra);
+  if (out.empty()) out = dir.path / "out";
+  std::vector<std::string> argv = {TEPDIST_TRAINER_PROBE, out.string(), mode, std::to_string(epochs), gate.string()};
+  argv.insert(argv.end(), extra.begin(), extra.end());
   return std::make_unique<Child>(argv);
 }
 
@@ -249,6 +250,22 @@ TEST_CASE("Trainer on a running cluster whose nodes cannot read its files: the d
   size_t cached = 0;
   for (const auto& e : fs::directory_iterator(dir.path / "a" / "files")) cached += e.path().extension() != ".part";
   CHECK(cached == 3);
+
+  // Parameters the program sets between epochs (every one 0 after the first) reach them the same
+  // way: each held worker fetches the file the release names before it enters the release's
+  // generation, and takes it.
+  const auto started = start_probe(dir, "sync", 2, {"zero-after-first", seed, (dir.path / "secret").string()}, hidden);
+  auto& probe = *started;
+  REQUIRE(probe.wait_for("probe epoch 1 ", std::chrono::seconds(120)));
+  open_gate(dir);
+  const int probe_status = probe.wait();
+  INFO(probe.all());
+  REQUIRE(probe_status == 0);
+  CHECK(probe.seen("probe nonzero 3"));  // as on local nodes: the three classes' biases, nothing else
+  for (auto* n : {a.get(), b.get()}) CHECK(n->seen("parameters_taken"));
+  cached = 0;
+  for (const auto& e : fs::directory_iterator(dir.path / "b" / "files")) cached += e.path().extension() != ".part";
+  CHECK(cached == 3 + 2 + 1);  // the probe's data set (no test set) and initial parameters, and those it set
   a->signal(SIGTERM);
   b->signal(SIGTERM);
   CHECK(a->wait() == 0);
@@ -337,7 +354,7 @@ TEST_CASE("Trainer: parameters the program sets between epochs are where the nex
       TempDir dir;
       // Every parameter 0 after the first epoch: plain SGD from there moves only the last layer's
       // bias (each other gradient has a zero weight or a zero activation in it).
-      const auto started = start_probe(dir, mode, 2, "zero-after-first");
+      const auto started = start_probe(dir, mode, 2, {"zero-after-first"});
       auto& probe = *started;
       REQUIRE(probe.wait_for("probe epoch 1 ", std::chrono::seconds(120)));
       open_gate(dir);

@@ -2,13 +2,14 @@
 // epoch but the last it prints what the report said and waits for a line on a FIFO the test
 // writes to (a kill, a join, a look at the processes happens meanwhile).
 //
-//   tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [zero-after-first]
+//   tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [zero-after-first|- [SEED SECRET_FILE]]
 //
 // Prints per epoch: "probe epoch E job J generation G members M samples S nodes PID,PID" and one
 // "probe event: ..." line per membership change or generation the report lists; at the end,
 // "probe nonzero N" (parameters not exactly 0). zero-after-first: the program sets every
 // parameter to 0 after the first epoch (plain SGD then moves only the last layer's bias: every
-// other gradient is a product with a zero weight or a zero activation).
+// other gradient is a product with a zero weight or a zero activation). SEED and SECRET_FILE: a
+// running cluster instead of two local nodes.
 
 #include <tepdist/trainer.hpp>
 
@@ -40,11 +41,11 @@ Dataset make_data(int64_t n) {
 
 int main(int argc, char** argv) {
   tepdist::Trainer::serve(argc, argv, [] { return std::unique_ptr<Model>(); });
-  if (argc != 5 && argc != 6) {
-    std::fprintf(stderr, "usage: tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [zero-after-first]\n");
+  if (argc != 5 && argc != 6 && argc != 8) {
+    std::fprintf(stderr, "usage: tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [zero-after-first|- [SEED SECRET_FILE]]\n");
     return 2;
   }
-  const bool zero = argc == 6 && std::string(argv[5]) == "zero-after-first";
+  const bool zero = argc >= 6 && std::string(argv[5]) == "zero-after-first";
   const int epochs = std::stoi(argv[3]);
   const std::vector<LayerSpec> layers = {{"linear", "", {{"out_features", 32}}}, {"relu", "", {}},
                                          {"linear", "", {{"out_features", 3}}}};
@@ -58,6 +59,10 @@ int main(int argc, char** argv) {
   options.layers = layers;
   options.batch_size = 16;
   options.out = argv[1];
+  if (argc == 8) {
+    options.seeds = {argv[6]};
+    options.secret_file = argv[7];
+  }
   tepdist::Trainer trainer(options);
   tepdist::OptimizerSpec sgd;
   sgd.options.name = "sgd";

@@ -40,6 +40,10 @@ void fetch_failed(Trainer* self, const std::string& why) {
   s.fetching.reset();
   close_parts(f);
   const auto message = fmt::format("cannot get the job's files from its submitter {}: {}", f.start.submitter, why);
+  if (f.for_reset) {
+    if (s.job && s.job->start.job_id == f.start.job_id) fail_everywhere(self, message);
+    return;
+  }
   if (!f.has_state && f.start.generation >= 2) return decline_join(self, f.start, message);
   s.ended_jobs.insert(f.start.job_id);
   fail_start(self, f.start, message);
@@ -51,15 +55,57 @@ void send_fetches(Trainer* self, const std::vector<gossip::FileFetch>& asks) {
     if (!send_to(self, s.fetching->start.submitter, a)) return fetch_failed(self, "its send queue stayed full");
 }
 
-/// Every file is here: the job starts, reading the fetched ones from the cache.
-void start_with_files(Trainer* self) {
+/// Every file is here: the job starts, reading the fetched ones from the cache (or, for a
+/// release's parameters, the generation that waited for them is entered).
+void fetched_all(Trainer* self) {
   auto& s = self->state;
   auto f = std::move(*s.fetching);
   s.fetching.reset();
   close_parts(f);
   node_events().info("job_files_fetched job={} files={} seconds={:.1f}", f.start.job_id, f.index.size(),
                      seconds_between(f.since, Clock::now()));
+  if (f.for_reset) {
+    s.fetched_resets[f.start.reset_file_checksum] = f.fetched.front();
+    if (s.job && s.job->start.job_id == f.start.job_id && s.job->control) enter_generation(self);  // or a newer one
+    return;
+  }
+  for (size_t k = 0; k < f.index.size(); ++k) s.local_files[f.index[k]] = f.fetched[k];
   start_job(self, f.start, f.has_state);
+}
+
+/// Starts fetching `missing` (of f's job) from the submitter f's record names.
+void begin_fetch(Trainer* self, TrainerState::Fetching f, std::vector<gossip::JobFile> missing) {
+  auto& s = self->state;
+  f.since = Clock::now();
+  f.fetched.assign(missing.size(), std::string());
+  auto fail = [&](const std::string& why) {
+    s.fetching = std::move(f);
+    fetch_failed(self, why);
+  };
+  const auto dir = files_dir(s);
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) return fail(fmt::format("cannot create {}: {}", dir, ec.message()));
+  if (f.start.submitter.empty()) return fail("the job names no submitter");
+  auto fetcher = elastic::FileFetcher::make(f.start.job_id, missing, {});
+  if (!fetcher) return fail(fetcher.error());
+  for (const auto& file : missing) {
+    const auto part = elastic::cached_name(dir, file) + ".part";
+    const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    f.fds.push_back(fd);
+    if (fd < 0) return fail(fmt::format("cannot write {}: {}", part, std::strerror(errno)));
+  }
+  uint64_t bytes = 0;
+  for (const auto& file : missing) bytes += file.size;
+  node_events().info("job_files_fetching job={} files={} bytes={} from={}", f.start.job_id, missing.size(), bytes,
+                     f.start.submitter);
+  f.fetcher.emplace(std::move(*fetcher));
+  s.fetching = std::move(f);
+  std::vector<gossip::FileFetch> asks;
+  s.fetching->fetcher->start(now_ms(s), asks);
+  start_ticking(self);
+  send_fetches(self, asks);
+  if (s.fetching && s.fetching->fetcher->done()) fetched_all(self);  // empty files only
 }
 
 }  // namespace
@@ -89,37 +135,25 @@ void prepare_job(Trainer* self, const gossip::JobStart& record, bool has_state) 
     }
   }
   if (missing.empty()) return start_job(self, record, has_state);
-
   TrainerState::Fetching f{record, has_state};
-  f.index = index;
-  f.since = Clock::now();
-  auto fail = [&](const std::string& why) {
-    s.fetching = std::move(f);
-    fetch_failed(self, why);
-  };
-  std::error_code ec;
-  fs::create_directories(dir, ec);
-  if (ec) return fail(fmt::format("cannot create {}: {}", dir, ec.message()));
-  if (record.submitter.empty()) return fail("the job names no submitter");
-  auto fetcher = elastic::FileFetcher::make(record.job_id, missing, {});
-  if (!fetcher) return fail(fetcher.error());
-  for (const auto& file : missing) {
-    const auto part = elastic::cached_name(dir, file) + ".part";
-    const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-    f.fds.push_back(fd);
-    if (fd < 0) return fail(fmt::format("cannot write {}: {}", part, std::strerror(errno)));
-  }
-  uint64_t bytes = 0;
-  for (const auto& file : missing) bytes += file.size;
-  node_events().info("job_files_fetching job={} files={} bytes={} from={}", record.job_id, missing.size(), bytes,
-                     record.submitter);
-  f.fetcher.emplace(std::move(*fetcher));
-  s.fetching = std::move(f);
-  std::vector<gossip::FileFetch> asks;
-  s.fetching->fetcher->start(now_ms(s), asks);
-  start_ticking(self);
-  send_fetches(self, asks);
-  if (s.fetching && s.fetching->fetcher->done()) start_with_files(self);  // empty files only
+  f.index = std::move(index);
+  begin_fetch(self, std::move(f), std::move(missing));
+}
+
+std::string reset_file_here(Trainer* self, const gossip::JobStart& r) {
+  auto& s = self->state;
+  if (r.reset_file_checksum == 0) return r.reset_file;  // nothing to fetch it by: read where it is
+  const gossip::JobFile file{r.reset_file, r.reset_file_size, r.reset_file_checksum};
+  if (holds(file.path, file)) return file.path;
+  if (const auto it = s.fetched_resets.find(file.checksum); it != s.fetched_resets.end() && holds(it->second, file))
+    return it->second;
+  if (const auto cached = elastic::cached_name(files_dir(s), file); holds(cached, file)) return cached;
+  if (s.fetching) return {};  // one fetch at a time: when it ends, the generation is entered again
+  TrainerState::Fetching f{r, true};
+  f.for_reset = true;
+  f.index = {0};
+  begin_fetch(self, std::move(f), {file});
+  return {};
 }
 
 void on_file_piece(Trainer* self, const gossip::FilePiece& piece) {
@@ -152,10 +186,10 @@ void on_file_piece(Trainer* self, const gossip::FilePiece& piece) {
     std::error_code ec;
     fs::rename(part, cached, ec);
     if (ec) return fetch_failed(self, fmt::format("cannot rename {}: {}", part, ec.message()));
-    s.local_files[f.index[file]] = cached;
+    f.fetched[file] = cached;
   }
   send_fetches(self, more);
-  if (s.fetching && s.fetching->fetcher->done()) start_with_files(self);
+  if (s.fetching && s.fetching->fetcher->done()) fetched_all(self);
 }
 
 void tick_files(Trainer* self) {

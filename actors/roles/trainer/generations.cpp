@@ -134,11 +134,16 @@ void on_state_piece(Trainer* self, const std::string& peer, const gossip::StateP
   resume_training(self);
 }
 
-std::expected<void, std::string> take_reset(Job& j) {
+bool takes_reset(const Job& j, const gossip::JobStart& r) {
+  return j.held && r.reset_checksum != 0 && r.reset_epochs == r.released_epochs && r.reset_epochs == j.held_epochs + 1 &&
+         j.has_state;
+}
+
+std::expected<void, std::string> take_reset(Job& j, const std::string& path) {
   const auto& r = j.start;
   const auto params = j.model->parameters();
   const std::vector<float> before(params.begin(), params.end());
-  auto loaded = compute::import_safetensors(r.reset_file, *j.model);
+  auto loaded = compute::import_safetensors(path, *j.model);
   const uint64_t got = loaded ? checksum(params) : 0;
   if (loaded && got == r.reset_checksum) {
     node_events().info("parameters_taken job={} epochs={} file=\"{}\" checksum={:016x}", r.job_id, r.reset_epochs,
@@ -157,6 +162,11 @@ std::expected<void, std::string> take_reset(Job& j) {
 void enter_generation(Trainer* self) {
   auto& s = self->state;
   auto& j = *s.job;
+  // Released with parameters this node cannot read where the program wrote them: fetched from
+  // the submitter first (the worker is held meanwhile; the others keep what it is sent).
+  std::string reset_path;
+  if (takes_reset(j, j.control->record()))
+    if (reset_path = reset_file_here(self, j.control->record()); reset_path.empty()) return;
   const auto submitter_id = j.start.submitter_id;
   j.start = j.control->record();
   if (j.start.submitter_id.empty()) j.start.submitter_id = submitter_id;
@@ -167,9 +177,8 @@ void enter_generation(Trainer* self) {
   j.stepped_in_generation = false;
   // Released with parameters the program set: the workers held at the hold this release ends
   // take them (a worker that trained on since, or a restarted one, has the job's state instead).
-  if (j.held && r.reset_checksum != 0 && r.reset_epochs == r.released_epochs && r.reset_epochs == j.held_epochs + 1 &&
-      j.has_state)
-    if (auto taken = take_reset(j); !taken) return fail_everywhere(self, taken.error());
+  if (!reset_path.empty())
+    if (auto taken = take_reset(j, reset_path); !taken) return fail_everywhere(self, taken.error());
   // A hold is entered afresh in every generation: its rank 0 (maybe another worker now) reports it.
   j.held = false;
   j.generation = r.generation;

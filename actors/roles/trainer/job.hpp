@@ -313,14 +313,17 @@ struct TrainerState {
   struct Fetching {
     gossip::JobStart start;
     bool has_state = false;
+    bool for_reset = false;  // the parameters a release carries: the generation is entered once here
     std::optional<elastic::FileFetcher> fetcher;  // over the files missing here (fetch order)
     std::vector<size_t> index;                    // per fetched file: its index in start.files
     std::vector<int> fds;                         // per fetched file: its part file, open
+    std::vector<std::string> fetched;             // per fetched file: where it is, once whole
     Clock::time_point since;
   };
   std::optional<Fetching> fetching;
   uint64_t local_files_job = 0;
   std::vector<std::string> local_files;
+  std::map<uint64_t, std::string> fetched_resets;  // reset files fetched: bytes' checksum -> local path
   bool ticking = false;
   // Draining (the node leaves: SIGTERM, `tepdist leave`): the step under way ends, no other starts.
   std::optional<caf::typed_response_promise<std::string>> drain;
@@ -504,9 +507,14 @@ void on_state_piece(Trainer* self, const std::string& peer, const gossip::StateP
 /// positions), the rate rescaled; then training resumes, or the state is pulled first.
 void enter_generation(Trainer* self);
 
-/// A release that came with parameters the program set (JobStart::reset_file): into the model,
-/// checked against their checksum; an error (an unreadable file, other values) leaves it as it was.
-std::expected<void, std::string> take_reset(Job& j);
+/// Whether this worker takes the parameters record `r` carries as it enters it: held at the hold
+/// its release ends, with the job's state (a worker that trained on, or a restarted one, does not).
+bool takes_reset(const Job& j, const gossip::JobStart& r);
+
+/// A release that came with parameters the program set (JobStart::reset_file), read from `path`
+/// (where this node has the file): into the model, checked against their checksum; an error (an
+/// unreadable file, other values) leaves it as it was.
+std::expected<void, std::string> take_reset(Job& j, const std::string& path);
 
 /// The submitter is a client, not a part of the job: once the view holds it dead or left, the job
 /// goes on detached, and rank 0 saves the result on its own node. (Not in the view is not gone:
@@ -525,6 +533,9 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state);
 /// submitter. A fetch that fails refuses the job (a joiner declines it), naming the file.
 void prepare_job(Trainer* self, const gossip::JobStart& record, bool has_state);
 void on_file_piece(Trainer* self, const gossip::FilePiece& piece);
+/// Where this node has the reset file record `r` names: at its path, or fetched before; empty
+/// while it fetches it from the submitter (enter_generation is called again once it is here).
+std::string reset_file_here(Trainer* self, const gossip::JobStart& r);
 /// Each tick while fetching: what is overdue is asked for again; a fetch that stalled fails.
 void tick_files(Trainer* self);
 

@@ -29,8 +29,8 @@
 // as it is, as a data set file under options.out/data (compute/data/dataset_file.hpp): nodes that
 // read the same bytes there (local nodes, a shared file system) use it, the others (a running
 // cluster on other machines) fetch it from this program over the wire, as they do the starting
-// parameters. Parameters the program changes between calls reach only nodes that read
-// options.out. The job's own evaluations (every epoch end, in the report) use options.test_data.
+// parameters and those the program sets between calls. The job's own evaluations (every epoch
+// end, in the report) use options.test_data.
 //
 // Errors are values: compute::Result holds what went wrong, naming it (a bad option, a node that
 // could not start, a job that failed and why, a model the nodes cannot build).
