@@ -29,6 +29,6 @@ using gather_atom = caf::atom_constant<caf::atom("gather")>;  ///< (gather_atom,
 using regather_atom = caf::atom_constant<caf::atom("regather")>;  ///< (regather_atom, id): the gather asks again for shards not come
 using handover_atom = caf::atom_constant<caf::atom("handedover")>;  ///< (handover_atom): the shard host holds every shard of a generation, or a leaving node's shards are all fetched by their new holders
 using shardlost_atom = caf::atom_constant<caf::atom("shardlost")>;  ///< (shardlost_atom, why): the shard host cannot get a shard
-using release_atom = caf::atom_constant<caf::atom("release")>;  ///< (release_atom, epochs): the submitter releases epochs of a job that pauses between them
+using release_atom = caf::atom_constant<caf::atom("release")>;  ///< (release_atom, epochs, reset file, checksum, optimiser): the submitter releases epochs of a job that pauses between them
 
 }  // namespace tepdist::actors

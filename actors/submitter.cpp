@@ -40,6 +40,7 @@ struct SubmitterState {
   gossip::JobFile reset_file;  // and the parameters that came with the release (checksum 0: none)
   std::vector<gossip::JobFile> served;  // besides the job's files: every reset file released, for fetching
   uint64_t reset_checksum = 0;
+  std::string optimizer;  // and the optimiser (empty: as it was)
   static inline const char* name = "tepdist.submitter";
 };
 using Submitter = caf::stateful_actor<SubmitterState>;
@@ -62,10 +63,15 @@ void send_release(Submitter* self) {
   if (!s.assigned || s.ended || s.released <= s.assigned->released_epochs) return;
   std::vector<uint8_t> argument(4);
   for (size_t b = 0; b < 4; ++b) argument[b] = static_cast<uint8_t>(s.released >> (8 * b));
-  if (s.reset_checksum) {
+  // With parameters or an optimiser: u64 values' checksum (0: no parameters), u64 file size, u64
+  // bytes' checksum, u32 path length, the path, then the optimiser's lines.
+  if (s.reset_checksum || !s.optimizer.empty()) {
+    const std::string path = s.reset_checksum ? s.reset_file.path : std::string();
     for (const uint64_t v : {s.reset_checksum, s.reset_file.size, s.reset_file.checksum})
       for (size_t b = 0; b < 8; ++b) argument.push_back(static_cast<uint8_t>(v >> (8 * b)));
-    argument.insert(argument.end(), s.reset_file.path.begin(), s.reset_file.path.end());
+    for (size_t b = 0; b < 4; ++b) argument.push_back(static_cast<uint8_t>(path.size() >> (8 * b)));
+    argument.insert(argument.end(), path.begin(), path.end());
+    argument.insert(argument.end(), s.optimizer.begin(), s.optimizer.end());
   }
   const gossip::Control release{s.o.self_id, s.o.incarnation, gossip::Control::Command::release_epochs, s.sent.job_id,
                                 argument};
@@ -236,8 +242,8 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
   self->state.released = self->state.submission->job.released_epochs;
   const auto handle = caf::actor_cast<caf::actor>(self);
   self->state.submission->set_controls(
-      [handle](uint32_t epochs, std::string reset_file, uint64_t reset_checksum) {
-        caf::anon_send(handle, release_atom::value, epochs, std::move(reset_file), reset_checksum);
+      [handle](uint32_t epochs, std::string reset_file, uint64_t reset_checksum, std::string optimizer) {
+        caf::anon_send(handle, release_atom::value, epochs, std::move(reset_file), reset_checksum, std::move(optimizer));
       },
       [handle] { caf::anon_send(handle, stop_atom::value); });
   self->attach_functor([submission = self->state.submission] { submission->set_controls({}, {}); });
@@ -295,10 +301,11 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
                                           s.coordinator_address, s.sent.job_id));
         self->delayed_send(self, std::chrono::seconds(5), tick_atom::value);
       },
-      [self](release_atom, uint32_t epochs, std::string reset_file, uint64_t reset_checksum) {
+      [self](release_atom, uint32_t epochs, std::string reset_file, uint64_t reset_checksum, std::string optimizer) {
         auto& s = self->state;
         if (epochs <= s.released) return;
         s.released = epochs;
+        s.optimizer = std::move(optimizer);
         s.reset_file = {reset_file};
         s.reset_checksum = 0;
         if (reset_checksum) {
@@ -326,10 +333,10 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
 
 }  // namespace
 
-bool Submission::release(uint32_t epochs, std::string reset_file, uint64_t reset_checksum) {
+bool Submission::release(uint32_t epochs, std::string reset_file, uint64_t reset_checksum, std::string optimizer) {
   std::lock_guard lock(controls_->mutex);
   if (!controls_->release) return false;
-  controls_->release(epochs, std::move(reset_file), reset_checksum);
+  controls_->release(epochs, std::move(reset_file), reset_checksum, std::move(optimizer));
   return true;
 }
 

@@ -42,14 +42,15 @@ struct Submission {
   /// its values, compute::checksum). From any thread; the submitter tells the workers of the
   /// latest generation, and again until a generation carries the count. False while the
   /// submitter has not started (or has ended).
-  bool release(uint32_t epochs, std::string reset_file = {}, uint64_t reset_checksum = 0);
+  /// `optimizer`: `optimizer.KEY=VALUE` lines the workers apply from the release on (JobStart::optimizer).
+  bool release(uint32_t epochs, std::string reset_file = {}, uint64_t reset_checksum = 0, std::string optimizer = {});
 
   /// Asks the workers to stop the job (as Ctrl-C on `tepdist run` does), from any thread; the job
   /// ends when they report it (on_end). False while the submitter has not started (or has ended).
   bool stop();
 
   /// The submitter's actor sets these while it runs (release and stop go through it).
-  using Release = std::function<void(uint32_t, std::string, uint64_t)>;
+  using Release = std::function<void(uint32_t, std::string, uint64_t, std::string)>;
   void set_controls(Release release, std::function<void()> stop);
 
  private:

@@ -210,12 +210,18 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
     if (&train_data != job_->data || train_data.size() != job_->data_size)
       return error(Errc::invalid_argument, "train: the job trains on the data set its first train() call gave; pass that "
                                            "same data set (a new one needs a new Trainer)");
-    if (!same_optimizer(optimizer, job_->optimizer))
-      return error(Errc::invalid_argument, "train: the optimiser differs from the one the job started with; a running "
-                                           "job keeps its optimiser (a new one needs a new Trainer)");
+    // An optimiser the program changed: the workers apply it from the release on (its state kept
+    // where it is of the same kind).
+    std::string changed;
+    if (!same_optimizer(optimizer, job_->optimizer)) {
+      if (o_.mode == "async")
+        return error(Errc::invalid_argument, "train: the optimiser differs from the one the job started with; a running "
+                                             "async job cannot change it yet (its shards step it; a new Trainer can)");
+      changed = fmt::format("{}", fmt::join(optimizer_overrides(optimizer), "\n"));
+    }
     const auto released = static_cast<uint32_t>(epoch - job_->first_epoch + 1);
     if (std::equal(params.begin(), params.end(), job_->left.begin(), job_->left.end())) {
-      running = job_->submission->release(released);
+      running = job_->submission->release(released, {}, 0, changed);
     } else {
       // Parameters the program set: the held workers take them from a file before they go on.
       if (o_.mode == "async")
@@ -224,10 +230,11 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
                                              "them; a new Trainer can start from them)");
       const fs::path file = job_->dir / fmt::format("params-{}.safetensors", released);
       if (auto ok = compute::export_safetensors(file, model); !ok) return std::unexpected(ok.error());
-      if (fs::absolute(file).string().size() + 12 > gossip::Control::max_argument)
+      if (fs::absolute(file).string().size() + changed.size() + 32 > gossip::Control::max_argument)
         return error(Errc::invalid_argument, fmt::format("{}: the path is too long to send", file.string()));
-      running = job_->submission->release(released, fs::absolute(file).string(), compute::checksum(params));
+      running = job_->submission->release(released, fs::absolute(file).string(), compute::checksum(params), changed);
     }
+    if (running) job_->optimizer = optimizer;
   }
   // The first call, or the job is over: a job of the epochs left, from the model as it is.
   if (!running) {

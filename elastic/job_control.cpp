@@ -181,15 +181,16 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
 }
 
 void JobControl::release(double now, uint32_t epochs, const Local& mine, Output& out) {
-  release(now, epochs, {}, 0, mine, out);
+  release(now, epochs, {}, 0, {}, mine, out);
 }
 
 void JobControl::release(double now, uint32_t epochs, gossip::JobFile reset_file, uint64_t reset_checksum,
-                         const Local& mine, Output& out) {
+                         std::string optimizer, const Local& mine, Output& out) {
   if (epochs <= std::max(released_, record_.released_epochs)) return;  // a repeat, or one a record carries
   released_ = epochs;
   reset_file_ = std::move(reset_file);
   reset_checksum_ = reset_checksum;
+  optimizer_ = std::move(optimizer);
   on_tick(now, mine, out);
 }
 
@@ -584,6 +585,7 @@ void JobControl::try_install(Output& out) {
     next.reset_file_size = reset_file_.size;
     next.reset_file_checksum = reset_file_.checksum;
     next.reset_checksum = reset_checksum_;
+    if (!optimizer_.empty()) next.optimizer = optimizer_;
     next.reset_epochs = reset_checksum_ ? released_ : 0;
   }
   next.donors.clear();

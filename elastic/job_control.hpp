@@ -174,9 +174,10 @@ class JobControl {
   /// The same, with parameters the program set between epochs (a file every worker reads, and
   /// their checksum): the release's record carries them (JobStart::reset_*).
   /// `reset_file`: its path as the submitter has it, and its bytes' size and checksum (a worker that
-  /// cannot read it there fetches it).
-  void release(double now, uint32_t epochs, gossip::JobFile reset_file, uint64_t reset_checksum, const Local& mine,
-               Output& out);
+  /// cannot read it there fetches it). `optimizer`: the optimiser the program set (JobStart::optimizer),
+  /// empty: as it was.
+  void release(double now, uint32_t epochs, gossip::JobFile reset_file, uint64_t reset_checksum, std::string optimizer,
+               const Local& mine, Output& out);
   /// A record of a generation (from its proposer, or forwarded by a member that has it).
   std::expected<void, std::string> on_install(const gossip::JobStart& record, Output& out);
 
@@ -275,6 +276,7 @@ class JobControl {
   uint32_t released_ = 0;              // release's, until a record carries it
   gossip::JobFile reset_file_;         // and the parameters it came with (checksum 0: none)
   uint64_t reset_checksum_ = 0;
+  std::string optimizer_;              // and the optimiser (empty: as it was)
   std::map<std::string, Rate> rates_;  // rebalance: by worker, in the installed generation
   double installed_at_ = -1;           // when this node installed it (-1: at the next tick)
 };

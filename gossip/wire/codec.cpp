@@ -221,6 +221,7 @@ struct Encoder {
             b.setResetFile(m.reset_file);
             b.setResetChecksum(m.reset_checksum);
             b.setResetEpochs(m.reset_epochs);
+            b.setOptimizer(m.optimizer);
             b.setResetFileSize(m.reset_file_size);
             b.setResetFileChecksum(m.reset_file_checksum);
             auto files = b.initFiles(static_cast<unsigned>(m.files.size()));
@@ -654,6 +655,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       j.reset_file = in.text(r.getResetFile(), Control::max_argument, "a job's reset file");
       j.reset_checksum = r.getResetChecksum();
       j.reset_epochs = r.getResetEpochs();
+      j.optimizer = in.text(r.getOptimizer(), Control::max_argument, "a job's optimiser");
       j.reset_file_size = r.getResetFileSize();
       j.reset_file_checksum = r.getResetFileChecksum();
       const auto files = in.list<JobFile>(r.getFiles(), JobStart::max_files, "a job's files");

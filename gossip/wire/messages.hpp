@@ -275,6 +275,9 @@ struct JobStart {
   /// The reset file's bytes (size and FNV-1a), for a worker that fetches it from the submitter.
   uint64_t reset_file_size = 0;
   uint64_t reset_file_checksum = 0;
+  /// From a release on: `optimizer.KEY=VALUE` lines over the job's config (the program changed its
+  /// optimiser between epochs); every later record carries the latest.
+  std::string optimizer = {};
   friend bool operator==(const JobStart&, const JobStart&) = default;
 };
 

@@ -273,6 +273,7 @@ struct JobStart {
   files @26 :List(JobFile);  # the files the config names, served by the submitter to a worker without them
   resetFileSize @27 :UInt64;     # the reset file's bytes, for a worker that fetches it from the submitter
   resetFileChecksum @28 :UInt64; # (FNV-1a of the bytes)
+  optimizer @29 :Text;       # from a release on: `optimizer.KEY=VALUE` lines over the job's config
 }
 
 struct JobFile {

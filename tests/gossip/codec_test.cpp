@@ -104,6 +104,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
         j.files = {{"/tmp/out/data/train.tds", 47040123, 0xfeedfacecafebeefull}, {"/tmp/out/init.safetensors", 1, 2}};
         j.reset_file_size = 4096;
         j.reset_file_checksum = 0xabcdef;
+        j.optimizer = "optimizer.lr=0.001\noptimizer.momentum=0";
         return j;
       }(),
       FileFetch{9, 0xfeedfacecafebeefull, 1u << 20, 1u << 20},

@@ -200,6 +200,35 @@ TEST_CASE("Trainer on a running cluster of plain tepdist nodes: a layer list tra
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
+TEST_CASE("Trainer: an optimiser the program changes between epochs is the next epoch's, in sync and gossip",
+          "[integration][api]") {
+  for (const auto* mode : {"sync", "gossip"}) {
+    DYNAMIC_SECTION(mode) {
+      TempDir dir;
+      // A rate of 1e-30 after the first epoch: every step's change falls below the parameters'
+      // precision, so the second epoch ends where the first did, bit for bit (gossip: its replicas
+      // were averaged at the hold, so they agree). With the old rate it would move them.
+      const auto started = start_probe(dir, mode, 2, {"slow-after-first"});
+      auto& probe = *started;
+      REQUIRE(probe.wait_for("probe epoch 1 ", std::chrono::seconds(120)));
+      open_gate(dir);
+      const int status = probe.wait();
+      INFO(probe.all());
+      REQUIRE(status == 0);
+      const auto first = probe.seen("probe params 1 "), second = probe.seen("probe params 2 ");
+      REQUIRE(first);
+      REQUIRE(second);
+      CHECK(first->substr(first->rfind(' ')) == second->substr(second->rfind(' ')));
+      for (const auto* log : {"node-0.log", "node-1.log"}) {
+        const std::string text = read_bytes(dir.path / "out" / "logs" / log);
+        INFO(log << ":\n" << text);
+        CHECK(text.find("optimizer_changed") != std::string::npos);
+      }
+      CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+    }
+  }
+}
+
 TEST_CASE("Trainer on a running cluster whose nodes cannot read its files: the data and the parameters go over the wire",
           "[integration][api]") {
   // Another machine, as far as files go: each node runs in a mount namespace of its own where the

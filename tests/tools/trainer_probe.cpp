@@ -2,14 +2,17 @@
 // epoch but the last it prints what the report said and waits for a line on a FIFO the test
 // writes to (a kill, a join, a look at the processes happens meanwhile).
 //
-//   tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [zero-after-first|- [SEED SECRET_FILE]]
+//   tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [zero-after-first|slow-after-first|- [SEED SECRET_FILE]]
 //
 // Prints per epoch: "probe epoch E job J generation G members M samples S nodes PID,PID" and one
 // "probe event: ..." line per membership change or generation the report lists; at the end,
 // "probe nonzero N" (parameters not exactly 0). zero-after-first: the program sets every
 // parameter to 0 after the first epoch (plain SGD then moves only the last layer's bias: every
-// other gradient is a product with a zero weight or a zero activation). SEED and SECRET_FILE: a
-// running cluster instead of two local nodes.
+// other gradient is a product with a zero weight or a zero activation). slow-after-first: the
+// program sets the optimiser's rate to 1e-30 after the first epoch (every change then falls below
+// the parameters' precision: they stay as they are, bit for bit). Each epoch also prints "probe
+// params E CHECKSUM" (compute::checksum of the parameters). SEED and SECRET_FILE: a running cluster
+// instead of two local nodes.
 
 #include <tepdist/trainer.hpp>
 
@@ -18,6 +21,7 @@
 #include <string>
 
 #include "compute/rng.hpp"
+#include "compute/tensor.hpp"
 
 namespace {
 
@@ -46,6 +50,7 @@ int main(int argc, char** argv) {
     return 2;
   }
   const bool zero = argc >= 6 && std::string(argv[5]) == "zero-after-first";
+  const bool slow = argc >= 6 && std::string(argv[5]) == "slow-after-first";
   const int epochs = std::stoi(argv[3]);
   const std::vector<LayerSpec> layers = {{"linear", "", {{"out_features", 32}}}, {"relu", "", {}},
                                          {"linear", "", {{"out_features", 3}}}};
@@ -83,6 +88,8 @@ int main(int argc, char** argv) {
                 static_cast<unsigned long long>(report->job_id), static_cast<unsigned long long>(report->generation),
                 report->members, static_cast<unsigned long long>(report->samples), pids.c_str());
     for (const auto& e : report->events) std::printf("probe event: %s\n", e.c_str());
+    std::printf("probe params %d %016llx\n", epoch + 1,
+                static_cast<unsigned long long>(tepdist::compute::checksum((*model)->parameters())));
     std::fflush(stdout);
     if (epoch + 1 < epochs) {
       std::ifstream gate(argv[4]);  // blocks until the test opens it for writing
@@ -91,6 +98,7 @@ int main(int argc, char** argv) {
     }
     if (zero && epoch == 0)
       for (float& v : (*model)->parameters()) v = 0.0f;
+    if (slow && epoch == 0) sgd.schedule.base_lr = 1e-30f;
   }
   size_t nonzero = 0;
   for (const float v : (*model)->parameters()) nonzero += v != 0.0f;

@@ -189,6 +189,9 @@ void enter_generation(Trainer* self) {
   while (j.marks.size() > Job::generation_marks) j.marks.pop_front();
   j.next_address = r.addresses[(j.rank + 1) % j.world];
   j.waiting_since = j.progress_at = Clock::now();
+  // An optimiser the program set between epochs: every worker applies it from the same install.
+  if (r.optimizer != j.optimizer_applied)
+    if (auto ok = change_optimizer(j); !ok) return fail_everywhere(self, ok.error());
   const auto batch = static_cast<int64_t>(j.config.data.batch_size);
   j.rate->set_generation(r.resume, static_cast<int64_t>(r.previous_world) * batch, static_cast<int64_t>(j.world) * batch);
   j.rate->set_factor(j.lr_factor());  // the plateau decays so far

@@ -465,9 +465,84 @@ void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool e
   if (!last && ((every > 0 && j.step % every == 0) || epoch_end)) evaluate_snapshot(self);
 }
 
+namespace {
+
+/// JobStart::optimizer's lines as config overrides; each must set an [optimizer] key.
+std::expected<std::vector<std::string>, std::string> optimizer_lines(const std::string& text) {
+  std::vector<std::string> out;
+  for (size_t at = 0; at < text.size();) {
+    const size_t end = std::min(text.find('\n', at), text.size());
+    std::string line = text.substr(at, end - at);
+    at = end + 1;
+    if (line.empty()) continue;
+    if (!line.starts_with("optimizer."))
+      return std::unexpected(fmt::format("the job's optimiser sets \"{}\", which is not an [optimizer] key", line));
+    out.push_back(std::move(line));
+  }
+  return out;
+}
+
+/// The schedule and the rate policy over it, from the job's config (its length known).
+std::expected<void, std::string> make_rate(Job& j) {
+  const auto batch = static_cast<int64_t>(j.config.data.batch_size);
+  const auto reference = static_cast<int64_t>(j.start.reference_batch);
+  compute::ScheduleOptions schedule = j.config.optimizer.schedule;
+  schedule.total_steps = j.total_steps;
+  auto made = compute::LrSchedule::make(schedule);
+  if (!made) return std::unexpected(made.error().message);
+  j.schedule = *made;
+  elastic::RatePolicy::Options rate{j.data.train.size(), reference, j.config.elastic.rescale_batches,
+                                    elastic::RatePolicy::rule_named(j.config.optimizer.scaling_rule())};
+  // Gossip: a mixing averages two replicas, so the scale stops where two workers' batches would put it
+  // (never below the job's starting rate).
+  if (j.config.job.mode == "gossip") rate.max_scale = std::max(1.0, 2.0 * static_cast<double>(batch) / static_cast<double>(reference));
+  j.rate.emplace(*made, rate);
+  return {};
+}
+
+}  // namespace
+
+std::expected<void, std::string> change_optimizer(Job& j) {
+  const auto& r = j.start;
+  if (j.config.job.mode == "async")
+    return std::unexpected("an async job cannot change its optimiser yet (its shards' primaries step it)");
+  auto lines = optimizer_lines(r.optimizer);
+  if (!lines) return std::unexpected(lines.error());
+  auto config = elastic::parse_config(r.config, fmt::format("job {}'s optimiser", r.job_id), *lines);
+  if (!config) return std::unexpected(config.error().message);
+  auto made = compute::make_optimizer(config->optimizer.options, j.elements());
+  if (!made) return std::unexpected(made.error().message);
+  auto& next = **made;
+  // The same kind keeps its buffers (momentum, Adam's moments) and step count; another starts afresh.
+  if (next.name() == j.optimizer->name()) {
+    auto before = j.optimizer->state();
+    auto after = next.state();
+    for (size_t k = 0; k < before.size() && k < after.size(); ++k)
+      if (before[k].first == after[k].first && before[k].second.size() == after[k].second.size())
+        std::copy(before[k].second.begin(), before[k].second.end(), after[k].second.begin());
+    next.set_steps(j.optimizer->steps());
+  }
+  const auto old_config = j.config.optimizer;
+  j.config.optimizer = config->optimizer;
+  if (auto ok = make_rate(j); !ok) {
+    j.config.optimizer = old_config;
+    return ok;
+  }
+  j.optimizer = std::move(*made);
+  j.optimizer_applied = r.optimizer;
+  node_events().info("optimizer_changed job={} generation={} optimizer={} lr={}", r.job_id, r.generation,
+                     j.optimizer->name(), j.config.optimizer.schedule.base_lr);
+  return {};
+}
+
 std::expected<void, std::string> setup(Trainer* self, Job& j) {
   auto& o = self->state.o;
-  auto config = elastic::parse_config(j.start.config, fmt::format("job {} from {}", j.start.job_id, j.start.submitter));
+  // A joiner of a job whose optimiser a release changed: the record carries it over the config.
+  auto lines = optimizer_lines(j.start.optimizer);
+  if (!lines) return std::unexpected(lines.error());
+  auto config =
+      elastic::parse_config(j.start.config, fmt::format("job {} from {}", j.start.job_id, j.start.submitter), *lines);
+  j.optimizer_applied = j.start.optimizer;
   if (!config) return std::unexpected(config.error().message);
   j.config = std::move(*config);
   if (o.threads > 0) j.config.compute.threads = o.threads;
@@ -518,17 +593,7 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   j.steps_per_epoch = elastic::sync_steps_per_epoch(j.data.train.size(), 1, reference);
   j.total_steps = j.steps_per_epoch * j.config.job.epochs;
   if (j.config.job.max_steps > 0) j.total_steps = std::min(j.total_steps, j.config.job.max_steps);
-  compute::ScheduleOptions schedule = j.config.optimizer.schedule;
-  schedule.total_steps = j.total_steps;
-  auto made = compute::LrSchedule::make(schedule);
-  if (!made) return std::unexpected(made.error().message);
-  j.schedule = *made;
-  elastic::RatePolicy::Options rate{j.data.train.size(), reference, j.config.elastic.rescale_batches,
-                                    elastic::RatePolicy::rule_named(j.config.optimizer.scaling_rule())};
-  // Gossip: a mixing averages two replicas, so the scale stops where two workers' batches would put it
-  // (never below the job's starting rate).
-  if (j.config.job.mode == "gossip") rate.max_scale = std::max(1.0, 2.0 * static_cast<double>(batch) / static_cast<double>(reference));
-  j.rate.emplace(*made, rate);
+  if (auto ok = make_rate(j); !ok) return ok;
   j.plateau.emplace(elastic::PlateauPolicy::Options{j.config.optimizer.plateau_patience, j.config.optimizer.plateau_factor});
   if (j.config.job.ring_chunk_kb + 64 > o.max_frame_kb)
     return std::unexpected(fmt::format("job.ring_chunk_kb = {} does not fit this node's frames ([cluster] max_frame_mb "

@@ -189,6 +189,7 @@ struct Job {
   std::unique_ptr<compute::Backend> backend;
   std::unique_ptr<compute::Optimizer> optimizer;
   std::optional<compute::LrSchedule> schedule;
+  std::string optimizer_applied;  // JobStart::optimizer as applied here (empty: the config's own)
   std::vector<int64_t> order;  // the shuffled sample indices of epoch order_epoch
   int64_t order_epoch = -1;
   uint64_t tensor_bytes = 0;   // async and gossip: payload bytes sent outside the ring
@@ -506,6 +507,11 @@ void on_state_piece(Trainer* self, const std::string& peer, const gossip::StateP
 /// The installed generation: ring order, this worker's rank, the mode's part (rings, pairs,
 /// positions), the rate rescaled; then training resumes, or the state is pulled first.
 void enter_generation(Trainer* self);
+
+/// The optimiser a release set (JobStart::optimizer, from the installed record): the optimiser
+/// made anew with its options, keeping the state buffers and step count where it keeps the same
+/// buffers (the same kind), and the rate's schedule made anew. An error names what is wrong.
+std::expected<void, std::string> change_optimizer(Job& j);
 
 /// Whether this worker takes the parameters record `r` carries as it enters it: held at the hold
 /// its release ends, with the job's state (a worker that trained on, or a restarted one, does not).
