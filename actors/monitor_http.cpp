@@ -1,10 +1,12 @@
 #include "actors/monitor_http.hpp"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -63,7 +65,9 @@ std::vector<Accepted> accepted_on(int port) {
 /// The connections the pool has taken, each with when a worker began serving it: what the
 /// deadline's watchdog cuts off. httplib hands the pool a closure, not the socket, so the pool
 /// names the socket itself as it takes it: the accepting thread calls enqueue() right after each
-/// accept(), so the one accepted connection on the port that is not yet here is the new one.
+/// accept(), so the one accepted connection on the port that is not yet here is the new one. Each
+/// is held through a duplicate of its descriptor, so the watchdog shuts down that very socket
+/// even when the worker has closed its own descriptor and the number went to another.
 class Connections {
  public:
   using Clock = std::chrono::steady_clock;
@@ -77,34 +81,42 @@ class Connections {
         if (found.fd >= 0) return {-1, 0};  // two unknown: cannot tell which is new
         found = c;
       }
-    if (found.fd >= 0) open_.emplace(found, std::nullopt);
+    if (found.fd < 0) return found;
+    const int held = ::fcntl(found.fd, F_DUPFD_CLOEXEC, 0);
+    if (held < 0) return {-1, 0};
+    open_.emplace(found, Open{held, std::nullopt});
     return found;
   }
   void serving(const Accepted& c) {
     std::lock_guard lock(mutex_);
-    if (auto it = open_.find(c); it != open_.end()) it->second = Clock::now();
+    if (auto it = open_.find(c); it != open_.end()) it->second.since = Clock::now();
   }
   void done(const Accepted& c) {
     std::lock_guard lock(mutex_);
-    open_.erase(c);
+    if (auto it = open_.find(c); it != open_.end()) {
+      ::close(it->second.held);
+      open_.erase(it);
+    }
   }
   bool empty() const {
     std::lock_guard lock(mutex_);
     return open_.empty();
   }
-  /// Served for `deadline` or longer.
-  std::vector<Accepted> overdue(std::chrono::milliseconds deadline) const {
+  /// Shuts down every connection served for `deadline` or longer (its worker then closes it).
+  void cut_overdue(std::chrono::milliseconds deadline) const {
     std::lock_guard lock(mutex_);
-    std::vector<Accepted> out;
     const auto now = Clock::now();
-    for (const auto& [c, since] : open_)
-      if (since && now - *since >= deadline) out.push_back(c);
-    return out;
+    for (const auto& [c, o] : open_)
+      if (o.since && now - *o.since >= deadline) ::shutdown(o.held, SHUT_RDWR);
   }
 
  private:
+  struct Open {
+    int held;  // a duplicate of the connection's descriptor, closed with done()
+    std::optional<Clock::time_point> since;
+  };
   mutable std::mutex mutex_;
-  std::map<Accepted, std::optional<Clock::time_point>> open_;
+  std::map<Accepted, Open> open_;
 };
 
 /// cpp-httplib's task queue with a bound: at most `workers` connections served at once and as many
@@ -228,9 +240,7 @@ struct MonitorHttp::Impl {
                                                              std::chrono::milliseconds(1000));
     std::unique_lock lock(watch_mutex);
     while (!watch_stop.wait_for(lock, every, [&] { return stopping.load(); })) {
-      if (connections.empty()) continue;
-      for (const auto& c : connections.overdue(options.deadline))
-        if (inode_of(c.fd) == c.inode) ::shutdown(c.fd, SHUT_RDWR);  // the fd may be closed since
+      if (!connections.empty()) connections.cut_overdue(options.deadline);
     }
   }
 };

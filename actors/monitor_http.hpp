@@ -12,8 +12,8 @@
 // bounded whoever connects: a fixed pool of worker threads, a short read and write timeout, request
 // lines and headers of at most 8 KiB each (cpp-httplib's limits, 400 beyond), no request bodies,
 // and while every worker is busy new connections wait in the kernel's listen backlog instead of in
-// memory here. One request per connection, and a connection is cut off `deadline` after it was
-// accepted: the read and write timeouts count per read and per write, so without it a client
+// memory here. One request per connection, and a connection is cut off `deadline` after a worker
+// began serving it: the read and write timeouts count per read and per write, so without it a client
 // sending (or reading) one byte within each timeout held a worker for hours. It needs no secret,
 // so it listens on loopback unless the operator names another address.
 

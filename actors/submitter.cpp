@@ -155,9 +155,11 @@ int64_t rank_of(const SubmitterState& s, const std::string& peer) {
 void serve_file(Submitter* self, const std::string& peer, const std::string& address, const gossip::FileFetch& f) {
   auto& s = self->state;
   gossip::FilePiece p{f.job_id, f.checksum, f.offset};
-  auto file = std::ranges::find(s.submission->job.files, f.checksum, &gossip::JobFile::checksum);
-  if (file == s.submission->job.files.end()) file = std::ranges::find(s.served, f.checksum, &gossip::JobFile::checksum);
-  if (f.job_id != s.submission->job.job_id || file == s.served.end()) {
+  const gossip::JobFile* file = nullptr;
+  for (const auto* list : {&s.submission->job.files, &s.served})
+    if (const auto it = std::ranges::find(*list, f.checksum, &gossip::JobFile::checksum); !file && it != list->end())
+      file = &*it;
+  if (f.job_id != s.submission->job.job_id || !file) {
     p.refused = fmt::format("job {} lists no file of checksum {:016x}", s.submission->job.job_id, f.checksum);
   } else if (f.offset >= file->size) {
     p.refused = fmt::format("{} has {} bytes; a piece at {} was asked for", file->path, file->size, f.offset);

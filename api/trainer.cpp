@@ -219,6 +219,8 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
                                              "async job cannot change it yet (its shards step it; a new Trainer can)");
       changed = fmt::format("{}", fmt::join(optimizer_overrides(optimizer), "\n"));
     }
+    if (changed.size() + 32 > gossip::Control::max_argument)
+      return error(Errc::invalid_argument, "train: the optimiser's settings are too long to send");
     const auto released = static_cast<uint32_t>(epoch - job_->first_epoch + 1);
     if (std::equal(params.begin(), params.end(), job_->left.begin(), job_->left.end())) {
       running = job_->submission->release(released, {}, 0, changed);

@@ -73,6 +73,11 @@ std::string cached_name(const std::string& dir, const gossip::JobFile& f) {
 }
 
 std::expected<FileFetcher, std::string> FileFetcher::make(uint64_t job_id, std::vector<gossip::JobFile> files, Options o) {
+  for (size_t i = 0; i < files.size(); ++i)
+    for (size_t k = 0; k < i; ++k)
+      if (files[i].checksum == files[k].checksum)
+        return std::unexpected(fmt::format("{} and {} are listed as the same bytes: fetch them once", files[k].path,
+                                           files[i].path));
   for (const auto& f : files)
     if (f.size > o.max_file_bytes)
       return std::unexpected(fmt::format("{} is {} bytes; this node fetches files of at most {}", f.path, f.size,
@@ -117,9 +122,9 @@ std::expected<std::optional<FileFetcher::Write>, std::string> FileFetcher::on_pi
   const auto file = std::ranges::find(files_, p.checksum, &gossip::JobFile::checksum);
   if (file == files_.end()) return std::nullopt;
   const auto i = static_cast<size_t>(file - files_.begin());
-  if (!p.refused.empty()) return std::unexpected(fmt::format("the submitter does not serve {}: {}", file->path, p.refused));
   const auto asked = std::ranges::find_if(in_flight_, [&](const InFlight& f) { return f.file == i && f.offset == p.offset; });
   if (asked == in_flight_.end() || got_[i].contains(p.offset)) return std::nullopt;  // a repeat, or never asked
+  if (!p.refused.empty()) return std::unexpected(fmt::format("the submitter does not serve {}: {}", file->path, p.refused));
   if (p.data.size() != piece_length(i, p.offset))
     return std::unexpected(fmt::format("a piece of {} at {} holds {} bytes; {} were asked for", file->path, p.offset,
                                        p.data.size(), piece_length(i, p.offset)));

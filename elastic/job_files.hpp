@@ -9,7 +9,7 @@
 //
 // FileFetcher is the fetching side without I/O: which pieces to ask for, a window of them in
 // flight, asking again for what is overdue, and what to write where. The trainer writes, checks
-// and renames (actors/roles/trainer.cpp).
+// and renames (actors/roles/trainer/files.cpp).
 
 #include <cstdint>
 #include <expected>
@@ -50,14 +50,16 @@ class FileFetcher {
     double give_up_ms = 120000; ///< no new piece for this long: the fetch fails
     uint64_t max_file_bytes = uint64_t{64} << 30;  ///< a record asking for more is refused
   };
-  /// What to write: `data` at `offset` of files[file].
+  /// What to write: `data` at `offset` of files[file] (data points into the FilePiece on_piece was
+  /// given: valid as long as it is).
   struct Write {
     size_t file;
     uint64_t offset;
     const std::vector<uint8_t>* data;
   };
 
-  /// Fetches `files` (the ones this node lacks) of job `job_id`. An error: a file too large.
+  /// Fetches `files` (the ones this node lacks, each checksum once) of job `job_id`. An error: a
+  /// file too large, or one listed twice.
   static std::expected<FileFetcher, std::string> make(uint64_t job_id, std::vector<gossip::JobFile> files, Options o);
 
   /// The first requests (and, after each piece, the next ones: on_piece appends them).

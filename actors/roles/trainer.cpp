@@ -311,7 +311,7 @@ void on_tick(Trainer* self) {
   }
   if (s.job) report_status(self);
   if (s.drain) on_drain(self);  // a pause, a drop or a failure since: no step under way to wait for
-  if (s.pending || s.held || s.job || s.joining) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
+  if (s.pending || s.held || s.job || s.joining || s.fetching) self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
   else s.ticking = false;
 }
 
@@ -424,7 +424,7 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
         else if (const auto* vote = std::get_if<gossip::GenerationVote>(&m.body)) on_vote(self, peer, *vote);
         else if (const auto* pull = std::get_if<gossip::StatePull>(&m.body)) on_state_pull(self, peer, *pull);
         else if (const auto* piece = std::get_if<gossip::StatePiece>(&m.body)) on_state_piece(self, peer, *piece);
-        else if (const auto* file = std::get_if<gossip::FilePiece>(&m.body)) on_file_piece(self, *file);
+        else if (const auto* file = std::get_if<gossip::FilePiece>(&m.body)) on_file_piece(self, peer, *file);
         else if (const auto* control = std::get_if<gossip::Control>(&m.body)) on_control(self, peer, *control);
       },
       [self](step_atom) { do_step(self); },

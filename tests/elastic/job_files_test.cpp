@@ -133,6 +133,10 @@ TEST_CASE("the fetcher asks again for what is overdue, gives up when nothing com
   const auto r = fetcher->on_piece(1200, refused, more);
   REQUIRE_FALSE(r);
   CHECK_THAT(r.error(), Catch::Contains("t") && Catch::Contains("no file of that checksum"));
+  // The same bytes listed twice are to be fetched once: a fetcher asked for both refuses.
+  const auto twice = elastic::FileFetcher::make(7, {file_of("t", train), file_of("u", train)}, o);
+  REQUIRE_FALSE(twice);
+  CHECK_THAT(twice.error(), Catch::Contains("same bytes"));
   // A record that asks for more than this node fetches is refused before anything is asked.
   o.max_file_bytes = 1000;
   const auto big = elastic::FileFetcher::make(7, {file_of("t", train)}, o);

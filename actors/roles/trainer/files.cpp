@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -33,12 +34,20 @@ void close_parts(TrainerState::Fetching& f) {
     if (fd >= 0) ::close(std::exchange(fd, -1));
 }
 
+/// A fetch that failed leaves no part files behind.
+void remove_parts(const TrainerState& s, const TrainerState::Fetching& f) {
+  if (!f.fetcher) return;
+  std::error_code ec;
+  for (const auto& file : f.fetcher->files()) fs::remove(elastic::cached_name(files_dir(s), file) + ".part", ec);
+}
+
 /// The fetch failed: the job is refused here (a joiner declines it), saying which file and why.
 void fetch_failed(Trainer* self, const std::string& why) {
   auto& s = self->state;
   auto f = std::move(*s.fetching);
   s.fetching.reset();
   close_parts(f);
+  remove_parts(s, f);
   const auto message = fmt::format("cannot get the job's files from its submitter {}: {}", f.start.submitter, why);
   if (f.for_reset) {
     if (s.job && s.job->start.job_id == f.start.job_id) fail_everywhere(self, message);
@@ -65,11 +74,16 @@ void fetched_all(Trainer* self) {
   node_events().info("job_files_fetched job={} files={} seconds={:.1f}", f.start.job_id, f.index.size(),
                      seconds_between(f.since, Clock::now()));
   if (f.for_reset) {
-    s.fetched_resets[f.start.reset_file_checksum] = f.fetched.front();
+    s.fetched_resets[f.fetcher->files().front().checksum] = f.fetched.front();
     if (s.job && s.job->start.job_id == f.start.job_id && s.job->control) enter_generation(self);  // or a newer one
     return;
   }
-  for (size_t k = 0; k < f.index.size(); ++k) s.local_files[f.index[k]] = f.fetched[k];
+  if (s.ended_jobs.contains(f.start.job_id) || s.job) return;  // stopped, or another started, meanwhile
+  // Each fetched file, for every entry of the record with its bytes (a file listed twice came once).
+  for (size_t k = 0; k < f.fetched.size(); ++k)
+    for (size_t i = 0; i < f.start.files.size() && i < s.local_files.size(); ++i)
+      if (s.local_files[i].empty() && f.start.files[i].checksum == f.fetcher->files()[k].checksum)
+        s.local_files[i] = f.fetched[k];
   start_job(self, f.start, f.has_state);
 }
 
@@ -87,13 +101,29 @@ void begin_fetch(Trainer* self, TrainerState::Fetching f, std::vector<gossip::Jo
   fs::create_directories(dir, ec);
   if (ec) return fail(fmt::format("cannot create {}: {}", dir, ec.message()));
   if (f.start.submitter.empty()) return fail("the job names no submitter");
-  auto fetcher = elastic::FileFetcher::make(f.start.job_id, missing, {});
+  // Pieces that fit this node's frames (the piece's message adds well under 64 KiB).
+  elastic::FileFetcher::Options options;
+  options.piece_bytes = static_cast<size_t>(
+      std::clamp<int64_t>(s.o.max_frame_kb * 1024 - (64 << 10), 4096, gossip::FilePiece::max_bytes));
+  auto fetcher = elastic::FileFetcher::make(f.start.job_id, missing, options);
   if (!fetcher) return fail(fetcher.error());
-  for (const auto& file : missing) {
-    const auto part = elastic::cached_name(dir, file) + ".part";
+  for (size_t k = 0; k < missing.size(); ++k) {
+    const auto& file = missing[k];
+    const auto cached = elastic::cached_name(dir, file);
+    const auto part = cached + ".part";
     const int fd = ::open(part.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
     f.fds.push_back(fd);
     if (fd < 0) return fail(fmt::format("cannot write {}: {}", part, std::strerror(errno)));
+    if (file.size == 0) {
+      // Nothing to fetch: an empty file is its checksum's only content.
+      if (file.checksum != elastic::fnv1a_basis)
+        return fail(fmt::format("{} is listed as 0 bytes with checksum {:016x}, which no empty file has", file.path,
+                                file.checksum));
+      ::close(std::exchange(f.fds.back(), -1));
+      fs::rename(part, cached, ec);
+      if (ec) return fail(fmt::format("cannot rename {}: {}", part, ec.message()));
+      f.fetched[k] = cached;
+    }
   }
   uint64_t bytes = 0;
   for (const auto& file : missing) bytes += file.size;
@@ -135,6 +165,14 @@ void prepare_job(Trainer* self, const gossip::JobStart& record, bool has_state) 
     }
   }
   if (missing.empty()) return start_job(self, record, has_state);
+  // The same bytes listed twice (a training set that is also the test set) come once.
+  for (size_t k = 1; k < missing.size(); ++k)
+    for (size_t m = 0; m < k; ++m)
+      if (missing[k].checksum == missing[m].checksum) {
+        missing.erase(missing.begin() + static_cast<ptrdiff_t>(k));
+        index.erase(index.begin() + static_cast<ptrdiff_t>(k--));
+        break;
+      }
   TrainerState::Fetching f{record, has_state};
   f.index = std::move(index);
   begin_fetch(self, std::move(f), std::move(missing));
@@ -150,15 +188,17 @@ std::string reset_file_here(Trainer* self, const gossip::JobStart& r) {
   if (const auto cached = elastic::cached_name(files_dir(s), file); holds(cached, file)) return cached;
   if (s.fetching) return {};  // one fetch at a time: when it ends, the generation is entered again
   TrainerState::Fetching f{r, true};
+  if (f.start.submitter_id.empty() && s.job) f.start.submitter_id = s.job->start.submitter_id;
   f.for_reset = true;
   f.index = {0};
   begin_fetch(self, std::move(f), {file});
   return {};
 }
 
-void on_file_piece(Trainer* self, const gossip::FilePiece& piece) {
+void on_file_piece(Trainer* self, const std::string& peer, const gossip::FilePiece& piece) {
   auto& s = self->state;
-  if (!s.fetching) return;
+  // Only the submitter's (a forged refusal would fail the fetch): the record names it.
+  if (!s.fetching || (!s.fetching->start.submitter_id.empty() && peer != s.fetching->start.submitter_id)) return;
   auto& f = *s.fetching;
   std::vector<gossip::FileFetch> more;
   auto w = f.fetcher->on_piece(now_ms(s), piece, more);

@@ -315,11 +315,11 @@ struct TrainerState {
     gossip::JobStart start;
     bool has_state = false;
     bool for_reset = false;  // the parameters a release carries: the generation is entered once here
-    std::optional<elastic::FileFetcher> fetcher;  // over the files missing here (fetch order)
-    std::vector<size_t> index;                    // per fetched file: its index in start.files
-    std::vector<int> fds;                         // per fetched file: its part file, open
-    std::vector<std::string> fetched;             // per fetched file: where it is, once whole
-    Clock::time_point since;
+    std::optional<elastic::FileFetcher> fetcher = {};  // over the files missing here (fetch order)
+    std::vector<size_t> index = {};                    // per fetched file: its index in start.files
+    std::vector<int> fds = {};                         // per fetched file: its part file, open
+    std::vector<std::string> fetched = {};             // per fetched file: where it is, once whole
+    Clock::time_point since = {};
   };
   std::optional<Fetching> fetching;
   uint64_t local_files_job = 0;
@@ -538,7 +538,8 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state);
 /// where the config says, or has fetched it before; else after fetching the rest from the
 /// submitter. A fetch that fails refuses the job (a joiner declines it), naming the file.
 void prepare_job(Trainer* self, const gossip::JobStart& record, bool has_state);
-void on_file_piece(Trainer* self, const gossip::FilePiece& piece);
+/// A piece of a file being fetched: only from the job's submitter.
+void on_file_piece(Trainer* self, const std::string& peer, const gossip::FilePiece& piece);
 /// Where this node has the reset file record `r` names: at its path, or fetched before; empty
 /// while it fetches it from the submitter (enter_generation is called again once it is here).
 std::string reset_file_here(Trainer* self, const gossip::JobStart& r);
