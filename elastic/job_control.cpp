@@ -256,6 +256,7 @@ void JobControl::propose(double now, const Local& mine, Output& out) {
     return;
   }
   waiting_.clear();
+  stalled_.clear();
   Proposal p;
   p.number = std::max(highest_seen_, promised_) + 1;
   p.at = p.sent_at = now;
@@ -544,13 +545,15 @@ void JobControl::try_install(Output& out) {
     }
   const size_t need = o_.quorum == Quorum::majority ? base / 2 + 1 : std::min<size_t>(1, base);
   if (acked < need) {
-    out.log.push_back(fmt::format("generation {} has {} of the {} acks it needs from generation {}'s {} workers; "
-                                  "waiting (the other side of a partition, or a quorum lost)",
-                                  p.number, acked, need, record_.generation, base));
+    stalled_ = fmt::format("generation {} has {} of the {} acks it needs from generation {}'s {} workers (the "
+                           "other side of a partition, or a quorum lost)",
+                           p.number, acked, need, record_.generation, base);
+    out.log.push_back(fmt::format("{}; waiting", stalled_));
     return;
   }
   if (!any_state) {
-    out.log.push_back(fmt::format("generation {}: no acking worker holds the job's state", p.number));
+    stalled_ = fmt::format("generation {}: no acking worker holds the job's state; waiting for one that may", p.number);
+    out.log.push_back(stalled_);
     return;
   }
   // The workers without state count so that a generation whose joiners have not pulled yet can be
@@ -651,9 +654,10 @@ void JobControl::try_install(Output& out) {
       proposal_.reset();
       return;
     } else if (!unheld.waiting.empty()) {
-      out.log.push_back(fmt::format("generation {}: no acker holds {}; waiting for its holders (the other side of "
-                                    "a partition)",
-                                    p.number, unheld.waiting));
+      stalled_ = fmt::format("generation {}: no acker holds {}; waiting for its holders (the other side of a "
+                             "partition)",
+                             p.number, unheld.waiting);
+      out.log.push_back(stalled_);
       return;
     }
   }
@@ -715,6 +719,7 @@ std::expected<void, std::string> JobControl::on_install(const JobStart& record, 
 void JobControl::install(const JobStart& record, Output& out) {
   record_ = record;
   ack_withheld_ = false;
+  stalled_.clear();
   // A decay this node decided is done once a record carries it, or a smaller one.
   if (rate_factor_ > 0 && record.lr_factor > 0 && record.lr_factor <= rate_factor_) rate_factor_ = 0;
   rates_.clear();  // cursors count in the list of the generation they move in

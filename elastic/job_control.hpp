@@ -188,6 +188,10 @@ class JobControl {
   uint64_t promised() const { return promised_; }
   /// The number of the proposal this node is collecting acks for (0: none).
   uint64_t proposing() const { return proposal_ ? proposal_->number : 0; }
+  /// The duty holder's proposal, every ack in, waits (for a quorum, a worker holding the state, or
+  /// a shard's holders, which may be across a partition: with a majority quorum, without a time
+  /// limit): why, for the operator (the status). Empty: it does not.
+  const std::string& stalled() const { return stalled_; }
 
  private:
   struct Proposal {
@@ -252,6 +256,7 @@ class JobControl {
   uint64_t highest_seen_ = 0;         // the highest number proposed, promised or installed anywhere we heard of
   std::optional<Proposal> proposal_;  // the duty holder's, while it collects acks
   std::string waiting_;               // why the duty holder does not propose (logged once)
+  std::string stalled_;               // why its proposal, every ack in, is not installed (stalled())
   double quiet_until_ = 0;            // acked another node's proposal: no own proposal before this
   std::string promised_to_;           // the address of the proposer of promised_ (not this node's own)
   std::string promised_from_;         // the proposer of promised_ (this node, for its own)

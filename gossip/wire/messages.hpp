@@ -113,7 +113,7 @@ struct JobStatus {
   uint64_t job_id = 0;
   std::string mode;
   uint64_t generation = 0;
-  std::string phase;  ///< training, voting, pulling, waiting, finished
+  std::string phase;  ///< training, voting (the duty holder's: "voting, stalled: WHY"), pulling, waiting, held, finished
   JobProgress progress;  ///< sync: the job's; gossip and async: the answering worker's own
   /// The generation's workers in ring order, each with its position (samples of the current
   /// epoch's permutation consumed) as the answering node knows it: sync, the job's; gossip, the

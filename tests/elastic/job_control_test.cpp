@@ -774,6 +774,11 @@ TEST_CASE("async, majority: a shard whose every holder is cut off is waited for,
     CHECK(net.nodes.at(id).control->record().generation == 1);
     CHECK(net.nodes.at(id).lost.empty());
   }
+  // The duty holder says why, for the operator's status.
+  const bool stalled_said = std::ranges::any_of(rest, [&](const std::string& id) {
+    return net.nodes.at(id).control->stalled().find("no acker holds shard 0") != std::string::npos;
+  });
+  CHECK(stalled_said);
   // The partition heals: all five ack, and shard 0 comes from one of its holders.
   net.partitioned = false;
   net.settle({"w0", "w1", "w2", "w3", "w4"});

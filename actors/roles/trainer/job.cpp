@@ -71,7 +71,9 @@ gossip::JobStatus job_status(const Job& j, const std::string& self_id) {
   if (j.finishing) st.phase = "finished";
   else if (j.pulling) st.phase = "pulling";
   else if (!j.member) st.phase = "waiting";
-  else if (j.control && j.control->paused()) st.phase = "voting";
+  else if (j.control && j.control->paused())
+    st.phase = j.control->stalled().empty() ? std::string("voting")
+                                            : ("voting, stalled: " + j.control->stalled()).substr(0, 512);
   else if (j.held) st.phase = "held";
   j.driver->add_status(j, self_id, st);
   st.loads = loads_of(j);
