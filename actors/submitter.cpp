@@ -36,11 +36,8 @@ struct SubmitterState {
   // state_gone): the job's state is then held by no node.
   std::optional<std::chrono::steady_clock::time_point> gone_since;
   static constexpr double gone_grace_s = 15;  // and no report came meanwhile: the job is lost
-  uint32_t released = 0;  // epochs released (Submission::release), until a generation carries them
-  gossip::JobFile reset_file;  // and the parameters that came with the release (checksum 0: none)
+  gossip::Release release;  // the latest (Submission::release), told until a generation carries it
   std::vector<gossip::JobFile> served;  // besides the job's files: every reset file released, for fetching
-  uint64_t reset_checksum = 0;
-  std::string optimizer;  // and the optimiser (empty: as it was)
   static inline const char* name = "tepdist.submitter";
 };
 using Submitter = caf::stateful_actor<SubmitterState>;
@@ -60,21 +57,9 @@ void end(Submitter* self, int status, const std::string& why) {
 /// generation carries them already.
 void send_release(Submitter* self) {
   auto& s = self->state;
-  if (!s.assigned || s.ended || s.released <= s.assigned->released_epochs) return;
-  std::vector<uint8_t> argument(4);
-  for (size_t b = 0; b < 4; ++b) argument[b] = static_cast<uint8_t>(s.released >> (8 * b));
-  // With parameters or an optimiser: u64 values' checksum (0: no parameters), u64 file size, u64
-  // bytes' checksum, u32 path length, the path, then the optimiser's lines.
-  if (s.reset_checksum || !s.optimizer.empty()) {
-    const std::string path = s.reset_checksum ? s.reset_file.path : std::string();
-    for (const uint64_t v : {s.reset_checksum, s.reset_file.size, s.reset_file.checksum})
-      for (size_t b = 0; b < 8; ++b) argument.push_back(static_cast<uint8_t>(v >> (8 * b)));
-    for (size_t b = 0; b < 4; ++b) argument.push_back(static_cast<uint8_t>(path.size() >> (8 * b)));
-    argument.insert(argument.end(), path.begin(), path.end());
-    argument.insert(argument.end(), s.optimizer.begin(), s.optimizer.end());
-  }
+  if (!s.assigned || s.ended || s.release.epochs <= s.assigned->released_epochs) return;
   const gossip::Control release{s.o.self_id, s.o.incarnation, gossip::Control::Command::release_epochs, s.sent.job_id,
-                                argument};
+                                s.release.encode()};
   for (const auto& address : s.assigned->addresses) send_to(self, address, release);
 }
 
@@ -241,7 +226,7 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
                         caf::actor router) {
   self->state.o = std::move(options);
   self->state.submission = std::move(submission);
-  self->state.released = self->state.submission->job.released_epochs;
+  self->state.release.epochs = self->state.submission->job.released_epochs;
   const auto handle = caf::actor_cast<caf::actor>(self);
   self->state.submission->set_controls(
       [handle](uint32_t epochs, std::string reset_file, uint64_t reset_checksum, std::string optimizer) {
@@ -305,20 +290,17 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
       },
       [self](release_atom, uint32_t epochs, std::string reset_file, uint64_t reset_checksum, std::string optimizer) {
         auto& s = self->state;
-        if (epochs <= s.released) return;
-        s.released = epochs;
-        s.optimizer = std::move(optimizer);
-        s.reset_file = {reset_file};
-        s.reset_checksum = 0;
+        if (epochs <= s.release.epochs) return;
+        s.release = {epochs, {reset_file}, 0, std::move(optimizer)};
         if (reset_checksum) {
           // The file's bytes, for workers that fetch it (they cannot read it where it is).
           auto described = elastic::describe_file(reset_file);
           if (!described) return end(self, 1, fmt::format("the parameters to release: {}", described.error()));
-          s.reset_file = *described;
-          s.reset_checksum = reset_checksum;
+          s.release.reset_file = *described;
+          s.release.reset_checksum = reset_checksum;
           s.served.push_back(*described);
         }
-        node_events().info("job_released job={} epochs={} reset=\"{}\"", s.sent.job_id, epochs, s.reset_file.path);
+        node_events().info("job_released job={} epochs={} reset=\"{}\"", s.sent.job_id, epochs, reset_file);
         send_release(self);
       },
       [self](stop_atom) {

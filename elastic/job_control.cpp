@@ -162,7 +162,7 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
   // that would end far apart. Neither while a roster below min_workers keeps every proposal back
   // (said once, in propose).
   const bool decay = rate_factor_ > 0 && rate_factor_ != record_.lr_factor;
-  const bool release = released_ > record_.released_epochs;
+  const bool release = release_.epochs > record_.released_epochs;
   if ((!decay && !release && !o_.rebalance) || proposal_ || paused() ||
       desired_roster(record_, view_, excluded_).ids.size() < std::max<size_t>(1, o_.min_workers))
     return;
@@ -171,7 +171,7 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
     return propose(now, mine, out);
   }
   if (release) {
-    out.log.push_back(fmt::format("the submitter released epoch {}", released_));
+    out.log.push_back(fmt::format("the submitter released epoch {}", release_.epochs));
     return propose(now, mine, out);
   }
   if (const auto why = imbalance(now); !why.empty()) {
@@ -181,16 +181,13 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
 }
 
 void JobControl::release(double now, uint32_t epochs, const Local& mine, Output& out) {
-  release(now, epochs, {}, 0, {}, mine, out);
+  release(now, gossip::Release{epochs}, mine, out);
 }
 
-void JobControl::release(double now, uint32_t epochs, gossip::JobFile reset_file, uint64_t reset_checksum,
-                         std::string optimizer, const Local& mine, Output& out) {
-  if (epochs <= std::max(released_, record_.released_epochs)) return;  // a repeat, or one a record carries
-  released_ = epochs;
-  reset_file_ = std::move(reset_file);
-  reset_checksum_ = reset_checksum;
-  optimizer_ = std::move(optimizer);
+void JobControl::release(double now, gossip::Release release, const Local& mine, Output& out) {
+  // A repeat, or one a record carries.
+  if (release.epochs <= std::max(release_.epochs, record_.released_epochs)) return;
+  release_ = std::move(release);
   on_tick(now, mine, out);
 }
 
@@ -582,14 +579,14 @@ void JobControl::try_install(Output& out) {
   // A decay never undoes another: the smaller factor (one decided here before another node's
   // later decay was installed is not taken back up).
   if (rate_factor_ > 0) next.lr_factor = record_.lr_factor > 0 ? std::min(rate_factor_, record_.lr_factor) : rate_factor_;
-  if (released_ > record_.released_epochs) {
-    next.released_epochs = released_;
-    next.reset_file = reset_file_.path;
-    next.reset_file_size = reset_file_.size;
-    next.reset_file_checksum = reset_file_.checksum;
-    next.reset_checksum = reset_checksum_;
-    if (!optimizer_.empty()) next.optimizer = optimizer_;
-    next.reset_epochs = reset_checksum_ ? released_ : 0;
+  if (const auto& r = release_; r.epochs > record_.released_epochs) {
+    next.released_epochs = r.epochs;
+    next.reset_file = r.reset_file.path;
+    next.reset_file_size = r.reset_file.size;
+    next.reset_file_checksum = r.reset_file.checksum;
+    next.reset_checksum = r.reset_checksum;
+    if (!r.optimizer.empty()) next.optimizer = r.optimizer;
+    next.reset_epochs = r.reset_checksum ? r.epochs : 0;
   }
   next.donors.clear();
   for (const auto& id : counted)

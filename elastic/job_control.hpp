@@ -171,13 +171,9 @@ class JobControl {
   /// generation carries the count; the duty holder proposes one for it now (or, with a proposal
   /// under way, at a tick after it), a generation of the same workers at the same progress.
   void release(double now, uint32_t epochs, const Local& mine, Output& out);
-  /// The same, with parameters the program set between epochs (a file every worker reads, and
-  /// their checksum): the release's record carries them (JobStart::reset_*).
-  /// `reset_file`: its path as the submitter has it, and its bytes' size and checksum (a worker that
-  /// cannot read it there fetches it). `optimizer`: the optimiser the program set (JobStart::optimizer),
-  /// empty: as it was.
-  void release(double now, uint32_t epochs, gossip::JobFile reset_file, uint64_t reset_checksum, std::string optimizer,
-               const Local& mine, Output& out);
+  /// With parameters (a file the submitter has, which a worker that cannot read it fetches) and an
+  /// optimiser the program set: the release's record carries them (JobStart::reset_*, optimizer).
+  void release(double now, gossip::Release release, const Local& mine, Output& out);
   /// A record of a generation (from its proposer, or forwarded by a member that has it).
   std::expected<void, std::string> on_install(const gossip::JobStart& record, Output& out);
 
@@ -278,10 +274,7 @@ class JobControl {
   bool left_out_ = false;             // not a worker of the installed generation, though running
   double back_said_at_ = -1;          // when `back` was last said (-1: at the install; timed from the next tick)
   double rate_factor_ = 0;             // set_rate_factor's, until a record carries it (0: none)
-  uint32_t released_ = 0;              // release's, until a record carries it
-  gossip::JobFile reset_file_;         // and the parameters it came with (checksum 0: none)
-  uint64_t reset_checksum_ = 0;
-  std::string optimizer_;              // and the optimiser (empty: as it was)
+  gossip::Release release_;            // the latest release, until a record carries it
   std::map<std::string, Rate> rates_;  // rebalance: by worker, in the installed generation
   double installed_at_ = -1;           // when this node installed it (-1: at the next tick)
 };

@@ -356,27 +356,14 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
   }
   if (j.driver->on_control(self, j, peer, c)) return;
   if (c.command == Command::release_epochs) {
-    // Only from the job's submitter: the epochs (u32), then optionally parameters the program set
-    // and its optimiser (u64s: the values' checksum, 0 for none, the file's size and its bytes'
-    // checksum; a u32 path length, the path; the optimiser's lines). Job control makes it a
-    // generation every worker installs.
-    const auto& a = c.argument;
-    if (peer != j.start.submitter_id || !j.control || !(a.size() == 4 || a.size() >= 32)) return;
-    uint32_t epochs = 0, path_size = 0;
-    uint64_t u64[3] = {0, 0, 0};
-    for (size_t b = 0; b < 4; ++b) epochs |= uint32_t{a[b]} << (8 * b);
-    if (a.size() >= 32) {
-      for (size_t k = 0; k < 3; ++k)
-        for (size_t b = 0; b < 8; ++b) u64[k] |= uint64_t{a[4 + 8 * k + b]} << (8 * b);
-      for (size_t b = 0; b < 4; ++b) path_size |= uint32_t{a[28 + b]} << (8 * b);
-      if (path_size > a.size() - 32) return;
-    }
-    const auto path_at = a.begin() + std::min<ptrdiff_t>(32, static_cast<ptrdiff_t>(a.size()));
-    gossip::JobFile file{std::string(path_at, path_at + path_size), u64[1], u64[2]};
-    std::string optimizer(path_at + path_size, a.end());
+    // Only from the job's submitter (gossip::Release). Job control makes it a generation every
+    // worker installs.
+    if (peer != j.start.submitter_id || !j.control) return;
+    auto release = gossip::Release::decode(c.argument);
+    if (!release) return;
     elastic::JobControl::Output out;
     const uint64_t job_id = j.start.job_id;
-    j.control->release(now_ms(s), epochs, std::move(file), u64[0], std::move(optimizer), j.driver->local(j), out);
+    j.control->release(now_ms(s), std::move(*release), j.driver->local(j), out);
     apply_control(self, job_id, out);
     return;
   }

@@ -924,6 +924,44 @@ WireResult<Message> decode(FrameWords body, const WireLimits& limits, std::share
   }
 }
 
+std::vector<uint8_t> Release::encode() const {
+  std::vector<uint8_t> out;
+  const auto put = [&](uint64_t v, size_t bytes) {
+    for (size_t b = 0; b < bytes; ++b) out.push_back(static_cast<uint8_t>(v >> (8 * b)));
+  };
+  put(epochs, 4);
+  if (!reset_checksum && optimizer.empty()) return out;
+  const std::string& path = reset_checksum ? reset_file.path : std::string();
+  for (const uint64_t v : {reset_checksum, reset_file.size, reset_file.checksum}) put(v, 8);
+  put(path.size(), 4);
+  out.insert(out.end(), path.begin(), path.end());
+  out.insert(out.end(), optimizer.begin(), optimizer.end());
+  return out;
+}
+
+std::optional<Release> Release::decode(const std::vector<uint8_t>& a) {
+  constexpr size_t head = 4 + 3 * 8 + 4;
+  if (a.size() != 4 && a.size() < head) return std::nullopt;
+  size_t at = 0;
+  const auto get = [&](size_t bytes) {
+    uint64_t v = 0;
+    for (size_t b = 0; b < bytes; ++b) v |= uint64_t{a[at + b]} << (8 * b);
+    at += bytes;
+    return v;
+  };
+  Release r;
+  r.epochs = static_cast<uint32_t>(get(4));
+  if (a.size() == 4) return r;
+  r.reset_checksum = get(8);
+  r.reset_file.size = get(8);
+  r.reset_file.checksum = get(8);
+  const auto path_size = get(4);
+  if (path_size > a.size() - head) return std::nullopt;
+  r.reset_file.path.assign(a.begin() + head, a.begin() + static_cast<ptrdiff_t>(head + path_size));
+  r.optimizer.assign(a.begin() + static_cast<ptrdiff_t>(head + path_size), a.end());
+  return r;
+}
+
 const char* kind_name(const Body& body) {
   static_assert(std::size(kind_names) == std::variant_size_v<Body>);
   return kind_names[body.index()];

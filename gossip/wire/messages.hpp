@@ -201,8 +201,8 @@ struct Control {
     target_reached,
     ring_check,        ///< the next worker in the ring asks whether this one's trainer takes messages
     ring_check_answer,  ///< it does (the question's argument back)
-    release_epochs      ///< the submitter releases epochs of a job that pauses between them (argument: a u32, then
-                        ///< optionally a u64 checksum and the path of parameters to take: JobStart::reset_file)
+    release_epochs      ///< the submitter releases epochs of a job that pauses between them (argument: a
+                        ///< Release, encoded)
   };
   std::string coordinator;
   uint64_t coordinator_incarnation = 0;
@@ -279,6 +279,23 @@ struct JobStart {
   /// optimiser between epochs); every later record carries the latest.
   std::string optimizer = {};
   friend bool operator==(const JobStart&, const JobStart&) = default;
+};
+
+/// What a release_epochs Control carries: the epochs released (counted from the job's start), and
+/// optionally parameters the program set (their file, its bytes' size and checksum, and the
+/// values' checksum, compute::checksum; 0: none) and the optimiser it set (`optimizer.KEY=VALUE`
+/// lines; empty: as it was). Encoded as a u32, and with either of them: three u64s (values'
+/// checksum, size, bytes' checksum), a u32 path length, the path, the optimiser's lines; all
+/// little-endian.
+struct Release {
+  uint32_t epochs = 0;
+  JobFile reset_file = {};
+  uint64_t reset_checksum = 0;
+  std::string optimizer = {};
+  std::vector<uint8_t> encode() const;
+  /// Nothing if `argument` is not one (a wrong length, a path past its end).
+  static std::optional<Release> decode(const std::vector<uint8_t>& argument);
+  friend bool operator==(const Release&, const Release&) = default;
 };
 
 /// Job control's votes (elastic/job_control.hpp).

@@ -315,3 +315,29 @@ TEST_CASE("texts over their cap are refused: an id is a name, not a megabyte", "
   CHECK(r.error().code == WireErrc::over_limit);
   CHECK_THAT(r.error().message, Catch::Contains("a member's id"));
 }
+
+TEST_CASE("a release's argument decodes to what was encoded, and a malformed one to nothing", "[gossip][codec]") {
+  using tepdist::gossip::Release;
+  const Release plain{3};
+  CHECK(plain.encode().size() == 4);
+  CHECK(Release::decode(plain.encode()) == plain);
+  Release full;
+  full.epochs = 4;
+  full.reset_file.path = "/out/job-1/params-4.safetensors";
+  full.reset_file.size = 4096;
+  full.reset_file.checksum = 0xfeed;
+  full.reset_checksum = 0x1234;
+  full.optimizer = "optimizer.lr=0.001";
+  CHECK(Release::decode(full.encode()) == full);
+  Release optimizer_only;
+  optimizer_only.epochs = 5;
+  optimizer_only.optimizer = "optimizer.momentum=0";
+  CHECK(Release::decode(optimizer_only.encode()) == optimizer_only);
+  auto bad = full.encode();
+  bad.resize(20);  // shorter than its fixed part
+  CHECK_FALSE(Release::decode(bad));
+  bad = full.encode();
+  bad[28] = 0xff;  // a path running past the end
+  bad[31] = 0x7f;
+  CHECK_FALSE(Release::decode(bad));
+}
