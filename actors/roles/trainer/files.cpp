@@ -29,6 +29,13 @@ bool holds(const std::string& path, const gossip::JobFile& f) {
 
 std::string files_dir(const TrainerState& s) { return (fs::path(s.o.results_dir) / "files").string(); }
 
+/// Where this node holds `f`'s bytes: at its path, or fetched before (into files_dir); empty: nowhere.
+std::string where_held(const TrainerState& s, const gossip::JobFile& f) {
+  if (holds(f.path, f)) return f.path;
+  if (auto cached = elastic::cached_name(files_dir(s), f); holds(cached, f)) return cached;
+  return {};
+}
+
 void close_parts(TrainerState::Fetching& f) {
   for (int& fd : f.fds)
     if (fd >= 0) ::close(std::exchange(fd, -1));
@@ -74,8 +81,8 @@ void fetched_all(Trainer* self) {
   node_events().info("job_files_fetched job={} files={} seconds={:.1f}", f.start.job_id, f.index.size(),
                      seconds_between(f.since, Clock::now()));
   if (f.for_reset) {
-    s.fetched_resets[f.fetcher->files().front().checksum] = f.fetched.front();
-    if (s.job && s.job->start.job_id == f.start.job_id && s.job->control) enter_generation(self);  // or a newer one
+    // In the cache now: the generation that waited for it is entered (or a newer one).
+    if (s.job && s.job->start.job_id == f.start.job_id && s.job->control) enter_generation(self);
     return;
   }
   if (s.ended_jobs.contains(f.start.job_id) || s.job) return;  // stopped, or another started, meanwhile
@@ -152,15 +159,10 @@ void prepare_job(Trainer* self, const gossip::JobStart& record, bool has_state) 
   s.local_files.assign(record.files.size(), std::string());
   std::vector<gossip::JobFile> missing;
   std::vector<size_t> index;
-  const auto dir = files_dir(s);
   for (size_t i = 0; i < record.files.size(); ++i) {
-    const auto& file = record.files[i];
-    if (holds(file.path, file)) {
-      s.local_files[i] = file.path;
-    } else if (const auto cached = elastic::cached_name(dir, file); holds(cached, file)) {
-      s.local_files[i] = cached;
-    } else {
-      missing.push_back(file);
+    s.local_files[i] = where_held(s, record.files[i]);
+    if (s.local_files[i].empty()) {
+      missing.push_back(record.files[i]);
       index.push_back(i);
     }
   }
@@ -182,10 +184,7 @@ std::string reset_file_here(Trainer* self, const gossip::JobStart& r) {
   auto& s = self->state;
   if (r.reset_file_checksum == 0) return r.reset_file;  // nothing to fetch it by: read where it is
   const gossip::JobFile file{r.reset_file, r.reset_file_size, r.reset_file_checksum};
-  if (holds(file.path, file)) return file.path;
-  if (const auto it = s.fetched_resets.find(file.checksum); it != s.fetched_resets.end() && holds(it->second, file))
-    return it->second;
-  if (const auto cached = elastic::cached_name(files_dir(s), file); holds(cached, file)) return cached;
+  if (auto here = where_held(s, file); !here.empty()) return here;
   if (s.fetching) return {};  // one fetch at a time: when it ends, the generation is entered again
   TrainerState::Fetching f{r, true};
   if (f.start.submitter_id.empty() && s.job) f.start.submitter_id = s.job->start.submitter_id;

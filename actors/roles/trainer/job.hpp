@@ -324,7 +324,6 @@ struct TrainerState {
   std::optional<Fetching> fetching;
   uint64_t local_files_job = 0;
   std::vector<std::string> local_files;
-  std::map<uint64_t, std::string> fetched_resets;  // reset files fetched: bytes' checksum -> local path
   bool ticking = false;
   // Draining (the node leaves: SIGTERM, `tepdist leave`): the step under way ends, no other starts.
   std::optional<caf::typed_response_promise<std::string>> drain;
