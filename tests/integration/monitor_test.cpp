@@ -10,6 +10,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
@@ -59,27 +60,47 @@ long scraped_steps(const TempDir& dir, const std::string& text, const std::strin
   return std::stol(m[1]);
 }
 
+/// `tepdist run` of a 2-node job in `mode` on synthetic data, and node-00's endpoint, as the run
+/// prints it: host and port.
+struct WatchedRun {
+  std::unique_ptr<Child> run;
+  std::string host;
+  int port = 0;
+};
+
+WatchedRun start_watched(const TempDir& dir, const std::string& mode) {
+  const std::string job =
+      tepdist::test::fashion_subset_job(dir, "mode = \"" + mode + "\"\nepochs = 1000\nlog_every_steps = 8\n");
+  WatchedRun w;
+  w.run = std::make_unique<Child>(std::vector<std::string>{TEPDIST_BINARY, "run", job, "--nodes", "2", "--set",
+                                                           "data.dataset=\"synthetic\"", "--out",
+                                                           (dir.path / "out").string()});
+  const auto line = w.run->wait_for("dashboard:", std::chrono::seconds(60));
+  INFO(w.run->all());
+  REQUIRE(line);
+  std::smatch m;
+  REQUIRE(std::regex_search(*line, m, std::regex("http://(127\\.0\\.0\\.1):(\\d+)/")));
+  w.host = m[1].str();
+  w.port = std::stoi(m[2]);
+  return w;
+}
+
 }  // namespace
 
 TEST_CASE("the nodes' HTTP endpoints show the running job: /metrics parses and its counters rise, /status is the status document",
           "[integration][run][monitor]") {
   TempDir dir;
-  const std::string job = tepdist::test::fashion_subset_job(dir, "mode = \"sync\"\nepochs = 1000\nlog_every_steps = 8\n");
-  Child run({TEPDIST_BINARY, "run", job, "--nodes", "2", "--set", "data.dataset=\"synthetic\"", "--out",
-             (dir.path / "out").string()});
-  const auto line = run.wait_for("dashboard:", std::chrono::seconds(60));
+  const auto watched = start_watched(dir, "sync");
+  auto& run = *watched.run;
   INFO(run.all());
-  REQUIRE(line);
-  std::smatch m;
-  REQUIRE(std::regex_search(*line, m, std::regex("http://(127\\.0\\.0\\.1):(\\d+)/")));
-  httplib::Client client(m[1].str(), std::stoi(m[2]));
+  httplib::Client client(watched.host, watched.port);
   client.set_read_timeout(std::chrono::seconds(10));
   // The ready file names the same endpoint.
   std::ifstream ready(dir.path / "out" / "run" / "node-0.ready");
   std::string address, http;
   std::getline(ready, address);
   std::getline(ready, http);
-  CHECK(http == "http=" + m[1].str() + ":" + m[2].str());
+  CHECK(http == "http=" + watched.host + ":" + std::to_string(watched.port));
 
   REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));  // training
   auto first = client.Get("/metrics");
@@ -180,15 +201,10 @@ TEST_CASE("the nodes' HTTP endpoints show the running job: /metrics parses and i
 TEST_CASE("an async job's endpoint shows each worker's push staleness, in /metrics and per worker in /status",
           "[integration][run][monitor]") {
   TempDir dir;
-  const std::string job = tepdist::test::fashion_subset_job(dir, "mode = \"async\"\nepochs = 1000\nlog_every_steps = 8\n");
-  Child run({TEPDIST_BINARY, "run", job, "--nodes", "2", "--set", "data.dataset=\"synthetic\"", "--out",
-             (dir.path / "out").string()});
-  const auto line = run.wait_for("dashboard:", std::chrono::seconds(60));
+  const auto watched = start_watched(dir, "async");
+  auto& run = *watched.run;
   INFO(run.all());
-  REQUIRE(line);
-  std::smatch m;
-  REQUIRE(std::regex_search(*line, m, std::regex("http://(127\\.0\\.0\\.1):(\\d+)/")));
-  httplib::Client client(m[1].str(), std::stoi(m[2]));
+  httplib::Client client(watched.host, watched.port);
   client.set_read_timeout(std::chrono::seconds(10));
   REQUIRE(run.wait_for("samples/s", std::chrono::seconds(60)));  // training
   // Each worker's figures reach node-00 by the monitor gossip, a round every 2 s: ask until both
