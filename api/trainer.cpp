@@ -211,12 +211,9 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
       return error(Errc::invalid_argument, "train: the job trains on the data set its first train() call gave; pass that "
                                            "same data set (a new one needs a new Trainer)");
     // An optimiser the program changed: the workers apply it from the release on (its state kept
-    // where it is of the same kind).
+    // where it keeps the same buffers: compute::carry_state).
     std::string changed;
     if (!same_optimizer(optimizer, job_->optimizer)) {
-      if (o_.mode == "async")
-        return error(Errc::invalid_argument, "train: the optimiser differs from the one the job started with; a running "
-                                             "async job cannot change it yet (its shards step it; a new Trainer can)");
       changed = fmt::format("{}", fmt::join(optimizer_overrides(optimizer), "\n"));
     }
     if (changed.size() + 32 > gossip::Control::max_argument)
@@ -225,11 +222,8 @@ compute::Result<EpochReport> Trainer::train(compute::Model& model, const compute
     if (std::equal(params.begin(), params.end(), job_->left.begin(), job_->left.end())) {
       running = job_->submission->release(released, {}, 0, changed);
     } else {
-      // Parameters the program set: the held workers take them from a file before they go on.
-      if (o_.mode == "async")
-        return error(Errc::invalid_argument, "train: the model's parameters are not those the last train() call left; "
-                                             "a running async job cannot take other parameters yet (its shards hold "
-                                             "them; a new Trainer can start from them)");
+      // Parameters the program set: the held workers (async: and the shards' holders) take them
+      // from a file before they go on.
       const fs::path file = job_->dir / fmt::format("params-{}.safetensors", released);
       if (auto ok = compute::export_safetensors(file, model); !ok) return std::unexpected(ok.error());
       if (fs::absolute(file).string().size() + changed.size() + 32 > gossip::Control::max_argument)

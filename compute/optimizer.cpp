@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 #include "base/check.hpp"
@@ -128,6 +129,20 @@ Result<std::unique_ptr<Optimizer>> make_optimizer(const OptimizerOptions& o, siz
   if (o.name == "adam") return std::make_unique<Adam>(o, n, false);
   if (o.name == "adamw") return std::make_unique<Adam>(o, n, true);
   return fail(Errc::invalid_argument, fmt::format("unknown optimizer '{}' (known: sgd, adam, adamw)", o.name));
+}
+
+bool same_layout(Optimizer& a, Optimizer& b) {
+  const auto x = a.state(), y = b.state();
+  return std::equal(x.begin(), x.end(), y.begin(), y.end(),
+                    [](const auto& p, const auto& q) { return p.first == q.first && p.second.size() == q.second.size(); });
+}
+
+bool carry_state(Optimizer& from, Optimizer& to) {
+  if (!same_layout(from, to)) return false;
+  const auto before = from.state(), after = to.state();
+  for (size_t k = 0; k < before.size(); ++k) std::copy(before[k].second.begin(), before[k].second.end(), after[k].second.begin());
+  to.set_steps(from.steps());
+  return true;
 }
 
 Result<LrSchedule> LrSchedule::make(const ScheduleOptions& o) {

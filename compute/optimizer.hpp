@@ -44,6 +44,15 @@ class Optimizer {
 /// An optimiser for parameter_count parameters; bad options are errors naming the option.
 Result<std::unique_ptr<Optimizer>> make_optimizer(const OptimizerOptions& options, size_t parameter_count);
 
+/// Whether two optimisers keep the same state: the same buffers (names and sizes), so one's
+/// state means the same to the other (SGD at another momentum; Adam and AdamW).
+bool same_layout(Optimizer& a, Optimizer& b);
+
+/// A change of optimiser: `to` takes `from`'s buffers and step count when their layouts are the
+/// same (the momentum, Adam's moments and bias correction carry on), else starts afresh. Returns
+/// whether it took them.
+bool carry_state(Optimizer& from, Optimizer& to);
+
 struct ScheduleOptions {
   std::string kind = "constant";  ///< "constant", "step" or "cosine"
   float base_lr = 0.01f;

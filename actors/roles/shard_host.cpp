@@ -24,6 +24,10 @@ struct Host {
   caf::event_based_actor* self = nullptr;
   std::shared_ptr<ShardHostInit> init;
   std::shared_ptr<const ShardHostPlan> plan;  // the installed generation's; null before the first
+  ShardOptimizerFactory make_optimizer;       // the job's, or the one a release set
+  // Set by a release that changed the optimiser to another layout: how many buffers a copy of the
+  // layout before has (such a copy starts afresh in that generation).
+  std::optional<size_t> buffers_before;
   uint64_t generation = 0;
 
   struct Held {
@@ -103,9 +107,24 @@ struct Host {
     return o;
   }
 
+  /// A holder's server from a snapshot of the shard, with what a release set applied.
   std::expected<std::unique_ptr<elastic::ShardServer>, std::string> restore(uint32_t s, elastic::ShardSnapshot snap) {
-    auto optimizer = init->optimizer(snap.values.size());
+    auto optimizer = make_optimizer(snap.values.size());
     if (!optimizer) return std::unexpected(optimizer.error());
+    // Applying a release twice changes nothing (a holder may get a copy its source has already
+    // taken it on): the same values, and a copy of the new layout is kept as it is.
+    if (plan->reset) {
+      const auto r = elastic::shard_range(init->elements, init->shards, s);
+      if (plan->reset->size() != init->elements || snap.values.size() != r.size())
+        return std::unexpected(fmt::format("the parameters the program set hold {} values; the job has {}",
+                                           plan->reset->size(), init->elements));
+      std::copy(plan->reset->begin() + static_cast<ptrdiff_t>(r.begin),
+                plan->reset->begin() + static_cast<ptrdiff_t>(r.end), snap.values.begin());
+    }
+    if (buffers_before && snap.optimizer.size() == *buffers_before) {
+      snap.optimizer.assign((*optimizer)->state().size(), std::vector<float>(snap.values.size(), 0.0f));
+      snap.optimizer_steps = 0;
+    }
     auto server = elastic::ShardServer::restore(options(s), std::move(snap), std::move(*optimizer));
     if (!server) return std::unexpected(server.error());
     return std::make_unique<elastic::ShardServer>(std::move(*server));
@@ -172,6 +191,22 @@ struct Host {
     plan = std::move(next);
     generation = plan->generation;
     ready = false;
+    buffers_before.reset();
+    if (plan->optimizer) {
+      auto before = make_optimizer(1), after = plan->optimizer(1);
+      if (!before || !after) return lost(fmt::format("the optimiser a release set: {}", before ? after.error() : before.error()));
+      const size_t old_buffers = (*before)->state().size(), new_buffers = (*after)->state().size();
+      if (!compute::same_layout(**before, **after)) {
+        // A copy's buffer count says which layout it has; two layouts of one count could not be told apart.
+        if (old_buffers == new_buffers)
+          return lost(fmt::format("the optimiser a release set keeps {} buffers as the one before, of another kind",
+                                  new_buffers));
+        buffers_before = old_buffers;
+      }
+      make_optimizer = plan->optimizer;
+      node_events().info("shard_optimizer_changed job={} generation={} carried={}", init->job_id, generation,
+                         !buffers_before);
+    }
     cursors.clear();  // they point into the lists of the generation before
     std::map<uint32_t, Held> kept;
     std::string held;
@@ -185,7 +220,7 @@ struct Host {
       if (source.empty()) {  // the first generation: the job's initial parameters
         if (!holder) continue;
         const auto r = elastic::shard_range(init->elements, init->shards, s);
-        auto optimizer = init->optimizer(r.size());
+        auto optimizer = make_optimizer(r.size());
         if (!optimizer) return lost(fmt::format("shard {}: {}", s, optimizer.error()));
         if (plan->initial_optimizer) {
           auto state = (*optimizer)->state();
@@ -522,6 +557,7 @@ caf::behavior shard_host(caf::event_based_actor* self, std::shared_ptr<ShardHost
   auto host = std::make_shared<Host>();
   host->self = self;
   host->init = std::move(init);
+  host->make_optimizer = host->init->optimizer;
   return {
       [host](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {
         host->on_message(peer, m);

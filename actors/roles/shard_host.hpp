@@ -133,6 +133,14 @@ struct ShardHostPlan {
   /// (whole, as the parameters) and step count.
   std::shared_ptr<const std::vector<std::vector<float>>> initial_optimizer;
   int64_t initial_optimizer_steps = 0;
+  /// A release with parameters the program set between epochs: every holder's copy of a shard
+  /// takes its slice of them as it gets the shard's state in this generation (the version and
+  /// marks stay: every worker took them too, and none had an update in flight at the hold).
+  std::shared_ptr<const std::vector<float>> reset;
+  /// A release that changed the optimiser the shards step (gradients mode): theirs from this
+  /// generation on. Their state carries over where the layout is the same (compute::same_layout);
+  /// a copy of the layout before starts afresh.
+  ShardOptimizerFactory optimizer;
 };
 
 /// Every shard's state, gathered by rank 0's host for a checkpoint (gather_atom): the shards this

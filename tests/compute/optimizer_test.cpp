@@ -78,6 +78,41 @@ TEST_CASE("adamw decays weights apart from the gradient, adam folds decay into i
   CHECK(pw[0] == Approx(1.9f * 0.95f));
 }
 
+TEST_CASE("a change of optimiser carries its state only to one that keeps the same buffers", "[compute][optimizer]") {
+  OptimizerOptions adam;
+  adam.name = "adam";
+  auto from = make(adam, 2);
+  std::vector<float> p{1.0f, 1.0f};
+  from->step(p, std::vector<float>{1.0f, -2.0f}, 0.01f);
+  from->step(p, std::vector<float>{0.5f, -1.0f}, 0.01f);
+
+  // AdamW keeps Adam's moments: they and the step count carry on, bit for bit.
+  OptimizerOptions adamw = adam;
+  adamw.name = "adamw";
+  auto to = make(adamw, 2);
+  CHECK(same_layout(*from, *to));
+  CHECK(carry_state(*from, *to));
+  CHECK(to->steps() == 2);
+  for (size_t b = 0; b < 2; ++b) {
+    const auto x = from->state()[b].second, y = to->state()[b].second;
+    CHECK(std::vector<float>(x.begin(), x.end()) == std::vector<float>(y.begin(), y.end()));
+    CHECK(y[0] != 0.0f);
+  }
+
+  // SGD with momentum keeps another buffer: it starts afresh, at step 0.
+  OptimizerOptions sgd;
+  sgd.momentum = 0.9f;
+  auto other = make(sgd, 2);
+  CHECK_FALSE(same_layout(*from, *other));
+  CHECK_FALSE(carry_state(*from, *other));
+  CHECK(other->steps() == 0);
+  CHECK(other->state()[0].second[0] == 0.0f);
+
+  // A buffer of another size is another layout too.
+  auto shorter = make(adam, 1);
+  CHECK_FALSE(carry_state(*from, *shorter));
+}
+
 TEST_CASE("bad optimiser options are refused by name", "[compute][optimizer]") {
   OptimizerOptions o;
   o.name = "lion";

@@ -2,15 +2,17 @@
 // epoch but the last it prints what the report said and waits for a line on a FIFO the test
 // writes to (a kill, a join, a look at the processes happens meanwhile).
 //
-//   tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [zero-after-first|slow-after-first|- [SEED SECRET_FILE]]
+//   tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [ACTIONS|- [SEED SECRET_FILE]]
 //
 // Prints per epoch: "probe epoch E job J generation G members M samples S nodes PID,PID" and one
 // "probe event: ..." line per membership change or generation the report lists; at the end,
-// "probe nonzero N" (parameters not exactly 0). zero-after-first: the program sets every
+// "probe nonzero N" (parameters not exactly 0). ACTIONS, joined by commas: zero-after-first: the program sets every
 // parameter to 0 after the first epoch (plain SGD then moves only the last layer's bias: every
 // other gradient is a product with a zero weight or a zero activation). slow-after-first: the
 // program sets the optimiser's rate to 1e-30 after the first epoch (every change then falls below
-// the parameters' precision: they stay as they are, bit for bit). Each epoch also prints "probe
+// the parameters' precision: they stay as they are, bit for bit); adam-after-first: it changes
+// the optimiser to Adam at the rate 1e-30 (another layout of state); gradients: an async job
+// pushes gradients for the shards' optimisers ([elastic] local_steps = 0). Each epoch also prints "probe
 // params E CHECKSUM" (compute::checksum of the parameters). SEED and SECRET_FILE: a running cluster
 // instead of two local nodes.
 
@@ -46,11 +48,12 @@ Dataset make_data(int64_t n) {
 int main(int argc, char** argv) {
   tepdist::Trainer::serve(argc, argv, [] { return std::unique_ptr<Model>(); });
   if (argc != 5 && argc != 6 && argc != 8) {
-    std::fprintf(stderr, "usage: tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [zero-after-first|- [SEED SECRET_FILE]]\n");
+    std::fprintf(stderr, "usage: tepdist_trainer_probe OUT MODE EPOCHS GATE_FIFO [ACTIONS|- [SEED SECRET_FILE]]\n");
     return 2;
   }
-  const bool zero = argc >= 6 && std::string(argv[5]) == "zero-after-first";
-  const bool slow = argc >= 6 && std::string(argv[5]) == "slow-after-first";
+  const std::string actions = argc >= 6 ? "," + std::string(argv[5]) + "," : "";
+  const auto asked = [&](const char* action) { return actions.find("," + std::string(action) + ",") != std::string::npos; };
+  const bool zero = asked("zero-after-first"), slow = asked("slow-after-first"), adam = asked("adam-after-first");
   const int epochs = std::stoi(argv[3]);
   const std::vector<LayerSpec> layers = {{"linear", "", {{"out_features", 32}}}, {"relu", "", {}},
                                          {"linear", "", {{"out_features", 3}}}};
@@ -64,17 +67,18 @@ int main(int argc, char** argv) {
   options.layers = layers;
   options.batch_size = 16;
   options.out = argv[1];
+  if (asked("gradients")) options.overrides.push_back("elastic.local_steps=0");
   if (argc == 8) {
     options.seeds = {argv[6]};
     options.secret_file = argv[7];
   }
   tepdist::Trainer trainer(options);
-  tepdist::OptimizerSpec sgd;
-  sgd.options.name = "sgd";
-  sgd.options.momentum = 0.0f;  // plain SGD (zero-after-first relies on it)
-  sgd.schedule.base_lr = 0.05f;
+  tepdist::OptimizerSpec optimizer;
+  optimizer.options.name = "sgd";
+  optimizer.options.momentum = 0.0f;  // plain SGD (zero-after-first relies on it)
+  optimizer.schedule.base_lr = 0.05f;
   for (int epoch = 0; epoch < epochs; ++epoch) {
-    auto report = trainer.train(**model, data, sgd, epoch);
+    auto report = trainer.train(**model, data, optimizer, epoch);
     if (!report) {
       std::printf("probe failed: %s\n", report.error().message.c_str());
       return 1;
@@ -98,7 +102,11 @@ int main(int argc, char** argv) {
     }
     if (zero && epoch == 0)
       for (float& v : (*model)->parameters()) v = 0.0f;
-    if (slow && epoch == 0) sgd.schedule.base_lr = 1e-30f;
+    if (slow && epoch == 0) optimizer.schedule.base_lr = 1e-30f;
+    if (adam && epoch == 0) {
+      optimizer.options.name = "adam";
+      optimizer.schedule.base_lr = 1e-30f;
+    }
   }
   size_t nonzero = 0;
   for (const float v : (*model)->parameters()) nonzero += v != 0.0f;

@@ -314,6 +314,14 @@ class AsyncDriver final : public Driver {
 
   bool updates() const { return worker_options_.local_steps > 0; }
 
+  static ShardOptimizerFactory shard_optimizer(compute::OptimizerOptions options) {
+    return [options](size_t n) -> std::expected<std::unique_ptr<compute::Optimizer>, std::string> {
+      auto made = compute::make_optimizer(options, n);
+      if (!made) return std::unexpected(made.error().message);
+      return std::move(*made);
+    };
+  }
+
   /// Rank 0, a checkpoint due: this node's host gathers every shard from its primary; the file
   /// is written when they come (on_gathered). The positions it counts as consumed are, per
   /// worker, those every shard's state holds: the least cursor its applied pushes carried over
@@ -511,6 +519,7 @@ class AsyncDriver final : public Driver {
   bool asked_to_leave_ = false;  // draining: asked to be left out, handing the shards over
   uint64_t left_in_ = 0;         // the generation that left this worker out (its host hands over in it)
   bool resumed_ = false;  // from a checkpoint: in gradients mode the shards' optimisers start from its state
+  std::string shard_optimizer_applied_;  // the release's optimiser lines the host's shards step with (Job::optimizer_applied)
   bool assembling_ = false;          // rank 0: pulling every shard for the final model
   bool held_ = false;                // finished the released epochs of a job that pauses between them
   uint64_t held_epochs_ = 0;         // the epochs done at that hold
@@ -528,7 +537,8 @@ std::expected<void, std::string> AsyncDriver::setup(Trainer* self, Job& j) {
     j.start.shards = static_cast<uint32_t>(std::clamp<int64_t>(
         e.shards > 0 ? e.shards : 2 * static_cast<int64_t>(j.world), 1, static_cast<int64_t>(j.elements())));
   shards_ = j.start.shards;
-  // Updates mode: the workers' optimisers have stepped already; the primary adds their changes.
+  // Updates mode: the workers' optimisers have stepped already; the primary adds their changes
+  // (so a change of optimiser between epochs is the workers' alone).
   compute::OptimizerOptions shard_options = j.config.optimizer.options;
   if (e.local_steps > 0) {
     shard_options = {};
@@ -567,11 +577,8 @@ std::expected<void, std::string> AsyncDriver::setup(Trainer* self, Job& j) {
   init->shards = shards_;
   init->max_staleness = static_cast<uint64_t>(j.config.job.max_staleness);
   init->max_lr = e.local_steps > 0 ? 1.0f : std::numeric_limits<float>::infinity();
-  init->optimizer = [shard_options](size_t n) -> std::expected<std::unique_ptr<compute::Optimizer>, std::string> {
-    auto made = compute::make_optimizer(shard_options, n);
-    if (!made) return std::unexpected(made.error().message);
-    return std::move(*made);
-  };
+  init->optimizer = shard_optimizer(shard_options);
+  shard_optimizer_applied_ = j.optimizer_applied;
   counters_ = init->counters = std::make_shared<ShardHostCounters>();
   host_ = spawn_shard_host(*self, std::move(init));
   // Should the trainer itself end, the host ends with it.
@@ -619,6 +626,16 @@ std::expected<void, std::string> AsyncDriver::enter(Trainer* self, Job& j) {
       host_plan->initial_optimizer = std::move(buffers);
       host_plan->initial_optimizer_steps = j.optimizer->steps();
     }
+  }
+  // A release with what the program set between epochs: the parameters (this worker took them as
+  // it entered) are every holder's, and in gradients mode the shards step the new optimiser.
+  if (j.reset_in == r.generation) {
+    const auto params = j.model->parameters();
+    host_plan->reset = std::make_shared<const std::vector<float>>(params.begin(), params.end());
+  }
+  if (j.optimizer_applied != shard_optimizer_applied_) {
+    if (!updates()) host_plan->optimizer = shard_optimizer(j.config.optimizer.options);
+    shard_optimizer_applied_ = j.optimizer_applied;
   }
   cut_.reset();  // a gather under way ends with this install
   caf::anon_send(host_, place_atom::value, std::shared_ptr<const ShardHostPlan>(std::move(host_plan)));

@@ -177,8 +177,10 @@ void enter_generation(Trainer* self) {
   j.stepped_in_generation = false;
   // Released with parameters the program set: the workers held at the hold this release ends
   // take them (a worker that trained on since, or a restarted one, has the job's state instead).
-  if (!reset_path.empty())
+  if (!reset_path.empty()) {
     if (auto taken = take_reset(j, reset_path); !taken) return fail_everywhere(self, taken.error());
+    j.reset_in = r.generation;
+  }
   // A hold is entered afresh in every generation: its rank 0 (maybe another worker now) reports it.
   j.held = false;
   j.generation = r.generation;

@@ -506,24 +506,14 @@ std::expected<void, std::string> make_rate(Job& j) {
 
 std::expected<void, std::string> change_optimizer(Job& j) {
   const auto& r = j.start;
-  if (j.config.job.mode == "async")
-    return std::unexpected("an async job cannot change its optimiser yet (its shards' primaries step it)");
   auto lines = optimizer_lines(r.optimizer);
   if (!lines) return std::unexpected(lines.error());
   auto config = elastic::parse_config(r.config, fmt::format("job {}'s optimiser", r.job_id), *lines);
   if (!config) return std::unexpected(config.error().message);
   auto made = compute::make_optimizer(config->optimizer.options, j.elements());
   if (!made) return std::unexpected(made.error().message);
-  auto& next = **made;
-  // The same kind keeps its buffers (momentum, Adam's moments) and step count; another starts afresh.
-  if (next.name() == j.optimizer->name()) {
-    auto before = j.optimizer->state();
-    auto after = next.state();
-    for (size_t k = 0; k < before.size() && k < after.size(); ++k)
-      if (before[k].first == after[k].first && before[k].second.size() == after[k].second.size())
-        std::copy(before[k].second.begin(), before[k].second.end(), after[k].second.begin());
-    next.set_steps(j.optimizer->steps());
-  }
+  // The same buffers keep their state (momentum, Adam's moments) and step count; others start afresh.
+  compute::carry_state(*j.optimizer, **made);
   const auto old_config = j.config.optimizer;
   j.config.optimizer = config->optimizer;
   if (auto ok = make_rate(j); !ok) {

@@ -266,6 +266,7 @@ struct Job {
   bool held = false;
   bool held_reported = false;  // rank 0: the model and the held report went out for this hold
   uint64_t held_epochs = 0;    // the epochs done at this hold
+  uint64_t reset_in = 0;       // the generation whose install took parameters the program set (async: the shards take them too)
   uint64_t held_ticks = 0;     // rank 0: ticks held (the model goes again now and then)
   bool detached = false;  // the submitter is gone: the job goes on, and rank 0 saves the model here
 
@@ -509,7 +510,9 @@ void enter_generation(Trainer* self);
 
 /// The optimiser a release set (JobStart::optimizer, from the installed record): the optimiser
 /// made anew with its options, keeping the state buffers and step count where it keeps the same
-/// buffers (the same kind), and the rate's schedule made anew. An error names what is wrong.
+/// buffers (compute::carry_state), and the rate's schedule made anew. An error names what is
+/// wrong. (Async: this is the worker's own optimiser; in gradients mode the shards' follows it,
+/// AsyncDriver::enter.)
 std::expected<void, std::string> change_optimizer(Job& j);
 
 /// Whether this worker takes the parameters record `r` carries as it enters it: held at the hold

@@ -120,10 +120,10 @@ class Trainer {
   /// Epoch `epoch` (0, 1, ... in order, below options.epochs) of the job, from model's parameters
   /// and leaving the result in them. The first call starts the job with train_data and optimizer;
   /// later calls must pass the same data set (it is the job's). Parameters and an optimiser the
-  /// program changed since the last call are the next epoch's (sync and gossip: the optimiser's
-  /// state carries on where the new one is of the same kind, and its schedule is made anew; async
-  /// refuses both yet). Errors name what went wrong; after a failed job, the next call starts a
-  /// new one.
+  /// program changed since the last call are the next epoch's, in every mode: the optimiser's
+  /// state (momentum, Adam's moments and step count) carries on where the new one keeps the same
+  /// buffers (another momentum; Adam and AdamW), else starts afresh, and its schedule is made anew.
+  /// Errors name what went wrong; after a failed job, the next call starts a new one.
   compute::Result<EpochReport> train(compute::Model& model, const compute::Dataset& train_data,
                                      const OptimizerSpec& optimizer, int64_t epoch);
 
