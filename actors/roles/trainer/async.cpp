@@ -666,6 +666,11 @@ std::expected<void, std::string> AsyncDriver::enter(Trainer* self, Job& j) {
   worker_->set_cursor(0);
   blocked_ = serving_ = assembling_ = held_ = false;
   finished_.clear();
+  // Draining, and still a worker of this generation: the ask to be left out was not what this
+  // generation did (the duty holder left another out: every node of a job draining at once, as
+  // when the program that started them dies, each asks another), so the drain looks again, and
+  // a worker now alone has nobody to hand its shards to and goes.
+  asked_to_leave_ = false;
   uint64_t positions = 0;
   for (const auto& span : spans_) positions += span.end - span.begin;
   if (r.generation > 1)
