@@ -135,7 +135,8 @@ void on_state_piece(Trainer* self, const std::string& peer, const gossip::StateP
 }
 
 bool takes_reset(const Job& j, const gossip::JobStart& r) {
-  return j.held && r.reset_checksum != 0 && r.reset_epochs == r.released_epochs && r.reset_epochs == j.held_epochs + 1 &&
+  const auto hold = j.held ? std::optional(j.held_epochs) : j.driver->hold_reached(j);
+  return hold && r.reset_checksum != 0 && r.reset_epochs == r.released_epochs && r.reset_epochs == *hold + 1 &&
          j.has_state;
 }
 

@@ -16,7 +16,7 @@ class GossipDriver final : public Driver {
   const char* name() const override { return "gossip"; }
 
   std::expected<void, std::string> setup(Trainer*, Job& j) override {
-    j.buffer.assign(j.elements(), 0.0f);
+    j.buffer.assign(j.elements() + 1, 0.0f);  // the replica, and this worker's vote to end (start_final_average)
     init_position_lists(j);
     return {};
   }
@@ -126,11 +126,19 @@ class GossipDriver final : public Driver {
     stop_training(self, j);
   }
 
+  /// At a hold whose average is still under way here when the release installs (the others have
+  /// theirs, rank 0 handed it over, the program released): this worker's average is lost with
+  /// the ring, but parameters the program set with the release are taken, as the others take them.
+  std::optional<uint64_t> hold_reached(const Job& j) const override {
+    if (final_average_ && held_ && !j.held) return held_epochs_;
+    return std::nullopt;
+  }
+
   /// Pairs only among this generation's workers; exchanges under way are over, and a final average
   /// under way starts again among them.
   std::expected<void, std::string> enter(Trainer*, Job& j) override {
     const auto& r = j.start;
-    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.elements(), chunk_elements(j)});
+    j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.buffer.size(), chunk_elements(j)});
     const auto every = static_cast<uint64_t>(j.config.job.gossip_every);
     averaging_.emplace(gossip::collective::GossipAveraging::Options{
         r.job_id, j.rank, j.world, j.elements(), chunk_elements(j), every, std::max<uint64_t>(16, 4 * every)});
@@ -161,12 +169,15 @@ class GossipDriver final : public Driver {
 
  private:
   /// After the last local step: one ring all-reduce of the replicas; every worker ends with the
-  /// same average.
+  /// same average. At a hold it is the epoch's model. The ring also sums a vote to end: a worker
+  /// that ran out of steps (job.max_steps) or was told the target is reached ends the job, and
+  /// one at a hold whose round another ends takes it for the end too, so all decide alike.
   void start_final_average(Trainer* self, Job& j) {
     final_average_ = true;
     averaging_->abandon();
     const auto params = j.model->parameters();
     std::copy(params.begin(), params.end(), j.buffer.begin());
+    j.buffer.back() = held_ ? 0.0f : 1.0f;
     std::vector<gossip::RingChunk> out;
     // The rounds of one generation's ring, numbered in order (the ring takes them so): every
     // worker averages at the same boundaries (the holds, then the end), so the numbers agree.
@@ -179,6 +190,11 @@ class GossipDriver final : public Driver {
   /// The ring has summed the replicas; every worker divides the same sum the same way.
   void end_final_average(Trainer* self, Job& j) {
     if (held_ && j.held) return;  // this hold's average is in already
+    if (held_ && j.buffer.back() > 0.5f) {
+      node_events().info("hold_ends_job job={} rank={} step={} reason=\"another worker's last step ended this round\"",
+                         j.start.job_id, j.rank, j.step);
+      held_ = false;
+    }
     const auto p = j.model->parameters();
     const float inv = 1.0f / static_cast<float>(j.world);
     for (size_t i = 0; i < p.size(); ++i) p[i] = j.buffer[i] * inv;
@@ -265,7 +281,7 @@ class GossipDriver final : public Driver {
   uint32_t partner_ = 0;
   bool final_average_ = false;
   bool heard_final_ = false;  // a chunk of the final average came: the previous worker is done stepping
-  bool held_ = false;         // the average under way (or done) is an epoch's hold, not the end
+  bool held_ = false;         // the average under way (or done) is an epoch's hold, not the end (unless another ends it)
   uint64_t held_epochs_ = 0;  // the epochs done at that hold
   uint64_t rounds_ = 0;       // ring all-reduces started in this generation
   uint64_t averaged_ = 0;     // the last epoch boundary this worker averaged at in this generation

@@ -102,6 +102,9 @@ class Driver {
   virtual void keep_ending(Trainer*, Job&) {}
   /// Rank 0's evaluation reached the target (stop_at_target). Called once.
   virtual void on_target(Trainer*, Job&) {}
+  /// The epochs done at a hold this worker has reached but not entered yet (gossip: the replicas'
+  /// average for it still under way); a release installed meanwhile ends that hold too.
+  virtual std::optional<uint64_t> hold_reached(const Job&) const { return std::nullopt; }
   /// The installed generation's part for the mode (rings, pairs, positions); an error fails the job.
   virtual std::expected<void, std::string> enter(Trainer* self, Job& j) = 0;
   /// Behind the generation's resume point although it holds state: it pulls.
@@ -516,7 +519,8 @@ void enter_generation(Trainer* self);
 std::expected<void, std::string> change_optimizer(Job& j);
 
 /// Whether this worker takes the parameters record `r` carries as it enters it: held at the hold
-/// its release ends, with the job's state (a worker that trained on, or a restarted one, does not).
+/// its release ends (or on its way into it: Driver::hold_reached), with the job's state (a worker
+/// that trained on, or a restarted one, does not).
 bool takes_reset(const Job& j, const gossip::JobStart& r);
 
 /// A release that came with parameters the program set (JobStart::reset_file), read from `path`
