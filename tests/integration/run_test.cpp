@@ -652,6 +652,40 @@ TEST_CASE("stop_at_target ends a job at the first evaluation that reaches the ta
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
+TEST_CASE("a plateau in the evaluated loss decays the rate in effect, in every mode, at one step for every sync worker",
+          "[integration][run][fashion]") {
+  TempDir dir;
+  const std::string job = job_file(dir);
+  for (const std::string mode : {"sync", "async", "gossip"}) {
+    INFO(mode);
+    // At lr 1e-4 the test loss moves far less than the 0.1% an improvement needs between two
+    // evaluations 8 steps apart, so every evaluation after the first is a plateau's: with patience
+    // 2 the rate halves after the 3rd, the 5th, ... (rank 0's evaluations run beside its steps, on
+    // two cores shared by three nodes: an answer may come 30 steps later, hence 4 epochs). The
+    // parameters still move, so sync workers that took the decay at different steps would end apart.
+    const auto result = three_node_run(dir, job, mode,
+                                       {"--epochs", "4", "--set", "optimizer.lr=0.0001", "--set", "optimizer.momentum=0",
+                                        "--set", "job.eval_every_steps=8", "--set", "optimizer.plateau_patience=2",
+                                        "--set", "optimizer.plateau_factor=0.5"});
+    const auto& history = result["lr_history"];
+    INFO(history.dump());
+    REQUIRE(history.size() >= 2);
+    const double first = history[0]["lr"].get<double>(), last = history[history.size() - 1]["lr"].get<double>();
+    // Each change is one or more halvings (progress lines come every 8 steps, and decays may come
+    // as often); the rate's batch scale is 1, the global batch being the reference.
+    for (size_t i = 1; i < history.size(); ++i) {
+      const double halvings = std::log2(history[i - 1]["lr"].get<double>() / history[i]["lr"].get<double>());
+      CHECK(halvings >= 0.999);
+      CHECK(std::abs(halvings - std::round(halvings)) < 1e-3);
+    }
+    CHECK(last < first);
+    const std::string log = read_bytes(dir.path / mode / "logs" / "node-0.log");
+    CHECK(log.find("plateau_decay") != std::string::npos);
+    if (mode == "sync")
+      for (const auto& w : result["workers"]) CHECK(w["parameter_checksum"] == result["workers"][0]["parameter_checksum"]);
+  }
+}
+
 namespace {
 
 /// The global step of a progress line ("epoch 1/1000 step 40/...").
