@@ -16,6 +16,24 @@ ModelFactory& program_model() {
   return factory;
 }
 
+/// Both sets as the job needs them, checked at its start rather than at rank 0's first
+/// evaluation: each whole (Dataset::check: shapes, labels in its classes, finite values), and
+/// every test label one of the training set's classes, which the model is built for. An error
+/// names the set's file.
+compute::Result<JobData> checked(JobData out, const std::string& train_name, const std::string& test_name) {
+  auto refuse = [](const std::string& name, const std::string& why) {
+    return std::unexpected(compute::Error{compute::Errc::invalid_argument, fmt::format("{}: {}", name, why)});
+  };
+  if (auto ok = out.train.check(); !ok) return refuse(train_name, ok.error().message);
+  if (auto ok = out.test.check(); !ok) return refuse(test_name, ok.error().message);
+  for (size_t i = 0; i < out.test.labels.size(); ++i)
+    if (out.test.labels[i] >= out.train.classes)
+      return refuse(test_name, fmt::format("sample {}'s label {} is outside the training set's {} classes [0, {}), "
+                                           "which the model is built for",
+                                           i, out.test.labels[i], out.train.classes, out.train.classes));
+  return out;
+}
+
 }  // namespace
 
 void set_program_model(ModelFactory factory) { program_model() = std::move(factory); }
@@ -50,13 +68,15 @@ compute::Result<JobData> load_job_data(const JobConfig::Data& d, uint64_t seed) 
                         out.train.floats() ? "float" : "byte", out.train.sample.to_string())});
       out.test = test->head(d.test_samples);
     }
-    return out;
+    return checked(std::move(out), d.train_file, d.test_file.empty() ? d.train_file : d.test_file);
   }
   auto train = compute::load_fashion_mnist(d.dir, "train", d.train_samples);
   if (!train) return std::unexpected(train.error());
   auto test = compute::load_fashion_mnist(d.dir, "test", d.test_samples);
   if (!test) return std::unexpected(test.error());
-  return JobData{std::move(*train), std::move(*test)};
+  const std::filesystem::path dir = d.dir;
+  return checked(JobData{std::move(*train), std::move(*test)}, (dir / "train-labels-idx1-ubyte.gz").string(),
+                 (dir / "t10k-labels-idx1-ubyte.gz").string());
 }
 
 compute::Result<std::unique_ptr<compute::Model>> build_job_model(const JobConfig& c, const compute::Dataset& train) {

@@ -17,7 +17,8 @@ struct JobData {
 };
 
 /// The [data] section's training and test sets (synthetic: one generator call split in two, so
-/// both share the class patterns).
+/// both share the class patterns), checked whole: a label outside the training set's classes, a
+/// value that is not finite, is refused here, naming the file.
 compute::Result<JobData> load_job_data(const JobConfig::Data& data, uint64_t seed);
 
 /// The model class of the running program (`model.preset = "program"`): tepdist::Trainer registers

@@ -105,7 +105,7 @@ TEST_CASE("missing data names the file and the package that provides it", "[cli]
   CHECK_THAT(r.err, Catch::Contains("train-images-idx3-ubyte.gz") && Catch::Contains("dataset-fashion-mnist"));
 }
 
-TEST_CASE("a test set with a label the model has no class for ends the run with the refusal, not a crash",
+TEST_CASE("a test set with a label the model has no class for is refused before training, naming the file",
           "[cli][train]") {
   TempDir dir;
   // 128 training samples of 8 x 8; the test set's fourth label is 10, which the model has no class for.
@@ -117,8 +117,9 @@ TEST_CASE("a test set with a label the model has no class for ends the run with 
   const Run r = run_tepdist(args, dir.path);
   INFO(r.out << r.err);
   CHECK(r.status == 1);  // a refused run, not an abort (134)
-  CHECK_THAT(r.err, Catch::Contains("tepdist train: evaluation at step 2: loss: label 10 at index 3 of the batch is "
-                                    "outside [0, 10)"));
+  CHECK_THAT(r.err, Catch::Contains("tepdist train: " + (dir.path / "t10k-labels-idx1-ubyte.gz").string() +
+                                    ": sample 3's label 10 is outside the training set's 10 classes [0, 10)"));
+  CHECK_THAT(r.out, !Catch::Contains("step"));  // not one step trained
   CHECK_FALSE(fs::exists(out / "result.json"));
 }
 

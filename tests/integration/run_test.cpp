@@ -371,31 +371,55 @@ TEST_CASE("an invalid job is refused before any node starts, naming the key", "[
   CHECK(processes_mentioning(dir.path.string()).empty());
 }
 
-TEST_CASE("a sync job whose test set has a label the model has no class for fails with the refusal, its nodes alive",
+TEST_CASE("a job whose test set has a label the model has no class for is refused, naming the file, before any node "
+          "starts or on the nodes that load it",
           "[integration][run]") {
   TempDir dir;
   // 256 training samples of 8 x 8; the test set's fourth label is 10, which the model (10 classes,
-  // from the training set) does not have. Only rank 0's evaluation sees it.
+  // from the training set) does not have. Before the check at load, rank 0's first evaluation
+  // found it, after the job had trained.
   const auto data = dir.path / "data";
   fs::create_directories(data);
   tepdist::test::write_set_with_a_bad_test_label(data, 256);
-  const auto out = dir.path / "out";
-  Child run({TEPDIST_BINARY, "run", job_file(dir), "--mode", "sync", "--nodes", "2", "--set",
-             "data.dataset=\"fashion-mnist\"", "--set", "data.dir=\"" + data.string() + "\"", "--set",
-             "data.train_samples=0", "--set", "data.test_samples=0", "--set", "model.preset=\"mlp\"", "--set",
-             "job.max_steps=4", "--out", out.string()});
-  // Before the refusal was an error, rank 0's node aborted on it: no such line came.
-  const auto failed = run.wait_for("the job failed", std::chrono::seconds(60));
-  INFO(run.all());
-  REQUIRE(failed);
-  CHECK_THAT(*failed,
-             Catch::Contains(": evaluation failed: loss: label 10 at index 3 of the batch is outside [0, 10)"));
-  CHECK(run.wait() == 1);
-  CHECK_FALSE(fs::exists(out / "result.json"));
-  // Rank 0 said so in its log and went on until the launcher stopped it.
-  const std::string logs =
-      tepdist::test::read_bytes(out / "logs" / "node-0.log") + tepdist::test::read_bytes(out / "logs" / "node-1.log");
-  CHECK_THAT(logs, Catch::Contains("job_failed") && !Catch::Contains("invariant violated"));
+  const std::string labels = (data / "t10k-labels-idx1-ubyte.gz").string();
+  const std::string why = labels + ": sample 3's label 10 is outside the training set's 10 classes [0, 10)";
+  const std::vector<std::string> keys = {"--set", "data.dataset=\"fashion-mnist\"", "--set", "data.dir=\"" + data.string() + "\"",
+                                         "--set", "data.train_samples=0", "--set", "data.test_samples=0",
+                                         "--set", "model.preset=\"mlp\"", "--set", "job.max_steps=4"};
+  {
+    // Local nodes: the launcher loads the data first, and no node starts.
+    const auto out = dir.path / "local";
+    std::vector<std::string> args{TEPDIST_BINARY, "run", job_file(dir), "--mode", "sync", "--nodes", "2", "--out", out.string()};
+    args.insert(args.end(), keys.begin(), keys.end());
+    Child run(args);
+    const int status = run.wait();
+    INFO(run.all());
+    CHECK(status == 2);
+    CHECK_THAT(run.all(), Catch::Contains("tepdist run: " + why));
+    CHECK_FALSE(fs::exists(out / "logs" / "node-0.log"));
+  }
+  {
+    // A running cluster: the submitter leaves the data to the nodes (its paths are theirs, maybe
+    // on other machines), and the node that loads it refuses the job, naming the file.
+    const auto out = dir.path / "cluster";
+    const std::string secret = secret_setting(dir, "secret", "a secret for this test");
+    Child a({TEPDIST_BINARY, "node", job_file(dir), "--name", "a", "--set", secret});
+    const auto ready = a.wait_for("node_ready");
+    REQUIRE(ready);
+    const std::string seed = tepdist::test::field(*ready, "address");
+    std::vector<std::string> args{TEPDIST_BINARY, "run", job_file(dir), "--mode", "sync", "--set", secret, "--set",
+                                  "cluster.seeds=[\"" + seed + "\"]", "--out", out.string()};
+    args.insert(args.end(), keys.begin(), keys.end());
+    Child run(args);
+    const auto failed = run.wait_for("the job failed", std::chrono::seconds(60));
+    INFO(run.all());
+    REQUIRE(failed);
+    CHECK_THAT(*failed, Catch::Contains(why));
+    CHECK(run.wait() == 1);
+    CHECK_FALSE(fs::exists(out / "result.json"));
+    a.signal(SIGTERM);
+    CHECK(a.wait() == 0);
+  }
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
