@@ -26,6 +26,7 @@ using status_atom = caf::atom_constant<caf::atom("status")>;  ///< (status_atom,
 using place_atom = caf::atom_constant<caf::atom("place")>;  ///< (place_atom, plan): an async generation's shards, to the shard host
 using refetch_atom = caf::atom_constant<caf::atom("refetch")>;  ///< (refetch_atom, generation): the shard host asks again for shards it still fetches
 using gather_atom = caf::atom_constant<caf::atom("gather")>;  ///< (gather_atom, id): rank 0's shard host gathers every shard for a checkpoint; (gather_atom, id, result) back
+using unfreeze_atom = caf::atom_constant<caf::atom("unfreeze")>;  ///< (unfreeze_atom, generation): the shard host lets its frozen copies go
 using regather_atom = caf::atom_constant<caf::atom("regather")>;  ///< (regather_atom, id): the gather asks again for shards not come
 using handover_atom = caf::atom_constant<caf::atom("handedover")>;  ///< (handover_atom): the shard host holds every shard of a generation, or a leaving node's shards are all fetched by their new holders
 using shardlost_atom = caf::atom_constant<caf::atom("shardlost")>;  ///< (shardlost_atom, why): the shard host cannot get a shard

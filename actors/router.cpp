@@ -134,14 +134,19 @@ void on_frame(Router* self, const std::string& peer, const std::string& address,
   // Async jobs' gradients and pulls: the shard host, so they never wait behind a training step.
   const auto* u = std::get_if<gossip::ShardUpdate>(&m.body);
   const auto* transfer = std::get_if<gossip::ShardTransfer>(&m.body);
-  if (u || transfer) {
+  // ... and a shard's state, pulled striped from its holders (the job's own state goes to the trainer).
+  const auto* pull = std::get_if<gossip::StatePull>(&m.body);
+  const auto* piece = std::get_if<gossip::StatePiece>(&m.body);
+  if (u || transfer || (pull && pull->of_shard) || (piece && piece->of_shard)) {
     if (s.shards) {
       caf::anon_send(s.shards, wire_atom::value, peer, address, m);
       return;
     }
     // A worker that started the job sooner may push before this node's host exists: keep its
     // updates (bounded) for the host to come.
-    const size_t bytes = (u ? u->chunk.data.size_bytes() : transfer->chunk.data.size_bytes()) + 64;
+    const size_t bytes = (u ? u->chunk.data.size_bytes()
+                          : transfer ? transfer->chunk.data.size_bytes()
+                          : piece ? piece->chunk.data.size_bytes() : 0) + 64;
     if (s.early_shard_bytes + bytes > RouterState::early_shard_limit) {
       node_events().warn("message_dropped from={} kind=shard_update reason=\"no shard host, and {} MiB already wait\"",
                          peer, s.early_shard_bytes >> 20);

@@ -99,7 +99,9 @@ const std::vector<Key>& keys() {
        1, 1e9, false, false, {}, assign<&J::job, &J::Job::log_every_steps>},
       {{"job", "ring_chunk_kb", KeyType::integer, "256",
         "sync: largest piece of a gradient one ring message carries, KiB. Smaller pipelines the rounds more "
-        "finely, at more messages per step. 1 to 65536."},
+        "finely, at more messages per step. Also the piece of every state transfer: a joiner's pull of the job's "
+        "state, and an async shard larger than one piece, which a new holder pulls striped over the shard's "
+        "holders. 1 to 65536."},
        1, 65536, false, false, {}, assign<&J::job, &J::Job::ring_chunk_kb>},
       {{"job", "step_timeout_s", KeyType::number, "60",
         "A step that waits this long for what it needs: in sync (and in gossip's final average, once the "

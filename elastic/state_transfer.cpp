@@ -59,16 +59,23 @@ StatePuller::StatePuller(Options options) : o_(std::move(options)) {
   }
 }
 
+gossip::StatePull StatePuller::pull(const Request& r) const {
+  return gossip::StatePull{o_.job_id, o_.step, r.offset, r.count, o_.of_shard, o_.shard, o_.digest};
+}
+
 void StatePuller::start(double now, std::vector<std::pair<std::string, gossip::StatePull>>& out) {
   if (o_.donors.empty()) return;
   for (auto& r : requests_) {
     r.asked_at = now;
-    out.emplace_back(o_.donors[r.donor], gossip::StatePull{o_.job_id, o_.step, r.offset, r.count});
+    out.emplace_back(o_.donors[r.donor], pull(r));
   }
 }
 
 std::expected<void, std::string> StatePuller::on_piece(const gossip::StatePiece& piece, const StateView& state) {
   if (piece.job_id != o_.job_id) return std::unexpected(fmt::format("a piece of job {}, not {}", piece.job_id, o_.job_id));
+  if (piece.of_shard != o_.of_shard || (o_.of_shard && piece.chunk.shard != o_.shard))
+    return std::unexpected(piece.of_shard ? fmt::format("a piece of shard {}'s state", piece.chunk.shard)
+                                          : std::string("a piece of the job's state, not a shard's"));
   if (piece.chunk.step != o_.step)
     return std::unexpected(fmt::format("a piece of the state at step {}, not {}", piece.chunk.step, o_.step));
   if (piece.chunk.total != o_.total)
@@ -92,7 +99,7 @@ void StatePuller::on_tick(double now, std::vector<std::pair<std::string, gossip:
     if (r.received || now - r.asked_at < o_.retry_ms) continue;
     r.donor = (r.donor + 1) % o_.donors.size();
     r.asked_at = now;
-    out.emplace_back(o_.donors[r.donor], gossip::StatePull{o_.job_id, o_.step, r.offset, r.count});
+    out.emplace_back(o_.donors[r.donor], pull(r));
   }
 }
 
@@ -112,7 +119,8 @@ std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const go
     auto copy = std::make_shared<std::vector<float>>(n);
     state.read(at, *copy);
     std::shared_ptr<const std::vector<float>> snapshot = copy;
-    out.push_back({job_id, gossip::TensorChunk{step, 0, at, total, *snapshot, snapshot}});
+    out.push_back({job_id, gossip::TensorChunk{step, pull.of_shard ? pull.shard : 0, at, total, *snapshot, snapshot},
+                   pull.of_shard});
   }
   return out;
 }

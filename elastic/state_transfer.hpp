@@ -47,6 +47,11 @@ class StatePuller {
     size_t piece = 1 << 16;       ///< elements per request
     double retry_ms = 5000;
     std::vector<std::string> donors;  ///< addresses
+    /// Async, a striped shard fetch: shard `shard`'s state at version `step` (StatePull::of_shard),
+    /// the one whose digest is `digest`.
+    bool of_shard = false;
+    uint32_t shard = 0;
+    uint64_t digest = 0;
   };
   explicit StatePuller(Options options);
   /// The first requests: (donor address, request).
@@ -65,13 +70,16 @@ class StatePuller {
     double asked_at;
     bool received = false;
   };
+  gossip::StatePull pull(const Request& r) const;
+
   Options o_;
   std::vector<Request> requests_;
   size_t received_ = 0;
 };
 
 /// A donor's answer to `pull` from `state`, whose step is `step`: pieces of at most `piece`
-/// elements, each an immutable snapshot. An error (another job, another step, out of range) says why.
+/// elements, each an immutable snapshot (of a shard's state: marked so, naming the shard). An
+/// error (another job, another step, out of range) says why.
 std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const gossip::StatePull& pull, uint64_t job_id,
                                                                        uint64_t step, const StateView& state,
                                                                        size_t piece);

@@ -13,6 +13,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/router.hpp"
+#include "elastic/state_transfer.hpp"
 
 namespace tepdist::actors {
 namespace {
@@ -38,8 +39,30 @@ struct Host {
     // Should the source answer that it is current, this node takes it instead of the same bytes.
     std::optional<elastic::ShardSnapshot> own;
     uint64_t own_digest = 0;
+    // A striped fetch under way: the source's manifest (no values), and the pieces coming.
+    struct Striped {
+      ShardTransfer manifest;
+      std::vector<float> flat;  // values, then each optimiser buffer
+      std::optional<elastic::StatePuller> puller;
+      std::chrono::steady_clock::time_point started;
+    };
+    std::optional<Striped> striped;
   };
   std::map<uint32_t, Held> shards;
+  // A copy of each shard larger than a piece this node held with its state as the generation was
+  // placed: what a striped fetch of the generation pulls, here and from the others that held the
+  // same state, while the copies in use move on. Let go at the next placement or frozen_keep after.
+  struct Frozen {
+    std::shared_ptr<std::vector<float>> flat;  // values, then each optimiser buffer (never written)
+    uint64_t version = 0, digest = 0;
+    int64_t optimizer_steps = 0;
+    elastic::UpdateMarks marks;
+    std::vector<std::string> donors;  // this node, and the replicas that had all of it (held as primary)
+  };
+  std::map<uint32_t, Frozen> frozen;
+  static constexpr std::chrono::seconds frozen_keep{60};
+  static constexpr std::chrono::seconds striped_limit{30};  // then the shard is fetched whole
+  static constexpr double stripe_retry_ms = 2000;
   // Per shard this node is primary of, per worker: the cursor its latest applied push carried in
   // this generation (a checkpoint's cut).
   std::map<uint32_t, std::map<std::string, uint64_t>> cursors;
@@ -96,7 +119,7 @@ struct Host {
     std::vector<Waiting> again;
     again.swap(waiting);
     waiting_bytes = 0;
-    for (auto& w : again) on_message(w.peer, std::move(w.message));
+    for (auto& w : again) on_message(w.peer, {}, std::move(w.message));  // shard updates: no answer to an address
   }
 
   elastic::ShardServer::Options options(uint32_t s) const {
@@ -153,9 +176,10 @@ struct Host {
     init->counters->installed(generation, std::move(held));
   }
 
-  /// Asks shard s's source for its state, naming the copy this node holds (if it does).
-  void fetch(uint32_t s, const Held& h) const {
-    ShardUpdate u{init->job_id, s, ShardUpdate::Kind::fetch, 0, 0, {}, init->self_id, 0, 0, false, generation};
+  /// Asks shard s's source for its state, naming the copy this node holds (if it does); `whole`:
+  /// in one transfer, not striped.
+  void fetch(uint32_t s, const Held& h, bool whole = false) const {
+    ShardUpdate u{init->job_id, s, ShardUpdate::Kind::fetch, 0, 0, {}, init->self_id, 0, 0, whole, generation};
     if (h.own) {
       u.version = h.own->version;
       u.digest = h.own_digest;
@@ -168,12 +192,50 @@ struct Host {
   void refetch(uint64_t g) {
     if (g != generation || !plan) return;
     bool waiting_for_any = false;
-    for (const auto& [s, h] : shards)
-      if (h.holder && !h.server) {
+    for (auto& [s, h] : shards) {
+      if (!h.holder || h.server) continue;
+      waiting_for_any = true;
+      if (!h.striped) {
         fetch(s, h);
-        waiting_for_any = true;
+      } else if (std::chrono::steady_clock::now() - h.striped->started > striped_limit) {
+        node_events().warn("shard_stripes_abandoned job={} generation={} shard={} reason=\"not whole within {} s\"",
+                           init->job_id, generation, s, striped_limit.count());
+        h.striped.reset();
+        fetch(s, h, true);
+      } else {
+        std::vector<std::pair<std::string, gossip::StatePull>> again;
+        h.striped->puller->on_tick(now_ms(), again);
+        for (auto& [address, pull] : again) send(address, std::move(pull));
       }
+    }
     if (waiting_for_any) schedule_refetch();
+  }
+
+  static double now_ms() {
+    return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  }
+
+  /// Shard s's state as this node held it at the placement (Frozen), when it is large enough to
+  /// stripe; called before the new plan replaces `plan`. Its donors are the generation's holders
+  /// of the shard: each serves only a copy of this very state (the digest), so one whose copy is
+  /// another (a replica an update behind) is passed over by the puller.
+  void freeze(uint32_t s, const Held& h) {
+    auto snap = h.server->snapshot();
+    const size_t total = snap.values.size() * (1 + snap.optimizer.size());
+    if (total <= init->piece) return;  // one piece: sent whole
+    Frozen f;
+    f.version = snap.version;
+    f.digest = elastic::state_digest(snap);
+    f.optimizer_steps = snap.optimizer_steps;
+    f.marks = snap.marks;
+    f.donors.push_back(init->self_address);
+    for (const auto& id : plan->plan.placement[s])
+      if (id != init->self_id)
+        if (auto address = worker_address(id); !address.empty()) f.donors.push_back(std::move(address));
+    f.flat = std::make_shared<std::vector<float>>(std::move(snap.values));
+    f.flat->reserve(total);
+    for (const auto& b : snap.optimizer) f.flat->insert(f.flat->end(), b.begin(), b.end());
+    frozen[s] = std::move(f);
   }
 
   void schedule_refetch() const {
@@ -188,6 +250,10 @@ struct Host {
   /// A generation's plan: every shard this node holds in it starts from its source's state.
   void place(std::shared_ptr<const ShardHostPlan> next) {
     if (gather) end_gather(fmt::format("generation {} was installed meanwhile", next->generation));
+    frozen.clear();
+    for (const auto& [s, h] : shards)
+      if (h.server && h.holder) freeze(s, h);
+    if (!frozen.empty()) self->delayed_send(self, frozen_keep, unfreeze_atom::value, next->generation);
     plan = std::move(next);
     generation = plan->generation;
     ready = false;
@@ -216,7 +282,7 @@ struct Host {
       const bool holder = std::find(holders.begin(), holders.end(), init->self_id) != holders.end();
       const std::string& source = plan->plan.sources[s];
       auto old = shards.find(s);
-      Held h{nullptr, holder && holders.front() == init->self_id, holder, std::nullopt, 0};
+      Held h{nullptr, holder && holders.front() == init->self_id, holder, std::nullopt, 0, std::nullopt};
       if (source.empty()) {  // the first generation: the job's initial parameters
         if (!holder) continue;
         const auto r = elastic::shard_range(init->elements, init->shards, s);
@@ -309,6 +375,7 @@ struct Host {
     if (it == shards.end() || it->second.server || !it->second.holder) return;  // not fetched here, or already come
     if (peer != plan->plan.sources[t.shard]) return refuse(peer, t, "not the shard's source");
     if (!t.refused.empty()) return lost(fmt::format("shard {}: its source {} says: {}", t.shard, peer, t.refused));
+    if (!t.current && !t.donors.empty()) return start_striped(t.shard, it->second, t);
     std::expected<elastic::ShardSnapshot, std::string> snap;
     if (t.current) {
       if (!it->second.own || it->second.own->version != t.version)
@@ -319,19 +386,123 @@ struct Host {
     }
     it->second.own.reset();
     if (!snap) return refuse(peer, t, snap.error());
-    auto server = restore(t.shard, std::move(*snap));
-    if (!server) return refuse(peer, t, server.error());
-    it->second.server = std::move(*server);
-    init->counters->note_version(t.shard, it->second.server->version());
+    if (auto ok = took(t.shard, it->second, std::move(*snap),
+                       fmt::format("from={} version={} kept_own={}", peer, t.version, t.current));
+        !ok)
+      refuse(peer, t, ok.error());  // asked for again at the next refetch
+  }
+
+  /// Shard s's state has come (or this node's own copy is it): the holder serves from here.
+  std::expected<void, std::string> took(uint32_t s, Held& h, elastic::ShardSnapshot snap, const std::string& how) {
+    auto server = restore(s, std::move(snap));
+    if (!server) return std::unexpected(server.error());
+    h.server = std::move(*server);
+    h.striped.reset();
+    init->counters->note_version(s, h.server->version());
     // A replica holds the shard from here: the primary counts what it holds as durable.
-    if (!it->second.primary)
-      send(worker_address(plan->plan.placement[t.shard].front()),
-           ShardUpdate{init->job_id, t.shard, ShardUpdate::Kind::ack, it->second.server->version(), 0, {}, {}, 0, 0, false,
-                       generation});
-    node_events().info("shard_fetched job={} generation={} shard={} from={} version={} kept_own={}", init->job_id,
-                       generation, t.shard, peer, t.version, t.current);
+    if (!h.primary)
+      send(worker_address(plan->plan.placement[s].front()),
+           ShardUpdate{init->job_id, s, ShardUpdate::Kind::ack, h.server->version(), 0, {}, {}, 0, 0, false, generation});
+    node_events().info("shard_fetched job={} generation={} shard={} {}", init->job_id, generation, s, how);
     maybe_ready();
     retry_waiting();
+    return {};
+  }
+
+  // -- Striped fetches --
+
+  /// The source's manifest: the values and optimiser buffers come striped over its donors.
+  void start_striped(uint32_t s, Held& h, const ShardTransfer& t) {
+    const size_t n = elastic::shard_range(init->elements, init->shards, s).size();
+    const size_t total = t.chunk.total;
+    if (n == 0 || total < n || total % n != 0 || total / n > 1 + max_buffers || !t.chunk.data.empty()) {
+      refuse(plan->plan.sources[s], t, fmt::format("a manifest of {} elements for a shard of {}", total, n));
+      return fetch(s, h, true);
+    }
+    Held::Striped st;
+    st.manifest = t;
+    st.manifest.chunk = {};
+    st.flat.assign(total, 0.0f);
+    std::vector<std::string> donors;
+    for (const auto& d : t.donors)
+      if (d != init->self_address && std::find(donors.begin(), donors.end(), d) == donors.end()) donors.push_back(d);
+    st.puller.emplace(elastic::StatePuller::Options{init->job_id, t.version, total, init->piece, stripe_retry_ms,
+                                                    std::move(donors), true, s, t.digest});
+    st.started = std::chrono::steady_clock::now();
+    std::vector<std::pair<std::string, gossip::StatePull>> out;
+    st.puller->start(now_ms(), out);
+    node_events().info("shard_stripes_asked job={} generation={} shard={} version={} pieces={} donors={}", init->job_id,
+                       generation, s, t.version, st.puller->pieces(), out.empty() ? 0 : st.manifest.donors.size());
+    h.striped = std::move(st);
+    for (auto& [address, pull] : out) send(address, std::move(pull));
+  }
+  static constexpr size_t max_buffers = 8;  // optimiser buffers a shard's state may have
+
+  /// A donor's piece of a striped fetch; the last one completes it, checked against the digest.
+  void on_piece(const std::string& peer, const gossip::StatePiece& p) {
+    if (p.job_id != init->job_id) return;
+    const auto it = shards.find(p.chunk.shard);
+    if (it == shards.end() || it->second.server || !it->second.striped) return;  // done, or not fetched so
+    auto& st = *it->second.striped;
+    if (auto ok = st.puller->on_piece(p, elastic::StateView({std::span<float>(st.flat)})); !ok) {
+      node_events().warn("shard_piece_refused job={} from={} shard={} reason=\"{}\"", init->job_id, peer, p.chunk.shard,
+                         ok.error());
+      return;
+    }
+    if (!st.puller->done()) return;
+    const uint32_t s = p.chunk.shard;
+    const size_t n = elastic::shard_range(init->elements, init->shards, s).size();
+    elastic::ShardSnapshot snap;
+    snap.version = st.manifest.version;
+    snap.optimizer_steps = st.manifest.optimizer_steps;
+    snap.values.assign(st.flat.begin(), st.flat.begin() + static_cast<ptrdiff_t>(n));
+    for (size_t k = n; k < st.flat.size(); k += n)
+      snap.optimizer.emplace_back(st.flat.begin() + static_cast<ptrdiff_t>(k), st.flat.begin() + static_cast<ptrdiff_t>(k + n));
+    for (const auto& m : st.manifest.marks) snap.marks[m.worker] = {m.boot, m.seq};
+    const bool finite = std::all_of(st.flat.begin(), st.flat.end(), [](float v) { return std::isfinite(v); });
+    if (!finite || elastic::state_digest(snap) != st.manifest.digest) {
+      // A donor whose copy went another way at that version: the source sends it whole.
+      node_events().warn("shard_stripes_refused job={} generation={} shard={} reason=\"{}\"", init->job_id, generation,
+                         s, finite ? "the pieces do not make the source's digest" : "values that are not finite");
+      it->second.striped.reset();
+      return fetch(s, it->second, true);
+    }
+    for (const auto& [worker, c] : st.manifest.cursors) {
+      auto& mine = cursors[s][worker];
+      mine = std::max(mine, c);
+    }
+    const auto pieces = st.puller->pieces();
+    const auto donors = st.manifest.donors.size();
+    auto& h = it->second;
+    if (auto ok = took(s, h, std::move(snap),
+                       fmt::format("from={} version={} kept_own=false striped pieces={} donors={}",
+                                   plan->plan.sources[s], st.manifest.version, pieces, donors));
+        !ok) {
+      node_events().warn("shard_stripes_refused job={} generation={} shard={} reason=\"{}\"", init->job_id, generation,
+                         s, ok.error());
+      h.striped.reset();
+      fetch(s, h, true);
+    }
+  }
+
+  /// A striped fetch's pull: served from this node's frozen copy, if it is the state asked for.
+  void serve_pull(const std::string& peer, const std::string& address, const gossip::StatePull& pull) {
+    const auto f = frozen.find(pull.shard);
+    if (pull.job_id != init->job_id || f == frozen.end() || f->second.version != pull.step ||
+        f->second.digest != pull.digest) {
+      // The asker tries the next holder (StatePuller's retry).
+      node_events().info("shard_pull_refused job={} from={} shard={} version={} reason=\"{}\"", pull.job_id, peer,
+                         pull.shard, pull.step, f == frozen.end() ? "no frozen copy here" : "another state here");
+      return;
+    }
+    auto pieces = elastic::serve_state(pull, init->job_id, f->second.version,
+                                       elastic::StateView({std::span<float>(*f->second.flat)}), init->piece);
+    if (!pieces) return refuse_pull(peer, pull, pieces.error());
+    for (auto& piece : *pieces) send(address, std::move(piece));
+  }
+
+  void refuse_pull(const std::string& peer, const gossip::StatePull& pull, const std::string& why) const {
+    node_events().warn("shard_pull_refused job={} from={} shard={} reason=\"{}\"", pull.job_id, peer, pull.shard, why);
   }
 
   // -- Checkpoints: rank 0's host gathers every shard --
@@ -411,8 +582,8 @@ struct Host {
   void ask_gather() {
     if (gather->pending.empty()) return end_gather({});
     for (const auto s : gather->pending)
-      send(worker_address(plan->plan.placement[s].front()),
-           ShardUpdate{init->job_id, s, ShardUpdate::Kind::fetch, 0, 0, {}, init->self_id, 0, 0, false, generation});
+      send(worker_address(plan->plan.placement[s].front()),  // whole: a checkpoint takes the state as it is
+           ShardUpdate{init->job_id, s, ShardUpdate::Kind::fetch, 0, 0, {}, init->self_id, 0, 0, true, generation});
     self->delayed_send(self, std::chrono::seconds(2), regather_atom::value, gather->id);
   }
 
@@ -463,6 +634,20 @@ struct Host {
       if (was_owed && owed.empty()) handed_over();
       return;
     }
+    // Striped: a manifest of the state frozen at the placement; the asker pulls it from every
+    // holder of it (updates since come to a new replica from the primary, in version order). Not
+    // from a leaver handing over (owed): it goes once its fetches are served.
+    if (const auto f = frozen.find(u.shard); !u.resend && !was_owed && f != frozen.end() && f->second.donors.size() >= 2) {
+      const auto& z = f->second;
+      t.version = z.version;
+      t.optimizer_steps = z.optimizer_steps;
+      t.chunk = gossip::TensorChunk{z.version, u.shard, 0, z.flat->size(), {}, nullptr};
+      t.digest = z.digest;
+      t.donors = z.donors;
+      for (const auto& [worker, mark] : z.marks) t.marks.push_back({worker, mark.boot, mark.seq});
+      if (const auto c = cursors.find(u.shard); c != cursors.end()) t.cursors.assign(c->second.begin(), c->second.end());
+      return send(to, std::move(t));
+    }
     auto flat = std::make_shared<std::vector<float>>(snap.values);
     for (const auto& b : snap.optimizer) flat->insert(flat->end(), b.begin(), b.end());
     t.version = snap.version;
@@ -474,8 +659,10 @@ struct Host {
     if (was_owed && owed.empty()) handed_over();
   }
 
-  void on_message(const std::string& peer, gossip::Message m) {
+  void on_message(const std::string& peer, const std::string& address, gossip::Message m) {
     if (const auto* t = std::get_if<ShardTransfer>(&m.body)) return on_transfer(peer, *t);
+    if (const auto* p = std::get_if<gossip::StatePiece>(&m.body)) return on_piece(peer, *p);
+    if (const auto* p = std::get_if<gossip::StatePull>(&m.body)) return serve_pull(peer, address, *p);
     const auto* u = std::get_if<ShardUpdate>(&m.body);
     if (!u) return;
     if (u->job_id != init->job_id) return refuse(peer, *u, fmt::format("not job {}", init->job_id));
@@ -559,13 +746,16 @@ caf::behavior shard_host(caf::event_based_actor* self, std::shared_ptr<ShardHost
   host->init = std::move(init);
   host->make_optimizer = host->init->optimizer;
   return {
-      [host](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {
-        host->on_message(peer, m);
+      [host](wire_atom, const std::string& peer, const std::string& address, const gossip::Message& m) {
+        host->on_message(peer, address, m);
       },
       [host](place_atom, std::shared_ptr<const ShardHostPlan> plan) { host->place(std::move(plan)); },
       [host](refetch_atom, uint64_t generation) { host->refetch(generation); },
       [host](gather_atom, uint64_t id) { host->start_gather(id); },
       [host](regather_atom, uint64_t id) { host->regather(id); },
+      [host](unfreeze_atom, uint64_t generation) {
+        if (generation == host->generation) host->frozen.clear();
+      },
   };
 }
 

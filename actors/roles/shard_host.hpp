@@ -10,7 +10,13 @@
 // this node holds, as primary or replica, and where each shard's state comes from
 // (elastic::plan_shards). A holder that is its shard's source carries on from its own state;
 // every other holder fetches the source's snapshot (ShardUpdate fetch, answered by a
-// ShardTransfer) and holds what comes for that shard until it arrives. Every message carries the
+// ShardTransfer) and holds what comes for that shard until it arrives. A shard larger than one
+// piece that others held with the same state is fetched striped: the source answers with a
+// manifest (version, digest, marks, the holders of that state), the new holder pulls the values
+// and optimiser buffers from all of them at once with part 1's state-transfer component
+// (elastic::StatePuller; StatePull/StatePiece marked of_shard), checks the digest, and else
+// fetches it whole. Each holder serves those pieces from a copy frozen as it placed the
+// generation, since the copy in use moves on as updates come. Every message carries the
 // sender's generation: one from an older generation is dropped (its sender sends again in the new
 // one), one from a newer is kept (bounded) until this node installs it.
 //
@@ -115,6 +121,9 @@ struct ShardHostInit {
   uint32_t shards = 0;
   uint64_t max_staleness = 16;
   float max_lr = 0;  ///< ShardServer::Options::max_lr
+  /// Elements per piece of a striped fetch (job.ring_chunk_kb): a shard's state larger than one
+  /// piece, held with the same state by two or more, is fetched striped over them.
+  size_t piece = size_t{1} << 16;
   ShardOptimizerFactory optimizer;
   std::shared_ptr<ShardHostCounters> counters;
 };

@@ -270,10 +270,14 @@ struct Encoder {
             b.setStep(m.step);
             b.setOffset(m.offset);
             b.setCount(m.count);
+            b.setOfShard(m.of_shard);
+            b.setShard(m.shard);
+            b.setDigest(m.digest);
           } else if constexpr (std::is_same_v<T, StatePiece>) {
             auto b = e.initStatePiece();
             b.setJobId(m.job_id);
             put_chunk(b.initChunk(), m.chunk);
+            b.setOfShard(m.of_shard);
           } else if constexpr (std::is_same_v<T, ShardTransfer>) {
             auto b = e.initShardTransfer();
             b.setJobId(m.job_id);
@@ -295,6 +299,8 @@ struct Encoder {
               cursors[i].setConsumed(m.cursors[i].second);
             }
             b.setCurrent(m.current);
+            put_texts(b.initDonors(static_cast<unsigned>(m.donors.size())), m.donors);
+            b.setDigest(m.digest);
           } else if constexpr (std::is_same_v<T, LeaveRequest>) {
             auto b = e.initLeaveRequest();
             b.setNode(m.node);
@@ -694,11 +700,11 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     }
     case wire::Envelope::STATE_PULL: {
       auto r = e.getStatePull();
-      return StatePull{r.getJobId(), r.getStep(), r.getOffset(), r.getCount()};
+      return StatePull{r.getJobId(), r.getStep(), r.getOffset(), r.getCount(), r.getOfShard(), r.getShard(), r.getDigest()};
     }
     case wire::Envelope::STATE_PIECE: {
       auto r = e.getStatePiece();
-      return StatePiece{r.getJobId(), get_chunk(r.getChunk(), owner)};
+      return StatePiece{r.getJobId(), get_chunk(r.getChunk(), owner), r.getOfShard()};
     }
     case wire::Envelope::SHARD_TRANSFER: {
       auto r = e.getShardTransfer();
@@ -710,6 +716,8 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       t.refused = in.text(r.getRefused(), wire_caps::reason_bytes, "a shard transfer's refusal");
       t.cursors = in.cursors(r.getCursors(), ShardTransfer::max_marks, "a shard transfer's cursors");
       t.current = r.getCurrent();
+      t.donors = in.names(r.getDonors(), ShardTransfer::max_donors, "a shard transfer's donors");
+      t.digest = r.getDigest();
       return t;
     }
     case wire::Envelope::LEAVE_REQUEST: {

@@ -321,12 +321,18 @@ struct GenerationVote {
 /// State transfer: [offset, offset + count) of a job's state (parameters, then optimiser state) at step.
 struct StatePull {
   uint64_t job_id = 0, step = 0, offset = 0, count = 0;
+  /// Async, a striped shard fetch: of shard `shard`'s state (values, then each optimiser buffer)
+  /// at version `step`, whose digest (elastic::state_digest) is `digest`; else the job's state.
+  bool of_shard = false;
+  uint32_t shard = 0;
+  uint64_t digest = 0;
   friend bool operator==(const StatePull&, const StatePull&) = default;
 };
 
 struct StatePiece {
   uint64_t job_id = 0;
   TensorChunk chunk;  ///< step: the state's step
+  bool of_shard = false;  ///< a piece of shard chunk.shard's state (StatePull::of_shard)
   friend bool operator==(const StatePiece&, const StatePiece&) = default;
 };
 
@@ -450,7 +456,12 @@ struct ShardTransfer {
   std::vector<std::pair<std::string, uint64_t>> cursors = {};
   /// The asker's copy is the source's state (same version and digest): no values, it keeps its own.
   bool current = false;
+  /// Not empty: no values here either; the asker pulls the chunk.total elements striped over these
+  /// holders of the same state (StatePull::of_shard at `version`), and checks them against `digest`.
+  std::vector<std::string> donors = {};
+  uint64_t digest = 0;
   static constexpr size_t max_marks = 65536;  ///< one per worker that ever pushed to the shard (and so for cursors)
+  static constexpr size_t max_donors = 64;
   friend bool operator==(const ShardTransfer&, const ShardTransfer&) = default;
 };
 

@@ -354,11 +354,15 @@ struct StatePull {
   step @1 :UInt64;
   offset @2 :UInt64;
   count @3 :UInt64;
+  ofShard @4 :Bool;          # async: of shard `shard`'s state (values, then each optimiser buffer)
+  shard @5 :UInt32;          # at version `step`, whose digest is `digest` (a striped shard fetch)
+  digest @6 :UInt64;
 }
 
 struct StatePiece {
   jobId @0 :UInt64;
   chunk @1 :TensorChunk;     # step: the state's step; offset and total place it in the state vector
+  ofShard @2 :Bool;          # a piece of shard chunk.shard's state (StatePull.ofShard)
 }
 
 struct LeaveRequest {
@@ -476,6 +480,9 @@ struct ShardTransfer {
                              # generation carried (a checkpoint's cut)
   current @9 :Bool;          # the asker's copy is the source's state (same version and digest):
                              # no values sent, the asker keeps its own
+  donors @10 :List(Text);    # not empty: no values here either; the asker pulls the chunk.total
+                             # elements striped over these holders of the same state (StatePull ofShard)
+  digest @11 :UInt64;        # with donors: the state's digest, which the pulled copy must have
 }
 
 struct UpdateMark {

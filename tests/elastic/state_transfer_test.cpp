@@ -90,3 +90,39 @@ TEST_CASE("a donor refuses another step or job and ranges outside its state, a p
   CHECK_FALSE(p.on_piece(other_step->front(), puller.view()));
   CHECK(std::all_of(puller.params.begin(), puller.params.end(), [](float x) { return x == 0; }));
 }
+
+TEST_CASE("a shard's state pulled striped: the pulls and pieces name the shard, and a piece of another is refused",
+          "[elastic][state]") {
+  Holder donor = filled(300, 2);
+  Holder puller{std::vector<float>(300), std::vector<float>(300)};
+  // Shard 5 at version 42, whose digest the source named.
+  elastic::StatePuller p({7, 42, 600, 64, 2000, {"a", "b"}, true, 5, 0xd16e57});
+  std::vector<std::pair<std::string, gossip::StatePull>> asks;
+  p.start(0, asks);
+  REQUIRE_FALSE(asks.empty());
+  for (const auto& [to, ask] : asks) {
+    CHECK(ask.of_shard);
+    CHECK(ask.shard == 5);
+    CHECK(ask.digest == 0xd16e57);
+  }
+  // The job's state, or another shard's, at the same step is not this shard's.
+  auto job_state = elastic::serve_state({7, 42, 0, 64}, 7, 42, donor.view(), 64);
+  REQUIRE(job_state);
+  CHECK_FALSE(job_state->front().of_shard);
+  CHECK_FALSE(p.on_piece(job_state->front(), puller.view()));
+  auto other = elastic::serve_state({7, 42, 0, 64, true, 4, 0xd16e57}, 7, 42, donor.view(), 64);
+  REQUIRE(other);
+  CHECK_FALSE(p.on_piece(other->front(), puller.view()));
+  for (const auto& [to, ask] : asks) {
+    auto pieces = elastic::serve_state(ask, 7, 42, donor.view(), 64);
+    REQUIRE(pieces);
+    for (const auto& piece : *pieces) {
+      CHECK(piece.of_shard);
+      CHECK(piece.chunk.shard == 5);
+      REQUIRE(p.on_piece(piece, puller.view()));
+    }
+  }
+  CHECK(p.done());
+  CHECK(puller.params == donor.params);
+  CHECK(puller.momentum == donor.momentum);
+}

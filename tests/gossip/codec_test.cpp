@@ -83,6 +83,9 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       ShardTransfer{9, 2, 4, 0, 0, {}, {}, "this node does not hold shard 2"},
       ShardTransfer{9, 2, 4, 33, 0, {}, {}, {}, {}, true},
       ShardTransfer{9, 2, 4, 34, 120, chunk, {{"node-03", 0xb007, 17}}, {}, {{"node-03", 4096}, {"node-01", 0}}},
+      // A striped fetch's manifest: the holders of the state, its digest, its length and no values.
+      ShardTransfer{9, 2, 4, 34, 120, TensorChunk{34, 2, 0, 143692, {}, nullptr}, {{"node-03", 0xb007, 17}}, {},
+                    {{"node-03", 4096}}, false, {"127.0.0.1:4001", "127.0.0.1:4002"}, 0x1234abcd5678ef90ull},
       JobStart{9, "[job]", "127.0.0.1:9000", {"a", "b"}, {"127.0.0.1:1", "127.0.0.1:2"}, "a", 4, "submitter-7", {5, 6},
                3, JobProgress{40, 1, 192, 6336}, {"a"}, 3, 192, {}, 3, {"a", "b", "c"}, {5, 6, 7}, {"a", "", "b"},
                {"east", "west"}, {"east", "", "west"}},
@@ -126,8 +129,10 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       GenerationVote{9, GenerationVote::Kind::refuse, 6, 3, {}, {}, false, 0, "promised generation 6"},
       GenerationVote{9, GenerationVote::Kind::evict, 3, 3, {"b"}},
       StatePull{9, 41, 1000, 4096},
+      StatePull{9, 34, 16384, 16384, true, 2, 0x1234abcd5678ef90ull},  // of shard 2's state at version 34
       LeaveRequest{"node-02", LeaveRequest::Kind::done, "after step 41"},
       StatePiece{9, chunk},
+      StatePiece{9, chunk, true},
   };
   for (const auto& body : bodies) {
     INFO(kind_name(body));

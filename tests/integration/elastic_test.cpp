@@ -250,6 +250,25 @@ TEST_CASE("async: kill -9 of a node holding primaries, the launcher restarts it,
   CHECK_FALSE(logs_contain(dir.path / "out", "shard_lost"));
 }
 
+TEST_CASE("async: a node that joins fetches the shards placed on it striped over their holders, and the job goes on",
+          "[integration][elastic]") {
+  // Pieces of 64 KiB: each shard (about 72,000 values) is five. With replication 2 a shard that
+  // moves to the joiner has two holders of its state, the primary and its replica, and the joiner
+  // pulls from both at once (the source's manifest names them; the digest checks what came).
+  TempDir dir;
+  ElasticRun r(dir, "async", {"--set", "job.ring_chunk_kb=64"});
+  r.add_node("node-03");
+  r.wait_for_shards(r.expect_generation_saying({"joined node-03"}), 4);
+  const std::string joiner = r.added[0]->all();
+  INFO(joiner);
+  CHECK_THAT(joiner, Catch::Contains("shard_fetched") && Catch::Contains("striped pieces=") &&
+                         Catch::Contains("donors=2"));
+  CHECK_THAT(joiner, !Catch::Contains("shard_stripes_refused") && !Catch::Contains("shard_stripes_abandoned"));
+  const auto result = r.finish();
+  check_result(result, "async", 4, result["generations"].size(), 1);
+  CHECK_FALSE(logs_contain(dir.path / "out", "shard_lost"));
+}
+
 TEST_CASE("async with replication 1: a dead node takes its shards with it, and the run says which", "[integration][elastic]") {
   TempDir dir;
   ElasticRun r(dir, "async", {"--set", "elastic.replication=1", "--set", "elastic.restart=\"never\""});

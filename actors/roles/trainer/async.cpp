@@ -577,6 +577,7 @@ std::expected<void, std::string> AsyncDriver::setup(Trainer* self, Job& j) {
   init->shards = shards_;
   init->max_staleness = static_cast<uint64_t>(j.config.job.max_staleness);
   init->max_lr = e.local_steps > 0 ? 1.0f : std::numeric_limits<float>::infinity();
+  init->piece = chunk_elements(j);
   init->optimizer = shard_optimizer(shard_options);
   shard_optimizer_applied_ = j.optimizer_applied;
   counters_ = init->counters = std::make_shared<ShardHostCounters>();
