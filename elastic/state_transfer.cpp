@@ -103,6 +103,16 @@ void StatePuller::on_tick(double now, std::vector<std::pair<std::string, gossip:
   }
 }
 
+void StatePuller::refused(const std::string& donor, double now, std::vector<std::pair<std::string, gossip::StatePull>>& out) {
+  if (o_.donors.size() < 2) return;  // nobody else to ask: the ticks ask it again
+  for (auto& r : requests_) {
+    if (r.received || o_.donors[r.donor] != donor) continue;
+    r.donor = (r.donor + 1) % o_.donors.size();
+    r.asked_at = now;
+    out.emplace_back(o_.donors[r.donor], pull(r));
+  }
+}
+
 std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const gossip::StatePull& pull, uint64_t job_id,
                                                                        uint64_t step, const StateView& state,
                                                                        size_t piece) {

@@ -60,6 +60,8 @@ class StatePuller {
   std::expected<void, std::string> on_piece(const gossip::StatePiece& piece, const StateView& state);
   /// Asks again, from the next donor, for pieces that did not come in time.
   void on_tick(double now, std::vector<std::pair<std::string, gossip::StatePull>>& out);
+  /// `donor` (an address) does not hold the state: what it was asked for is asked of the next now.
+  void refused(const std::string& donor, double now, std::vector<std::pair<std::string, gossip::StatePull>>& out);
   bool done() const { return received_ == requests_.size(); }
   size_t pieces() const { return requests_.size(); }
 

@@ -44,9 +44,11 @@ struct Host {
       ShardTransfer manifest;
       std::vector<float> flat;  // values, then each optimiser buffer
       std::optional<elastic::StatePuller> puller;
-      std::chrono::steady_clock::time_point started;
+      std::chrono::steady_clock::time_point progress;  // the last piece (or the start)
     };
     std::optional<Striped> striped;
+    bool whole_only = false;  // a striped fetch failed: asked for whole from here on (this generation)
+    bool released = false;    // the state has what this generation's release set
   };
   std::map<uint32_t, Held> shards;
   // A copy of each shard larger than a piece this node held with its state as the generation was
@@ -57,12 +59,16 @@ struct Host {
     uint64_t version = 0, digest = 0;
     int64_t optimizer_steps = 0;
     elastic::UpdateMarks marks;
-    std::vector<std::string> donors;  // this node, and the replicas that had all of it (held as primary)
+    std::vector<std::string> donors;  // this node and the shard's other holders of the generation before
+    bool released = false;            // with what this generation's release set
   };
   std::map<uint32_t, Frozen> frozen;
+  std::chrono::steady_clock::time_point frozen_until;  // kept while pulls come, frozen_keep after the last
   static constexpr std::chrono::seconds frozen_keep{60};
-  static constexpr std::chrono::seconds striped_limit{30};  // then the shard is fetched whole
+  static constexpr std::chrono::seconds striped_limit{30};  // no piece for this long: the shard is fetched whole
   static constexpr double stripe_retry_ms = 2000;
+  // A release's optimiser of another layout: the buffers a copy of the new one has.
+  size_t buffers_after = 0;
   // Per shard this node is primary of, per worker: the cursor its latest applied push carried in
   // this generation (a checkpoint's cut).
   std::map<uint32_t, std::map<std::string, uint64_t>> cursors;
@@ -130,13 +136,12 @@ struct Host {
     return o;
   }
 
-  /// A holder's server from a snapshot of the shard, with what a release set applied.
-  std::expected<std::unique_ptr<elastic::ShardServer>, std::string> restore(uint32_t s, elastic::ShardSnapshot snap) {
-    auto optimizer = make_optimizer(snap.values.size());
-    if (!optimizer) return std::unexpected(optimizer.error());
-    // Applying a release twice changes nothing (a holder may get a copy its source has already
-    // taken it on): the same values, and a copy of the new layout is kept as it is.
-    if (plan->reset) {
+  /// What this generation's release set, on a snapshot of shard s from before it: the program's
+  /// parameters (`values`: only to a state without them; one with them may have updates since),
+  /// and the optimiser's new layout (a copy of the old one starts afresh; told by its buffer count,
+  /// so applying it twice changes nothing).
+  std::expected<void, std::string> apply_release(uint32_t s, elastic::ShardSnapshot& snap, bool values) const {
+    if (values && plan->reset) {
       const auto r = elastic::shard_range(init->elements, init->shards, s);
       if (plan->reset->size() != init->elements || snap.values.size() != r.size())
         return std::unexpected(fmt::format("the parameters the program set hold {} values; the job has {}",
@@ -145,9 +150,19 @@ struct Host {
                 plan->reset->begin() + static_cast<ptrdiff_t>(r.end), snap.values.begin());
     }
     if (buffers_before && snap.optimizer.size() == *buffers_before) {
-      snap.optimizer.assign((*optimizer)->state().size(), std::vector<float>(snap.values.size(), 0.0f));
+      snap.optimizer.assign(buffers_after, std::vector<float>(snap.values.size(), 0.0f));
       snap.optimizer_steps = 0;
     }
+    return {};
+  }
+
+  /// A holder's server from a snapshot of the shard; `released`: the snapshot has this
+  /// generation's release (else it is applied here).
+  std::expected<std::unique_ptr<elastic::ShardServer>, std::string> restore(uint32_t s, elastic::ShardSnapshot snap,
+                                                                          bool released) {
+    auto optimizer = make_optimizer(snap.values.size());
+    if (!optimizer) return std::unexpected(optimizer.error());
+    if (auto ok = apply_release(s, snap, !released); !ok) return std::unexpected(ok.error());
     auto server = elastic::ShardServer::restore(options(s), std::move(snap), std::move(*optimizer));
     if (!server) return std::unexpected(server.error());
     return std::make_unique<elastic::ShardServer>(std::move(*server));
@@ -196,12 +211,11 @@ struct Host {
       if (!h.holder || h.server) continue;
       waiting_for_any = true;
       if (!h.striped) {
-        fetch(s, h);
-      } else if (std::chrono::steady_clock::now() - h.striped->started > striped_limit) {
-        node_events().warn("shard_stripes_abandoned job={} generation={} shard={} reason=\"not whole within {} s\"",
+        fetch(s, h, h.whole_only);
+      } else if (std::chrono::steady_clock::now() - h.striped->progress > striped_limit) {
+        node_events().warn("shard_stripes_abandoned job={} generation={} shard={} reason=\"no piece came for {} s\"",
                            init->job_id, generation, s, striped_limit.count());
-        h.striped.reset();
-        fetch(s, h, true);
+        fetch_whole(s, h);
       } else {
         std::vector<std::pair<std::string, gossip::StatePull>> again;
         h.striped->puller->on_tick(now_ms(), again);
@@ -215,27 +229,41 @@ struct Host {
     return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
   }
 
-  /// Shard s's state as this node held it at the placement (Frozen), when it is large enough to
-  /// stripe; called before the new plan replaces `plan`. Its donors are the generation's holders
-  /// of the shard: each serves only a copy of this very state (the digest), so one whose copy is
-  /// another (a replica an update behind) is passed over by the puller.
-  void freeze(uint32_t s, const Held& h) {
-    auto snap = h.server->snapshot();
-    const size_t total = snap.values.size() * (1 + snap.optimizer.size());
-    if (total <= init->piece) return;  // one piece: sent whole
+  /// Shard s's state as this node held it at the placement, with what the new generation's
+  /// release set (Frozen): the state a striped fetch pulls. `donors`: this node and the shard's
+  /// other holders of the generation before. Each serves only a copy of this very state (the
+  /// digest), so one whose copy is another (a replica an update behind) is passed over.
+  void freeze(uint32_t s, elastic::ShardSnapshot snap, std::vector<std::string> donors) {
+    if (!apply_release(s, snap, true)) return;
     Frozen f;
     f.version = snap.version;
     f.digest = elastic::state_digest(snap);
     f.optimizer_steps = snap.optimizer_steps;
-    f.marks = snap.marks;
-    f.donors.push_back(init->self_address);
-    for (const auto& id : plan->plan.placement[s])
-      if (id != init->self_id)
-        if (auto address = worker_address(id); !address.empty()) f.donors.push_back(std::move(address));
+    f.marks = std::move(snap.marks);
+    f.donors = std::move(donors);
+    f.released = plan->reset || plan->optimizer;
+    const size_t total = snap.values.size() * (1 + snap.optimizer.size());
     f.flat = std::make_shared<std::vector<float>>(std::move(snap.values));
     f.flat->reserve(total);
     for (const auto& b : snap.optimizer) f.flat->insert(f.flat->end(), b.begin(), b.end());
     frozen[s] = std::move(f);
+  }
+
+  /// A striped fetch of shard s failed: from here on in this generation, it comes whole.
+  void fetch_whole(uint32_t s, Held& h) {
+    h.striped.reset();
+    h.whole_only = true;
+    fetch(s, h, true);
+  }
+
+  void unfreeze(uint64_t g) {
+    if (g != generation || frozen.empty()) return;
+    const auto now = std::chrono::steady_clock::now();
+    if (now < frozen_until)  // pulls came since: kept for frozen_keep after the last
+      return self->delayed_send(self, std::chrono::duration_cast<std::chrono::milliseconds>(frozen_until - now) +
+                                          std::chrono::milliseconds(1),
+                                unfreeze_atom::value, g);
+    frozen.clear();
   }
 
   void schedule_refetch() const {
@@ -250,10 +278,27 @@ struct Host {
   /// A generation's plan: every shard this node holds in it starts from its source's state.
   void place(std::shared_ptr<const ShardHostPlan> next) {
     if (gather) end_gather(fmt::format("generation {} was installed meanwhile", next->generation));
+    // The copies a striped fetch of the new generation pulls: of each shard larger than a piece
+    // that this node held with its state, where the new generation has holders that will fetch it
+    // (new ones, or every one when a release changes the state). Taken before the plan changes.
     frozen.clear();
-    for (const auto& [s, h] : shards)
-      if (h.server && h.holder) freeze(s, h);
-    if (!frozen.empty()) self->delayed_send(self, frozen_keep, unfreeze_atom::value, next->generation);
+    std::vector<std::tuple<uint32_t, elastic::ShardSnapshot, std::vector<std::string>>> to_freeze;
+    const bool release = next->reset || next->optimizer;
+    for (const auto& [s, h] : shards) {
+      if (!h.server || !h.holder || s >= next->plan.placement.size()) continue;
+      const auto& before = plan->plan.placement[s];
+      const auto& after = next->plan.placement[s];
+      const bool fetched = release || std::any_of(after.begin(), after.end(), [&](const std::string& id) {
+        return std::find(before.begin(), before.end(), id) == before.end();
+      });
+      auto snap = h.server->snapshot();
+      if (!fetched || snap.values.size() * (1 + snap.optimizer.size()) <= init->piece) continue;
+      std::vector<std::string> donors{init->self_address};
+      for (const auto& id : before)
+        if (id != init->self_id)
+          if (auto address = worker_address(id); !address.empty()) donors.push_back(std::move(address));
+      to_freeze.emplace_back(s, std::move(snap), std::move(donors));
+    }
     plan = std::move(next);
     generation = plan->generation;
     ready = false;
@@ -268,12 +313,18 @@ struct Host {
           return lost(fmt::format("the optimiser a release set keeps {} buffers as the one before, of another kind",
                                   new_buffers));
         buffers_before = old_buffers;
+        buffers_after = new_buffers;
       }
       make_optimizer = plan->optimizer;
       node_events().info("shard_optimizer_changed job={} generation={} carried={}", init->job_id, generation,
                          !buffers_before);
     }
     cursors.clear();  // they point into the lists of the generation before
+    for (auto& [s, snap, donors] : to_freeze) freeze(s, std::move(snap), std::move(donors));
+    if (!frozen.empty()) {
+      frozen_until = std::chrono::steady_clock::now() + frozen_keep;
+      self->delayed_send(self, frozen_keep, unfreeze_atom::value, generation);
+    }
     std::map<uint32_t, Held> kept;
     std::string held;
     bool fetching = false;
@@ -282,7 +333,7 @@ struct Host {
       const bool holder = std::find(holders.begin(), holders.end(), init->self_id) != holders.end();
       const std::string& source = plan->plan.sources[s];
       auto old = shards.find(s);
-      Held h{nullptr, holder && holders.front() == init->self_id, holder, std::nullopt, 0, std::nullopt};
+      Held h{nullptr, holder && holders.front() == init->self_id, holder, std::nullopt, 0, std::nullopt, false, false};
       if (source.empty()) {  // the first generation: the job's initial parameters
         if (!holder) continue;
         const auto r = elastic::shard_range(init->elements, init->shards, s);
@@ -310,9 +361,11 @@ struct Host {
           lost(fmt::format("shard {}: generation {} names this node its source, but it does not hold it", s, generation));
           continue;
         }
-        auto server = holder ? restore(s, old->second.server->snapshot()) : std::move(old->second.server);
+        // A holder takes what a release set; a copy kept only for others is sent as it is.
+        auto server = holder ? restore(s, old->second.server->snapshot(), false) : std::move(old->second.server);
         if (!server) return lost(fmt::format("shard {}: {}", s, server.error()));
         h.server = std::move(*server);
+        h.released = holder && (plan->reset || plan->optimizer);
       } else if (holder) {
         // A holder in the generation before (its copy whole) offers its copy's digest: holders
         // that stayed usually hold the source's very state, and then nothing needs to move.
@@ -375,7 +428,13 @@ struct Host {
     if (it == shards.end() || it->second.server || !it->second.holder) return;  // not fetched here, or already come
     if (peer != plan->plan.sources[t.shard]) return refuse(peer, t, "not the shard's source");
     if (!t.refused.empty()) return lost(fmt::format("shard {}: its source {} says: {}", t.shard, peer, t.refused));
-    if (!t.current && !t.donors.empty()) return start_striped(t.shard, it->second, t);
+    if (!t.current && !t.donors.empty()) {
+      // A late manifest (of a fetch sent before the one under way), or one after a striped fetch
+      // failed here (the whole state is on its way): not started again.
+      const auto& st = it->second.striped;
+      if (it->second.whole_only || (st && st->manifest.version == t.version && st->manifest.digest == t.digest)) return;
+      return start_striped(t.shard, it->second, t);
+    }
     std::expected<elastic::ShardSnapshot, std::string> snap;
     if (t.current) {
       if (!it->second.own || it->second.own->version != t.version)
@@ -386,18 +445,20 @@ struct Host {
     }
     it->second.own.reset();
     if (!snap) return refuse(peer, t, snap.error());
-    if (auto ok = took(t.shard, it->second, std::move(*snap),
-                       fmt::format("from={} version={} kept_own={}", peer, t.version, t.current));
-        !ok)
-      refuse(peer, t, ok.error());  // asked for again at the next refetch
+    took(t.shard, it->second, std::move(*snap), t.released,
+         fmt::format("from={} version={} kept_own={}", peer, t.version, t.current));
   }
 
-  /// Shard s's state has come (or this node's own copy is it): the holder serves from here.
-  std::expected<void, std::string> took(uint32_t s, Held& h, elastic::ShardSnapshot snap, const std::string& how) {
-    auto server = restore(s, std::move(snap));
-    if (!server) return std::unexpected(server.error());
+  /// Shard s's state has come (or this node's own copy is it): the holder serves from here. A
+  /// state the source holds that cannot be restored here (another size, another optimiser
+  /// layout) would fail again each time: the shard is lost, saying why.
+  void took(uint32_t s, Held& h, elastic::ShardSnapshot snap, bool released, const std::string& how) {
+    auto server = restore(s, std::move(snap), released);
+    if (!server) return lost(fmt::format("shard {}: its state cannot be taken here: {}", s, server.error()));
     h.server = std::move(*server);
+    h.released = plan->reset || plan->optimizer;
     h.striped.reset();
+    h.own.reset();
     init->counters->note_version(s, h.server->version());
     // A replica holds the shard from here: the primary counts what it holds as durable.
     if (!h.primary)
@@ -406,7 +467,6 @@ struct Host {
     node_events().info("shard_fetched job={} generation={} shard={} {}", init->job_id, generation, s, how);
     maybe_ready();
     retry_waiting();
-    return {};
   }
 
   // -- Striped fetches --
@@ -417,7 +477,7 @@ struct Host {
     const size_t total = t.chunk.total;
     if (n == 0 || total < n || total % n != 0 || total / n > 1 + max_buffers || !t.chunk.data.empty()) {
       refuse(plan->plan.sources[s], t, fmt::format("a manifest of {} elements for a shard of {}", total, n));
-      return fetch(s, h, true);
+      return fetch_whole(s, h);
     }
     Held::Striped st;
     st.manifest = t;
@@ -428,7 +488,7 @@ struct Host {
       if (d != init->self_address && std::find(donors.begin(), donors.end(), d) == donors.end()) donors.push_back(d);
     st.puller.emplace(elastic::StatePuller::Options{init->job_id, t.version, total, init->piece, stripe_retry_ms,
                                                     std::move(donors), true, s, t.digest});
-    st.started = std::chrono::steady_clock::now();
+    st.progress = std::chrono::steady_clock::now();
     std::vector<std::pair<std::string, gossip::StatePull>> out;
     st.puller->start(now_ms(), out);
     node_events().info("shard_stripes_asked job={} generation={} shard={} version={} pieces={} donors={}", init->job_id,
@@ -439,16 +499,29 @@ struct Host {
   static constexpr size_t max_buffers = 8;  // optimiser buffers a shard's state may have
 
   /// A donor's piece of a striped fetch; the last one completes it, checked against the digest.
-  void on_piece(const std::string& peer, const gossip::StatePiece& p) {
+  void on_piece(const std::string& peer, const std::string& address, const gossip::StatePiece& p) {
     if (p.job_id != init->job_id) return;
     const auto it = shards.find(p.chunk.shard);
     if (it == shards.end() || it->second.server || !it->second.striped) return;  // done, or not fetched so
     auto& st = *it->second.striped;
+    const auto& donors = st.manifest.donors;
+    if (std::find(donors.begin(), donors.end(), address) == donors.end()) {
+      node_events().warn("shard_piece_refused job={} from={} shard={} reason=\"not a donor the source named\"",
+                         init->job_id, peer, p.chunk.shard);
+      return;
+    }
+    if (p.chunk.total == 0 && p.chunk.data.empty()) {  // the donor does not hold that state: the next one is asked
+      std::vector<std::pair<std::string, gossip::StatePull>> again;
+      st.puller->refused(address, now_ms(), again);
+      for (auto& [to, pull] : again) send(to, std::move(pull));
+      return;
+    }
     if (auto ok = st.puller->on_piece(p, elastic::StateView({std::span<float>(st.flat)})); !ok) {
       node_events().warn("shard_piece_refused job={} from={} shard={} reason=\"{}\"", init->job_id, peer, p.chunk.shard,
                          ok.error());
       return;
     }
+    st.progress = std::chrono::steady_clock::now();
     if (!st.puller->done()) return;
     const uint32_t s = p.chunk.shard;
     const size_t n = elastic::shard_range(init->elements, init->shards, s).size();
@@ -464,37 +537,31 @@ struct Host {
       // A donor whose copy went another way at that version: the source sends it whole.
       node_events().warn("shard_stripes_refused job={} generation={} shard={} reason=\"{}\"", init->job_id, generation,
                          s, finite ? "the pieces do not make the source's digest" : "values that are not finite");
-      it->second.striped.reset();
-      return fetch(s, it->second, true);
+      return fetch_whole(s, it->second);
     }
     for (const auto& [worker, c] : st.manifest.cursors) {
       auto& mine = cursors[s][worker];
       mine = std::max(mine, c);
     }
     const auto pieces = st.puller->pieces();
-    const auto donors = st.manifest.donors.size();
-    auto& h = it->second;
-    if (auto ok = took(s, h, std::move(snap),
-                       fmt::format("from={} version={} kept_own=false striped pieces={} donors={}",
-                                   plan->plan.sources[s], st.manifest.version, pieces, donors));
-        !ok) {
-      node_events().warn("shard_stripes_refused job={} generation={} shard={} reason=\"{}\"", init->job_id, generation,
-                         s, ok.error());
-      h.striped.reset();
-      fetch(s, h, true);
-    }
+    const auto donors_named = st.manifest.donors.size();
+    const bool released = st.manifest.released;
+    took(s, it->second, std::move(snap), released,
+         fmt::format("from={} version={} kept_own=false striped pieces={} donors={}", plan->plan.sources[s],
+                     st.manifest.version, pieces, donors_named));
   }
 
   /// A striped fetch's pull: served from this node's frozen copy, if it is the state asked for.
   void serve_pull(const std::string& peer, const std::string& address, const gossip::StatePull& pull) {
+    if (pull.job_id != init->job_id || address.empty()) return;
     const auto f = frozen.find(pull.shard);
-    if (pull.job_id != init->job_id || f == frozen.end() || f->second.version != pull.step ||
-        f->second.digest != pull.digest) {
-      // The asker tries the next holder (StatePuller's retry).
-      node_events().info("shard_pull_refused job={} from={} shard={} version={} reason=\"{}\"", pull.job_id, peer,
-                         pull.shard, pull.step, f == frozen.end() ? "no frozen copy here" : "another state here");
-      return;
+    if (f == frozen.end() || f->second.version != pull.step || f->second.digest != pull.digest) {
+      // Said at once (a piece of nothing), so the asker asks the next holder without waiting.
+      node_events().debug("shard_pull_refused job={} from={} shard={} version={} reason=\"{}\"", pull.job_id, peer,
+                          pull.shard, pull.step, f == frozen.end() ? "no frozen copy here" : "another state here");
+      return send(address, gossip::StatePiece{init->job_id, gossip::TensorChunk{pull.step, pull.shard, pull.offset, 0, {}, nullptr}, true});
     }
+    frozen_until = std::chrono::steady_clock::now() + frozen_keep;
     auto pieces = elastic::serve_state(pull, init->job_id, f->second.version,
                                        elastic::StateView({std::span<float>(*f->second.flat)}), init->piece);
     if (!pieces) return refuse_pull(peer, pull, pieces.error());
@@ -630,15 +697,18 @@ struct Host {
       // The asker holds this very state: it keeps its copy, and nothing else needs to travel.
       t.version = snap.version;
       t.current = true;
+      t.released = it->second.released;
       send(to, std::move(t));
       if (was_owed && owed.empty()) handed_over();
       return;
     }
     // Striped: a manifest of the state frozen at the placement; the asker pulls it from every
     // holder of it (updates since come to a new replica from the primary, in version order). Not
-    // from a leaver handing over (owed): it goes once its fetches are served.
-    if (const auto f = frozen.find(u.shard); !u.resend && !was_owed && f != frozen.end() && f->second.donors.size() >= 2) {
+    // from a leaver handing over: it goes once its fetches are served.
+    const bool leaving = std::none_of(shards.begin(), shards.end(), [](const auto& e) { return e.second.holder; });
+    if (const auto f = frozen.find(u.shard); !u.resend && !leaving && f != frozen.end() && f->second.donors.size() >= 2) {
       const auto& z = f->second;
+      t.released = z.released;
       t.version = z.version;
       t.optimizer_steps = z.optimizer_steps;
       t.chunk = gossip::TensorChunk{z.version, u.shard, 0, z.flat->size(), {}, nullptr};
@@ -650,6 +720,7 @@ struct Host {
     }
     auto flat = std::make_shared<std::vector<float>>(snap.values);
     for (const auto& b : snap.optimizer) flat->insert(flat->end(), b.begin(), b.end());
+    t.released = it->second.released;
     t.version = snap.version;
     t.optimizer_steps = snap.optimizer_steps;
     t.chunk = gossip::TensorChunk{snap.version, u.shard, 0, flat->size(), std::span<const float>(*flat), flat};
@@ -661,7 +732,7 @@ struct Host {
 
   void on_message(const std::string& peer, const std::string& address, gossip::Message m) {
     if (const auto* t = std::get_if<ShardTransfer>(&m.body)) return on_transfer(peer, *t);
-    if (const auto* p = std::get_if<gossip::StatePiece>(&m.body)) return on_piece(peer, *p);
+    if (const auto* p = std::get_if<gossip::StatePiece>(&m.body)) return on_piece(peer, address, *p);
     if (const auto* p = std::get_if<gossip::StatePull>(&m.body)) return serve_pull(peer, address, *p);
     const auto* u = std::get_if<ShardUpdate>(&m.body);
     if (!u) return;
@@ -753,9 +824,7 @@ caf::behavior shard_host(caf::event_based_actor* self, std::shared_ptr<ShardHost
       [host](refetch_atom, uint64_t generation) { host->refetch(generation); },
       [host](gather_atom, uint64_t id) { host->start_gather(id); },
       [host](regather_atom, uint64_t id) { host->regather(id); },
-      [host](unfreeze_atom, uint64_t generation) {
-        if (generation == host->generation) host->frozen.clear();
-      },
+      [host](unfreeze_atom, uint64_t generation) { host->unfreeze(generation); },
   };
 }
 

@@ -301,6 +301,7 @@ struct Encoder {
             b.setCurrent(m.current);
             put_texts(b.initDonors(static_cast<unsigned>(m.donors.size())), m.donors);
             b.setDigest(m.digest);
+            b.setReleased(m.released);
           } else if constexpr (std::is_same_v<T, LeaveRequest>) {
             auto b = e.initLeaveRequest();
             b.setNode(m.node);
@@ -718,6 +719,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       t.current = r.getCurrent();
       t.donors = in.names(r.getDonors(), ShardTransfer::max_donors, "a shard transfer's donors");
       t.digest = r.getDigest();
+      t.released = r.getReleased();
       return t;
     }
     case wire::Envelope::LEAVE_REQUEST: {

@@ -332,7 +332,9 @@ struct StatePull {
 struct StatePiece {
   uint64_t job_id = 0;
   TensorChunk chunk;  ///< step: the state's step
-  bool of_shard = false;  ///< a piece of shard chunk.shard's state (StatePull::of_shard)
+  /// A piece of shard chunk.shard's state (StatePull::of_shard); with chunk.total 0 and no values,
+  /// the donor's refusal: it does not hold that state.
+  bool of_shard = false;
   friend bool operator==(const StatePiece&, const StatePiece&) = default;
 };
 
@@ -460,6 +462,9 @@ struct ShardTransfer {
   /// holders of the same state (StatePull::of_shard at `version`), and checks them against `digest`.
   std::vector<std::string> donors = {};
   uint64_t digest = 0;
+  /// The state has what this generation's release set (the program's parameters, its optimiser):
+  /// a new holder applies the release only to a state without it.
+  bool released = false;
   static constexpr size_t max_marks = 65536;  ///< one per worker that ever pushed to the shard (and so for cursors)
   static constexpr size_t max_donors = 64;
   friend bool operator==(const ShardTransfer&, const ShardTransfer&) = default;

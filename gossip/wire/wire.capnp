@@ -362,7 +362,8 @@ struct StatePull {
 struct StatePiece {
   jobId @0 :UInt64;
   chunk @1 :TensorChunk;     # step: the state's step; offset and total place it in the state vector
-  ofShard @2 :Bool;          # a piece of shard chunk.shard's state (StatePull.ofShard)
+  ofShard @2 :Bool;          # a piece of shard chunk.shard's state (StatePull.ofShard); with
+                             # chunk.total 0 and no values: the donor does not hold that state
 }
 
 struct LeaveRequest {
@@ -483,6 +484,7 @@ struct ShardTransfer {
   donors @10 :List(Text);    # not empty: no values here either; the asker pulls the chunk.total
                              # elements striped over these holders of the same state (StatePull ofShard)
   digest @11 :UInt64;        # with donors: the state's digest, which the pulled copy must have
+  released @12 :Bool;        # the state has what this generation's release set (parameters, optimiser)
 }
 
 struct UpdateMark {

@@ -126,3 +126,30 @@ TEST_CASE("a shard's state pulled striped: the pulls and pieces name the shard, 
   CHECK(puller.params == donor.params);
   CHECK(puller.momentum == donor.momentum);
 }
+
+TEST_CASE("a donor's refusal moves what it was asked for to the next donor at once", "[elastic][state]") {
+  Holder donor = filled(200, 3);
+  Holder puller{std::vector<float>(200), std::vector<float>(200)};
+  elastic::StatePuller p({7, 42, 400, 64, 2000, {"a", "b"}, true, 1, 99});
+  std::vector<std::pair<std::string, gossip::StatePull>> asks;
+  p.start(0, asks);
+  std::vector<std::pair<std::string, gossip::StatePull>> again;
+  p.refused("a", 10, again);  // "a" holds another state: its stripe goes to "b" now, not after 2 s
+  REQUIRE_FALSE(again.empty());
+  for (const auto& [to, ask] : again) CHECK(to == "b");
+  for (const auto* list : {&asks, &again})
+    for (const auto& [to, ask] : *list) {
+      if (to == "a") continue;
+      auto pieces = elastic::serve_state(ask, 7, 42, donor.view(), 64);
+      REQUIRE(pieces);
+      for (const auto& piece : *pieces) REQUIRE(p.on_piece(piece, puller.view()));
+    }
+  CHECK(p.done());
+  CHECK(puller.params == donor.params);
+  // With one donor there is nobody else to ask: the ticks ask it again.
+  elastic::StatePuller alone({7, 42, 400, 64, 2000, {"a"}, true, 1, 99});
+  alone.start(0, asks);
+  again.clear();
+  alone.refused("a", 10, again);
+  CHECK(again.empty());
+}

@@ -85,7 +85,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       ShardTransfer{9, 2, 4, 34, 120, chunk, {{"node-03", 0xb007, 17}}, {}, {{"node-03", 4096}, {"node-01", 0}}},
       // A striped fetch's manifest: the holders of the state, its digest, its length and no values.
       ShardTransfer{9, 2, 4, 34, 120, TensorChunk{34, 2, 0, 143692, {}, nullptr}, {{"node-03", 0xb007, 17}}, {},
-                    {{"node-03", 4096}}, false, {"127.0.0.1:4001", "127.0.0.1:4002"}, 0x1234abcd5678ef90ull},
+                    {{"node-03", 4096}}, false, {"127.0.0.1:4001", "127.0.0.1:4002"}, 0x1234abcd5678ef90ull, true},
       JobStart{9, "[job]", "127.0.0.1:9000", {"a", "b"}, {"127.0.0.1:1", "127.0.0.1:2"}, "a", 4, "submitter-7", {5, 6},
                3, JobProgress{40, 1, 192, 6336}, {"a"}, 3, 192, {}, 3, {"a", "b", "c"}, {5, 6, 7}, {"a", "", "b"},
                {"east", "west"}, {"east", "", "west"}},

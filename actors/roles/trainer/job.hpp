@@ -185,7 +185,7 @@ struct Job {
   std::optional<gossip::collective::RingAllReduce> ring;
   std::vector<std::pair<std::string, gossip::RingChunk>> ahead;
   size_t ahead_bytes = 0;
-  std::vector<float> buffer;  // sync: [gradient x samples, loss x samples, samples, stop votes]; gossip: parameters;
+  std::vector<float> buffer;  // sync: [gradient x samples, loss x samples, samples, stop votes]; gossip: parameters, vote to end;
                               // async updates: the parameters before a step, then the step's change
   elastic::JobData data;
   std::unique_ptr<compute::Model> model;
