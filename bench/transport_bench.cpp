@@ -1,6 +1,6 @@
 // Transport throughput between two processes on loopback, against a plain TCP socket pair moving
 // the same bytes in the same run, for each frame protection: plain (no tag: measured here only;
-// no node runs it), authenticated (GMAC) and encrypted (AES-256-GCM, the default). Prints each
+// no node runs it), authenticated (Poly1305) and encrypted (AES-256-GCM, the default). Prints each
 // figure and the ratios (goals: plain >= 0.8 of TCP, authenticated >= 0.8 of plain), then the rate
 // of small messages, encrypted.
 //

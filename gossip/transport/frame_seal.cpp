@@ -39,8 +39,8 @@ FrameSealer::FrameSealer(FrameProtection protection, const FrameKey& key)
   if (!cipher_->ctx) openssl_failed("EVP_CIPHER_CTX_new");
   // The key is set once; each frame sets only its nonce. Encrypt and decrypt differ only in
   // direction, and one sealer serves one: the caller says which by calling seal or open.
-  if (EVP_CipherInit_ex(cipher_->ctx, EVP_aes_256_gcm(), nullptr, key.data(), nullptr, -1) != 1)
-    openssl_failed("AES-256-GCM key setup");
+  const EVP_CIPHER* aead = protection == FrameProtection::authenticated ? EVP_chacha20_poly1305() : EVP_aes_256_gcm();
+  if (EVP_CipherInit_ex(cipher_->ctx, aead, nullptr, key.data(), nullptr, -1) != 1) openssl_failed("frame key setup");
 }
 
 FrameSealer::~FrameSealer() = default;
@@ -85,7 +85,7 @@ FrameSealer::Sealed FrameSealer::seal_pieces(std::span<const OutFrame::Piece> in
   int n = 0;
   if (EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, iv) != 1 ||
       EVP_EncryptUpdate(ctx, nullptr, &n, header, frame_header_bytes) != 1)
-    openssl_failed("AES-GCM frame setup");
+    openssl_failed("frame setup");
   uint8_t* const cipher = header + frame_header_bytes;
   uint8_t* tag = header + stored - frame_tag_bytes;
   // Encrypted: small pieces (the segment table, the root segment) are copied into place and
@@ -95,7 +95,7 @@ FrameSealer::Sealed FrameSealer::seal_pieces(std::span<const OutFrame::Piece> in
   auto encrypt_staged = [&] {
     if (staged == 0) return;
     if (EVP_EncryptUpdate(ctx, cipher + done, &n, cipher + done, static_cast<int>(staged)) != 1)
-      openssl_failed("AES-GCM encrypt");
+      openssl_failed("frame encrypt");
     done += staged;
     staged = 0;
   };
@@ -108,7 +108,7 @@ FrameSealer::Sealed FrameSealer::seal_pieces(std::span<const OutFrame::Piece> in
     if (i == 0) data += frame_header_bytes, size -= frame_header_bytes;  // the old length prefix
     if (size == 0) continue;
     if (!encrypt) {
-      if (EVP_EncryptUpdate(ctx, nullptr, &n, data, static_cast<int>(size)) != 1) openssl_failed("GMAC");
+      if (EVP_EncryptUpdate(ctx, nullptr, &n, data, static_cast<int>(size)) != 1) openssl_failed("frame authentication");
       s.pieces.push_back({data, size});
       continue;
     }
@@ -119,14 +119,14 @@ FrameSealer::Sealed FrameSealer::seal_pieces(std::span<const OutFrame::Piece> in
     encrypt_staged();
     for (size_t left = size; left > 0;) {  // the rest of a big piece, straight from its memory
       const int chunk = static_cast<int>(std::min<size_t>(left, size_t{1} << 30));
-      if (EVP_EncryptUpdate(ctx, cipher + done, &n, data, chunk) != 1) openssl_failed("AES-GCM encrypt");
+      if (EVP_EncryptUpdate(ctx, cipher + done, &n, data, chunk) != 1) openssl_failed("frame encrypt");
       done += static_cast<size_t>(chunk), data += chunk, left -= static_cast<size_t>(chunk);
     }
   }
   encrypt_staged();
   if (EVP_EncryptFinal_ex(ctx, cipher + done, &n) != 1 ||
-      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_GCM_GET_TAG, frame_tag_bytes, tag) != 1)
-    openssl_failed("AES-GCM tag");
+      EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_GET_TAG, frame_tag_bytes, tag) != 1)
+    openssl_failed("frame tag");
   TEPDIST_CHECK(!encrypt || done == body);
   if (!encrypt) s.pieces.push_back({tag, frame_tag_bytes});
   s.bytes = frame_header_bytes + body + frame_tag_bytes;
@@ -150,7 +150,7 @@ void FrameSealer::begin(const uint8_t header[frame_header_bytes]) {
   int n = 0;
   if (EVP_DecryptInit_ex(cipher_->ctx, nullptr, nullptr, nullptr, iv) != 1 ||
       EVP_DecryptUpdate(cipher_->ctx, nullptr, &n, header, frame_header_bytes) != 1)
-    openssl_failed("AES-GCM frame setup");
+    openssl_failed("frame setup");
 }
 
 void FrameSealer::update(std::span<uint8_t> bytes) {
@@ -162,7 +162,7 @@ void FrameSealer::update(std::span<uint8_t> bytes) {
     const int ok = protection_ == FrameProtection::encrypted
                        ? EVP_DecryptUpdate(cipher_->ctx, data + done, &n, data + done, chunk)
                        : EVP_DecryptUpdate(cipher_->ctx, nullptr, &n, data + done, chunk);
-    if (ok != 1) openssl_failed("AES-GCM decrypt");
+    if (ok != 1) openssl_failed("frame decrypt");
     done += static_cast<size_t>(chunk);
   }
 }
@@ -170,8 +170,8 @@ void FrameSealer::update(std::span<uint8_t> bytes) {
 std::expected<void, std::string> FrameSealer::finish(const uint8_t tag[frame_tag_bytes]) {
   uint8_t expected[frame_tag_bytes];
   std::memcpy(expected, tag, frame_tag_bytes);
-  if (EVP_CIPHER_CTX_ctrl(cipher_->ctx, EVP_CTRL_GCM_SET_TAG, frame_tag_bytes, expected) != 1)
-    openssl_failed("AES-GCM tag");
+  if (EVP_CIPHER_CTX_ctrl(cipher_->ctx, EVP_CTRL_AEAD_SET_TAG, frame_tag_bytes, expected) != 1)
+    openssl_failed("frame tag");
   uint8_t rest[16];
   int n = 0;
   if (EVP_DecryptFinal_ex(cipher_->ctx, rest, &n) != 1)
