@@ -229,9 +229,10 @@ const std::vector<Key>& keys() {
         "A file holding the cluster secret (at least 16 bytes); refused unless its mode is 0600 or stricter."},
        -inf, inf, false, false, {}, assign<&J::cluster, &J::Cluster::secret_file>},
       {{"cluster", "encrypt", KeyType::boolean, "true",
-        "Every frame after the handshake carries an AES-256-GCM tag under keys of that connection alone "
-        "(ephemeral X25519, so a recorded session stays closed to a later holder of the secret); true: the "
-        "frames are also encrypted, false: authenticated only (integrity and order, readable on the path). "
+        "Every frame after the handshake carries a tag under keys of that connection alone (ephemeral "
+        "X25519, so a recorded session stays closed to a later holder of the secret); true: the frames are "
+        "also encrypted (AES-256-GCM), false: authenticated only (ChaCha20-Poly1305's tag: integrity and "
+        "order, readable on the path). "
         "Every node of a cluster must say the same; a node that differs is refused in the handshake."},
        -inf, inf, false, false, {}, assign<&J::cluster, &J::Cluster::encrypt>},
       {{"cluster", "max_frame_mb", KeyType::integer, "64",
