@@ -293,10 +293,13 @@ struct Host {
       });
       auto snap = h.server->snapshot();
       if (!fetched || snap.values.size() * (1 + snap.optimizer.size()) <= init->piece) continue;
+      // Donors: this node and the shard's other holders that are still workers (one dead or gone
+      // would hold its pieces back until they are asked again elsewhere).
       std::vector<std::string> donors{init->self_address};
       for (const auto& id : before)
-        if (id != init->self_id)
-          if (auto address = worker_address(id); !address.empty()) donors.push_back(std::move(address));
+        if (const auto w = std::find(next->workers.begin(), next->workers.end(), id);
+            id != init->self_id && w != next->workers.end())
+          donors.push_back(next->addresses[static_cast<size_t>(w - next->workers.begin())]);
       to_freeze.emplace_back(s, std::move(snap), std::move(donors));
     }
     plan = std::move(next);
