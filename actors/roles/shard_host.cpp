@@ -291,8 +291,9 @@ struct Host {
       const bool fetched = release || std::any_of(after.begin(), after.end(), [&](const std::string& id) {
         return std::find(before.begin(), before.end(), id) == before.end();
       });
+      if (!fetched) continue;  // nobody fetches it: no copy (a snapshot copies the whole shard)
       auto snap = h.server->snapshot();
-      if (!fetched || snap.values.size() * (1 + snap.optimizer.size()) <= init->piece) continue;
+      if (snap.values.size() * (1 + snap.optimizer.size()) <= init->piece) continue;
       // Donors: this node and the shard's other holders that are still workers (one dead or gone
       // would hold its pieces back until they are asked again elsewhere).
       std::vector<std::string> donors{init->self_address};
@@ -542,10 +543,6 @@ struct Host {
                          s, finite ? "the pieces do not make the source's digest" : "values that are not finite");
       return fetch_whole(s, it->second);
     }
-    for (const auto& [worker, c] : st.manifest.cursors) {
-      auto& mine = cursors[s][worker];
-      mine = std::max(mine, c);
-    }
     const auto pieces = st.puller->pieces();
     const auto donors_named = st.manifest.donors.size();
     const bool released = st.manifest.released;
@@ -567,12 +564,10 @@ struct Host {
     frozen_until = std::chrono::steady_clock::now() + frozen_keep;
     auto pieces = elastic::serve_state(pull, init->job_id, f->second.version,
                                        elastic::StateView({std::span<float>(*f->second.flat)}), init->piece);
-    if (!pieces) return refuse_pull(peer, pull, pieces.error());
+    if (!pieces)
+      return node_events().warn("shard_pull_refused job={} from={} shard={} reason=\"{}\"", pull.job_id, peer,
+                                pull.shard, pieces.error());
     for (auto& piece : *pieces) send(address, std::move(piece));
-  }
-
-  void refuse_pull(const std::string& peer, const gossip::StatePull& pull, const std::string& why) const {
-    node_events().warn("shard_pull_refused job={} from={} shard={} reason=\"{}\"", pull.job_id, peer, pull.shard, why);
   }
 
   // -- Checkpoints: rank 0's host gathers every shard --

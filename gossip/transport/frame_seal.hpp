@@ -7,7 +7,7 @@
 //   encrypted    body = AES-256-GCM ciphertext of the Cap'n Proto message; AAD = the length bytes
 //   authenticated body = the message in the clear; the tag is ChaCha20-Poly1305's (RFC 8439) over
 //                AAD = length | body: the same integrity, no confidentiality, and Poly1305 runs
-//                at 1.6-2x GHASH's rate on these CPUs (8.9 against 5.4 GB/s a core, measured
+//                at about 1.6x GMAC's rate on these CPUs (8.5-9 against 5-6 GB/s a core, measured
 //                on the AVX-512 machine), so authenticating costs the loop thread less
 //   nonce        12 bytes: 4 zero bytes, then the frame's counter (big-endian), counted from 0
 //                per direction and connection, assigned when the frame is written
