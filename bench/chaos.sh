@@ -25,6 +25,9 @@
 #   bench/chaos.sh [BUILD_DIR] [SEEDS] [EPOCHS]        (defaults: build 3; FAULT_GAP=4, CHAOS_HANG=0,
 #                                                      MODES="sync gossip async")
 #
+# SCHEDULE sets the learning-rate schedule of every run (default "constant"; "cosine" decays it
+# to 0 at the last step, so the final accuracy depends less on where the rate left the model).
+#
 # EPOCHS, if given, is every mode's; by default each mode trains long enough for at least ten
 # faults a run at FAULT_GAP=3 on a 2-core machine: sync 4 epochs, async 5, gossip 7 (gossip and
 # async train an epoch in about half of sync's time; with 3 epochs each, their runs saw 4 to 7
@@ -69,6 +72,7 @@ batch_size = 64
 lr = 0.04
 momentum = 0.9
 warmup_steps = 100
+schedule = "${SCHEDULE:-constant}"
 [nodes.node-00]
 region = "a"
 [nodes.node-01]
@@ -130,7 +134,7 @@ run() {
   added=()
 }
 
-echo "chaos: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), epochs: sync ${epochs_of[sync]}, async ${epochs_of[async]}, gossip ${epochs_of[gossip]}; faults every ${gap} s, $seeds seeds"
+echo "chaos: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), epochs: sync ${epochs_of[sync]}, async ${epochs_of[async]}, gossip ${epochs_of[gossip]}; faults every ${gap} s, $seeds seeds, schedule ${SCHEDULE:-constant}"
 read -r -a modes <<< "${MODES:-sync gossip async}"
 for mode in "${modes[@]}"; do
   for ((s = 1; s <= seeds; s++)); do

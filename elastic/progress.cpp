@@ -137,6 +137,26 @@ StepSlice next_slice(const Spans& spans, uint64_t consumed, uint64_t batch) {
   return out;
 }
 
+JobPace::JobPace(const std::vector<std::vector<uint64_t>>& lists, size_t rank, int64_t n, int64_t epochs,
+                 uint64_t reference, const gossip::JobProgress& resume)
+    : n_(static_cast<uint64_t>(std::max<int64_t>(1, n))),
+      reference_(std::max<uint64_t>(1, reference)),
+      resume_samples_(resume.samples) {
+  for (const auto& list : lists) left_ += span_total(spans_of(list));
+  const uint64_t whole = n_ * static_cast<uint64_t>(std::max<int64_t>(0, epochs));
+  done_ = whole - std::min(whole, left_);
+  own_ = rank < lists.size() ? span_total(spans_of(lists[rank])) : 0;
+}
+
+gossip::JobProgress JobPace::at(uint64_t consumed) const {
+  // In floating point: consumed x left overflows nothing there, and the estimate needs no more.
+  const uint64_t since = own_ == 0 ? 0
+                                   : static_cast<uint64_t>(static_cast<double>(std::min(consumed, own_)) /
+                                                           static_cast<double>(own_) * static_cast<double>(left_));
+  const uint64_t done = done_ + since;
+  return {done / reference_, done / n_, done % n_, resume_samples_ + since};
+}
+
 RatePolicy::RatePolicy(compute::LrSchedule schedule, Options options) : schedule_(schedule), o_(options) {
   o_.reference_batch = std::max<int64_t>(1, o_.reference_batch);
 }

@@ -80,6 +80,30 @@ struct StepSlice {
 };
 StepSlice next_slice(const Spans& spans, uint64_t consumed, uint64_t batch);
 
+/// Async and gossip: how far the whole job is, read from one worker's cursor, for the rate (the
+/// schedule is read at the samples the job consumed, whatever the number of workers). The
+/// generation's lists hold every position left (`left` in all); the job had consumed the rest of
+/// its epochs x n before them. The lists are sized to the workers' speeds, so all move through
+/// theirs alike, and a worker `consumed` positions into its own list of `own` puts the job at
+/// done + consumed x left / own. (Counting a local step as a reference batch, as local steps do,
+/// holds only while the world is the first generation's: more workers each step less often, and
+/// a job that grew ended with its schedule short of the end.)
+class JobPace {
+ public:
+  JobPace() = default;
+  /// `lists`: the generation's (JobStart::spans), `rank`'s its own; `resume`: the record's, whose
+  /// samples the ramp after a change counts from (RatePolicy::set_generation).
+  JobPace(const std::vector<std::vector<uint64_t>>& lists, size_t rank, int64_t n, int64_t epochs,
+          uint64_t reference, const gossip::JobProgress& resume);
+  /// The job's progress with this worker `consumed` positions into its list: step in reference
+  /// batches, epoch and position of the job's positions consumed, samples the record's plus the
+  /// job's since.
+  gossip::JobProgress at(uint64_t consumed) const;
+
+ private:
+  uint64_t n_ = 1, reference_ = 1, done_ = 0, left_ = 0, own_ = 0, resume_samples_ = 0;
+};
+
 class RatePolicy {
  public:
   struct Options {

@@ -164,3 +164,43 @@ TEST_CASE("gossip spans: a step stays in one epoch, the first split is the equal
   CHECK(re[1].front() == elastic::Span{0, 2, 3});
   CHECK(elastic::span_total(re[0]) == 3);
 }
+
+TEST_CASE("job pace: a worker's cursor tells the job's samples, whatever the number of workers", "[elastic][progress]") {
+  const int64_t n = 6000, epochs = 5;
+  const uint64_t ref = 256;  // 4 workers x 64 at the start
+  std::vector<std::vector<uint64_t>> lists;
+  for (const auto& l : elastic::initial_spans(n, epochs, 4)) lists.push_back(elastic::triples_of(l));
+  // The first generation: a quarter of the way through its list, a worker holds the job a
+  // quarter of the way through all of it.
+  const elastic::JobPace first(lists, 1, n, epochs, ref, {});
+  CHECK(first.at(0).samples == 0);
+  const auto quarter = first.at(elastic::span_total(elastic::spans_of(lists[1])) / 4);
+  CHECK(quarter.epoch == 1);
+  CHECK(quarter.position == 1500);
+  CHECK(quarter.step == 7500 / ref);
+  CHECK(quarter.samples == 7500);
+
+  // Half the job done, the rest re-split over 8 workers by speed (one twice as fast as the others):
+  // each of them at the end of its own list puts the job at its end, the fast one too, and at the
+  // middle of its list half-way through the rest.
+  std::vector<elastic::Spans> rests;
+  for (const auto& l : lists) rests.push_back(elastic::rest_after(elastic::spans_of(l), elastic::span_total(elastic::spans_of(l)) / 2));
+  const std::vector<double> speeds{2, 1, 1, 1, 1, 1, 1, 1};
+  std::vector<std::vector<uint64_t>> second;
+  for (const auto& l : elastic::resplit(rests, 8, speeds)) second.push_back(elastic::triples_of(l));
+  const JobProgress resume{600, 2, 3000, 153600};  // the record's: its samples are where the ramp counts from
+  for (size_t rank : {0u, 5u}) {
+    const elastic::JobPace pace(second, rank, n, epochs, ref, resume);
+    const uint64_t own = elastic::span_total(elastic::spans_of(second[rank]));
+    CHECK(pace.at(0).samples == resume.samples);
+    CHECK(pace.at(0).epoch == 2);
+    CHECK(pace.at(0).position == 3000);
+    const auto mid = pace.at(own / 2);
+    CHECK(mid.epoch * n + mid.position == Approx(15000 + 7500).margin(10));  // within a position of its list
+    const auto end = pace.at(own);
+    CHECK(end.epoch == 5);
+    CHECK(end.position == 0);
+    CHECK(end.step == 30000 / ref);
+    CHECK(end.samples == resume.samples + 15000);
+  }
+}

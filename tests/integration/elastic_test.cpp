@@ -394,6 +394,49 @@ TEST_CASE("a node joins a running job, status shows it in the generation, and on
   }
 }
 
+TEST_CASE("async and gossip with a cosine schedule, a node joins, and the rate still reaches its floor at the job's end",
+          "[integration][elastic]") {
+  // The schedule is read at the job's samples consumed. Four workers where there were three each
+  // train a quarter of the rest: counted in their own local steps, the job would end with the
+  // schedule about a fifth short of its end, the rate still near a tenth of lr.
+  for (const std::string mode : {"gossip", "async"}) {
+    INFO(mode);
+    TempDir dir;
+    ElasticRun r(dir, mode, {"--set", "optimizer.schedule=\"cosine\""});
+    r.add_node("node-09");
+    r.expect_next_generation("joined node-09");
+    const auto result = r.finish();
+    const auto& rates = result["lr_history"];
+    INFO(rates.dump());
+    REQUIRE(rates.size() >= 2);
+    CHECK(rates.back()["lr"].get<double>() < 0.02 * 0.05);
+  }
+}
+
+TEST_CASE("rank 0 dies just before it completes the job, after the others reported done, and they end the job again",
+          "[integration][elastic]") {
+  // The others keep the job after their own done until rank 0 says it is complete. Were they to
+  // let it go at once, nobody would hold the job any more: no generation would come, and the run
+  // would wait for rank 0's report until its timeout.
+  for (const std::string mode : {"sync", "gossip", "async"}) {
+    INFO(mode);
+    TempDir dir;
+    ElasticRun r(dir, mode);
+    ::kill(r.pid_of("node-00"), SIGRTMIN + 3);  // fault injection, armed now: it fires at the job's end
+    REQUIRE(r.run->wait_for("local node node-00 died (signal 9); restarted it", std::chrono::seconds(120)));
+    const auto line = r.run->wait_for("generation ", std::chrono::seconds(60));
+    INFO(r.run->all());
+    REQUIRE(line);
+    CHECK_THAT(*line, Catch::Contains("node-00"));
+    const auto result = r.finish();
+    CHECK(result["test_accuracy"].get<double>() >= 0.78);
+    CHECK(result["workers"].size() == 3);
+    CHECK(result["generations"].size() >= 2);
+    CHECK(logs_contain(dir.path / "out", "fault_armed"));
+    CHECK(logs_contain(dir.path / "out", "job_released"));
+  }
+}
+
 TEST_CASE("a worker's trainer role crashes, its supervisor restarts it, and it rejoins the job", "[integration][elastic]") {
   TempDir dir;
   ElasticRun r(dir, "sync");

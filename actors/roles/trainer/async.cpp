@@ -89,7 +89,7 @@ class AsyncDriver final : public Driver {
       a.set_cursor(consumed_);  // the pushes these steps go out in carry how far they reach
     }
     elastic::Outgoing<gossip::ShardUpdate> out;
-    const float lr = j.rate->at(progress(j));
+    const float lr = j.rate->at(pace_.at(fresh ? consumed_ - slice.count : consumed_));
     if (j.config.elastic.local_steps > 0 && samples > 0) {
       // Updates mode: this worker's optimiser steps, and the change it made goes to the shards.
       const auto params = j.model->parameters();
@@ -117,6 +117,7 @@ class AsyncDriver final : public Driver {
   }
 
   gossip::JobProgress progress(const Job& j) const override { return local_progress(j); }
+  gossip::JobProgress rate_progress(const Job&) const override { return pace_.at(consumed_); }
 
   /// The cursor in this worker's list, and the others' as far as their pushes applied on this
   /// node's primaries reached (counted should they be gone).
@@ -502,6 +503,7 @@ class AsyncDriver final : public Driver {
   // This worker's positions and how far it is through them.
   elastic::Spans spans_;
   uint64_t consumed_ = 0;
+  elastic::JobPace pace_;  // the job's progress from consumed_, for the rate
   uint64_t next_batch_ = 0;
   std::map<uint64_t, elastic::StepSlice> slices_;  // the positions of recent batches, for a refused one's redo
   bool blocked_ = false;             // waiting for a shard's answer before the next step
@@ -664,6 +666,7 @@ std::expected<void, std::string> AsyncDriver::enter(Trainer* self, Job& j) {
   if (!spans) return std::unexpected(spans.error());
   spans_ = std::move(*spans);
   consumed_ = 0;
+  pace_ = job_pace(j);
   worker_->set_cursor(0);
   blocked_ = serving_ = assembling_ = held_ = false;
   finished_.clear();

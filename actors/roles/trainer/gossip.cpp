@@ -46,7 +46,8 @@ class GossipDriver final : public Driver {
     const int64_t samples = *computed;
     consumed_ += slice.count;
     j.epoch = static_cast<int64_t>(slice.epoch);
-    if (samples > 0) j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(progress(j)));
+    if (samples > 0)
+      j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(pace_.at(consumed_ - slice.count)));
     if (averaging_->after_step()) {
       partner_ = averaging_->partner(random_());
       std::vector<gossip::GossipAverage> out;
@@ -73,6 +74,7 @@ class GossipDriver final : public Driver {
   }
 
   gossip::JobProgress progress(const Job& j) const override { return local_progress(j); }
+  gossip::JobProgress rate_progress(const Job&) const override { return pace_.at(consumed_); }
 
   elastic::JobControl::Local local(const Job& j) const override {
     auto at = progress(j);
@@ -149,6 +151,7 @@ class GossipDriver final : public Driver {
     if (!spans) return std::unexpected(spans.error());
     spans_ = std::move(*spans);
     consumed_ = 0;
+    pace_ = job_pace(j);
     cursors_.clear();
     return {};
   }
@@ -274,6 +277,7 @@ class GossipDriver final : public Driver {
   // last mixed with it (for the next re-split, should one be gone).
   elastic::Spans spans_;
   uint64_t consumed_ = 0;
+  elastic::JobPace pace_;  // the job's progress from consumed_, for the rate
   std::map<std::string, uint64_t> cursors_;
   std::optional<gossip::collective::GossipAveraging> averaging_;
   std::mt19937_64 random_;

@@ -60,7 +60,7 @@ JobReport report_of(const Job& j, JobReport::Kind kind) {
   r.train_seconds = j.train_seconds();
   r.compute_seconds = j.compute_seconds;
   if (kind == JobReport::Kind::progress || kind == JobReport::Kind::done) {
-    if (j.rate && j.driver) r.lr = j.rate->at(j.driver->progress(j));
+    if (j.rate && j.driver) r.lr = j.rate->at(j.driver->rate_progress(j));
     r.loads = loads_of(j);  // done: async and gossip workers' own speeds reach the result this way
   }
   return r;
@@ -77,7 +77,7 @@ gossip::JobStatus job_status(const Job& j, const std::string& self_id) {
   else if (j.held) st.phase = "held";
   j.driver->add_status(j, self_id, st);
   st.loads = loads_of(j);
-  if (j.rate) st.lr = j.rate->at(j.driver->progress(j));
+  if (j.rate) st.lr = j.rate->at(j.driver->rate_progress(j));
   st.loss = j.loss;
   st.evaluations.assign(j.evaluations.begin(), j.evaluations.end());
   st.history.assign(j.history.begin(), j.history.end());
@@ -390,6 +390,11 @@ gossip::JobProgress local_progress(const Job& j) {
   return {step, per_epoch ? step / per_epoch : 0, per_epoch ? step % per_epoch * reference : 0, step * reference};
 }
 
+elastic::JobPace job_pace(const Job& j) {
+  return {j.start.spans, j.rank, static_cast<int64_t>(j.data.train.size()), j.config.job.epochs,
+          j.start.reference_batch, j.start.resume};
+}
+
 std::expected<int64_t, std::string> compute_slice(Job& j, const elastic::StepSlice& slice, int64_t step, float& loss) {
   if (slice.count == 0) return 0;
   order_for_epoch(j, static_cast<int64_t>(slice.epoch));
@@ -423,7 +428,7 @@ void count_step(Trainer* self, Job& j) {
   } else if (const double dt = seconds_between(j.history_at, j.last_step_end); dt >= 1.0) {
     const double rate = trained > j.history_samples ? static_cast<double>(trained - j.history_samples) / dt : 0.0;
     j.history.push_back({static_cast<uint64_t>(j.step), j.train_seconds(), j.loss, rate,
-                         j.rate ? j.rate->at(j.driver->progress(j)) : 0.0});
+                         j.rate ? j.rate->at(j.driver->rate_progress(j)) : 0.0});
     while (j.history.size() > Job::history_points) j.history.pop_front();
     j.history_at = j.last_step_end;
     j.history_samples = trained;
@@ -434,7 +439,7 @@ void count_step(Trainer* self, Job& j) {
   if (j.own_samples > j.figures_samples) f.samples->add(j.own_samples - j.figures_samples);
   j.figures_samples = j.own_samples;
   f.loss->set(j.loss);
-  if (j.rate && j.driver) f.lr->set(j.rate->at(j.driver->progress(j)));
+  if (j.rate && j.driver) f.lr->set(j.rate->at(j.driver->rate_progress(j)));
   f.speed->set(j.speed.speed());
   if (f.share && j.rank < j.shares.size()) f.share->set(static_cast<double>(j.shares[j.rank]));
   f.generation->set(static_cast<double>(j.generation));

@@ -80,6 +80,9 @@ class Driver {
   virtual bool mid_step(const Job&) const { return false; }
   /// Where this worker is, in reference steps (sync: the job's progress, alike on every member).
   virtual gossip::JobProgress progress(const Job& j) const = 0;
+  /// Where the rate is read (RatePolicy::at): the job's samples consumed. Sync's progress is the
+  /// job's; async and gossip estimate it from this worker's cursor (elastic::JobPace).
+  virtual gossip::JobProgress rate_progress(const Job& j) const { return progress(j); }
   /// What job control is told of this worker's progress and state.
   virtual elastic::JobControl::Local local(const Job& j) const = 0;
   /// The status answer's progress and per-worker positions.
@@ -435,9 +438,13 @@ void init_position_lists(Job& j);
 /// samples and epochs.
 std::expected<elastic::Spans, std::string> worker_positions(const Job& j);
 
-/// Gossip and async: this worker's local steps as a progress, in reference batches (the rate
-/// policy reads the schedule at the step and ramps over samples).
+/// Gossip and async: this worker's local steps as a progress, in reference batches (what job
+/// control compares and status shows; the rate reads job_pace's instead).
 gossip::JobProgress local_progress(const Job& j);
+
+/// Gossip and async: the job's progress as this worker's cursor in the installed generation's
+/// lists tells it, for the rate.
+elastic::JobPace job_pace(const Job& j);
 
 /// Gossip and async: the gradient of one local step's pieces of positions (one epoch) into the
 /// model's gradients; returns the samples (0: none) and sets their loss. Errors as compute_positions'.
