@@ -84,13 +84,19 @@ int run_node(const NodeOptions& o) {
   // role, which its supervisor restarts; SIGRTMIN hangs it (its thread blocks for three times the job's
   // step_timeout_s) while membership, on its own thread, goes on answering: a worker alive to
   // membership that blocks the ring; SIGRTMIN+1 crashes the router, which the node cannot do
-  // without: it exits non-zero (a launcher's restart policy brings it back). (A submitter, which may
-  // live in a user's program, leaves all three alone.)
+  // without: it exits non-zero (a launcher's restart policy brings it back); SIGRTMIN+2 crashes an
+  // async job's shard host, which takes its trainer with it (they are linked); SIGRTMIN+3 makes the
+  // node, as rank 0, die just before it completes its job (after the others reported theirs). (A
+  // submitter, which may live in a user's program, leaves all five alone.)
   const int crash_router_signal = SIGRTMIN + 1;
+  const int crash_host_signal = SIGRTMIN + 2;
+  const int die_at_end_signal = SIGRTMIN + 3;
   if (!o.submission) {
     sigaddset(&signals, SIGUSR2);
     sigaddset(&signals, SIGRTMIN);
     sigaddset(&signals, crash_router_signal);
+    sigaddset(&signals, crash_host_signal);
+    sigaddset(&signals, die_at_end_signal);
   }
   // A program may run several nodes one after another (tepdist::Trainer runs one submitter per
   // epoch): the caller's mask comes back when this returns (declared first, so after teardown),
@@ -306,11 +312,18 @@ int run_node(const NodeOptions& o) {
     asker->request(caf::actor(sup), std::chrono::seconds(2), get_atom::value, role_atom::value, std::string("trainer"))
         .receive(f, [](const caf::error&) {});
   };
-  for (sigwait(&signals, &sig); sig == SIGUSR2 || sig == SIGRTMIN || sig == crash_router_signal;
+  for (sigwait(&signals, &sig);
+       sig == SIGUSR2 || sig == SIGRTMIN || sig == crash_router_signal || sig == crash_host_signal ||
+       sig == die_at_end_signal;
        sigwait(&signals, &sig)) {
     if (sig == crash_router_signal) {
       node_events().warn("fault_injected id={} what=\"SIGRTMIN+1: the router crashes\"", id);
       asker->send_exit(router_actor, caf::sec::runtime_error);
+    } else if (sig == die_at_end_signal) {
+      with_trainer([&](const caf::actor& trainer) { asker->send(trainer, dieatend_atom::value); });
+    } else if (sig == crash_host_signal) {
+      node_events().warn("fault_injected id={} what=\"SIGRTMIN+2: the shard host crashes\"", id);
+      with_trainer([&](const caf::actor& trainer) { asker->send(trainer, hostcrash_atom::value); });
     } else if (sig == SIGUSR2) {
       node_events().warn("fault_injected id={} what=\"SIGUSR2: the trainer role crashes\"", id);
       with_trainer([&](const caf::actor& trainer) { asker->send_exit(trainer, caf::sec::runtime_error); });

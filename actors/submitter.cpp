@@ -30,7 +30,16 @@ struct SubmitterState {
   bool submitted = false, ended = false, heard = false;
   std::chrono::steady_clock::time_point submitted_at, last_report, started_at = std::chrono::steady_clock::now();
   std::string trouble;  // the last connection problem, for a join that does not happen
-  std::set<uint32_t> done;  // ranks of the latest generation that reported done
+  // Workers that reported done, with the boot id the record then named. A done stands while the
+  // worker is the same run in the job's latest generation: a late generation (a rebalance at the
+  // end) does not wipe rank 0's, which it sends once; one that restarted or was left out reports
+  // again or not at all.
+  std::map<std::string, uint64_t> done;
+  // Rank 0 completes the job only once its generation's workers have all finished, so its done is
+  // the job's end: the others' done reports, sent before it, get a short grace to arrive (one that
+  // joined in the job's last moments never finishes it).
+  std::optional<std::chrono::steady_clock::time_point> rank0_done_at;
+  static constexpr double rank0_done_grace_s = 2;
   std::map<std::string, std::pair<std::string, uint64_t>> workers_seen;  // id -> (live/died/left, boot id)
   // Since when every worker of the newest generation known here is gone in the run it names (see
   // state_gone): the job's state is then held by no node.
@@ -128,6 +137,14 @@ void on_view(Submitter* self, std::vector<gossip::Member> view) {
 
 /// The rank `peer` has in the job: its place in the assignment once the coordinator's copy has
 /// come; before that, only whether it is one of the workers submitted to (-1: not of this job).
+/// The boot id `record` names for worker `id`; none (a value no run has) when it is not a worker.
+uint64_t boot_in(const gossip::JobStart& record, const std::string& id) {
+  const auto it = std::find(record.workers.begin(), record.workers.end(), id);
+  if (it == record.workers.end()) return ~uint64_t{0};
+  const auto i = static_cast<size_t>(it - record.workers.begin());
+  return i < record.worker_boot_ids.size() ? record.worker_boot_ids[i] : 0;
+}
+
 int64_t rank_of(const SubmitterState& s, const std::string& peer) {
   const auto& workers = s.assigned ? s.assigned->workers : s.sent.workers;
   const auto it = std::find(workers.begin(), workers.end(), peer);
@@ -186,7 +203,7 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
       return;
     }
     s.assigned = *start;
-    s.done.clear();  // done reports count in the generation that ends the job
+    std::erase_if(s.done, [&](const auto& d) { return boot_in(*start, d.first) != d.second; });
     send_release(self);  // a release the generation does not carry yet (its workers may be new)
     node_events().info("job_generation job={} generation={} workers={} resume_step={}", start->job_id,
                        start->generation, start->workers.size(), start->resume.step);
@@ -211,14 +228,16 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
   }
   s.heard = true;
   s.last_report = std::chrono::steady_clock::now();
-  s.submission->on_report(*r);
+  s.submission->on_report(*r, peer);
   if (r->kind == gossip::JobReport::Kind::failed) return end(self, 1, r->error);
   // Detaching once the job trains (rank 0's first progress): a job refused by a worker, or one that
   // cannot set up, has failed here first, with its reason.
   if (s.submission->detach && r->kind == gossip::JobReport::Kind::progress) return end(self, 0, "detached");
-  if (r->kind == gossip::JobReport::Kind::done) {
-    s.done.insert(r->rank);
-    if (s.done.size() >= r->members) end(self, 0, "");
+  if (r->kind == gossip::JobReport::Kind::done && s.assigned) {
+    s.done[peer] = boot_in(*s.assigned, peer);
+    if (r->rank == 0 && !s.rank0_done_at) s.rank0_done_at = std::chrono::steady_clock::now();
+    if (std::ranges::all_of(s.assigned->workers, [&](const std::string& w) { return s.done.contains(w); }))
+      end(self, 0, "");
   }
 }
 
@@ -263,6 +282,16 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
                                    s.sent.job_id, s.assigned->generation, gone));
         }
         send_release(self);  // again, should the release or its generation have been lost
+        if (s.rank0_done_at && std::chrono::duration<double>(std::chrono::steady_clock::now() - *s.rank0_done_at).count() >
+                                   SubmitterState::rank0_done_grace_s) {
+          std::string missing;
+          for (const auto& w : s.assigned->workers)
+            if (!s.done.contains(w)) missing += (missing.empty() ? "" : " ") + w;
+          node_events().warn("job_ended_without_done job={} workers=\"{}\" reason=\"rank 0 completed the job {:.0f} s "
+                             "ago; their done reports did not come\"",
+                             s.sent.job_id, missing, SubmitterState::rank0_done_grace_s);
+          return end(self, 0, "");
+        }
         if (s.heard) {
           // Reports stopped: rank 0 is gone or cannot reach this node.
           const double quiet = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.last_report).count();

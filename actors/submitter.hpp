@@ -3,7 +3,9 @@
 // holds no worker role, so it never trains and is never in a ring. Once its view has the workers
 // it waits for, it sends the job to the coordinator (the lowest live coordinator id it knows);
 // then it passes every report and the final model to the launcher's hooks and ends the node when
-// every worker of the job's latest generation is done, or when one reports a failure. Workers
+// every worker of the job's latest generation is done (a done stands while its worker is the same
+// run in the job; 2 s after rank 0's, the job ends without any still missing), or when one reports
+// a failure. Workers
 // that die, leave or join are the job's business (elastic/job_control.hpp): the submitter follows
 // the generations it is sent, and counts the membership changes it sees.
 
@@ -26,8 +28,8 @@ struct Submission {
   /// End (status 0, "detached") once the job trains (rank 0's first progress report): it goes on
   /// without the submitter, whose graceful leave tells the workers so.
   bool detach = false;
-  /// Called on the submitter's thread.
-  std::function<void(const gossip::JobReport&)> on_report;
+  /// Called on the submitter's thread, with the id of the worker that sent it.
+  std::function<void(const gossip::JobReport&, const std::string& worker)> on_report;
   std::function<void(const gossip::TensorChunk&)> on_params;
   /// Each generation of the job after the first, as installed (and the membership event that
   /// this node saw, as "id joined|died|left|restarted", for each).

@@ -368,7 +368,7 @@ compute::Result<void> Trainer::start_job(compute::Model& model, const compute::D
   submission->join_timeout_s = config->cluster.join_timeout_s;
   submission->report_timeout_s = config->job.step_timeout_s + 120;
   Job* j = job.get();
-  submission->on_report = [j](const gossip::JobReport& r) {
+  submission->on_report = [j](const gossip::JobReport& r, const std::string&) {
     std::lock_guard lock(j->mutex);
     using K = gossip::JobReport::Kind;
     if (r.kind == K::held) {

@@ -102,7 +102,10 @@ size_t worker_changes(const nlohmann::json& generations) {
 /// What the submitter's hooks gather, from the submitter's thread; read after run_node returns.
 struct Collected {
   std::mutex mutex;
-  std::vector<gossip::JobReport> evaluations, done;
+  std::vector<gossip::JobReport> evaluations;
+  // Done reports by worker: the latest of each, while it is the same run in the job (a worker
+  // left out or restarted in a later generation loses its own, as the submitter's count does).
+  std::map<std::string, gossip::JobReport> done;
   std::optional<gossip::JobReport> last_progress;
   std::vector<float> params;
   std::map<uint64_t, size_t> pieces;  // offset -> elements of each piece received
@@ -276,7 +279,7 @@ int run_run_command(const RunArgs& args) {
   submission->report_timeout_s = c.job.step_timeout_s + 120;
   const int64_t train_n = data ? data->train.size() : 0;
   double startup_seconds = -1;
-  submission->on_report = [&, collected](const gossip::JobReport& r) {
+  submission->on_report = [&, collected](const gossip::JobReport& r, const std::string& worker) {
     std::lock_guard lock(collected->mutex);
     collected->members = r.members;
     using K = gossip::JobReport::Kind;
@@ -314,7 +317,7 @@ int run_run_command(const RunArgs& args) {
       fmt::print("{}eval  epoch {} step {}: test accuracy {:.4f}, test loss {:.4f} (at {:.1f} s of training)\n",
                  tty ? "\r\033[K" : "", r.epoch, r.step, r.test_accuracy, r.test_loss, r.train_seconds);
     } else if (r.kind == K::done) {
-      collected->done.push_back(r);
+      collected->done[worker] = r;
       collected->ended_at = Clock::now();
     } else {
       collected->failure = r.error;
@@ -351,6 +354,8 @@ int run_run_command(const RunArgs& args) {
     for (const auto& [w, boot] : *previous)
       if (!now.contains(w)) removed.push_back(w);
     *previous = now;
+    for (const auto& w : removed) collected->done.erase(w);
+    for (const auto& w : restarted) collected->done.erase(w);
     collected->generations.push_back({{"generation", g.generation},
                                       {"at_seconds", std::chrono::duration<double>(Clock::now() - process_start).count()},
                                       {"workers", g.workers},
@@ -404,7 +409,7 @@ int run_run_command(const RunArgs& args) {
   // Results: the report every training subcommand writes, and the model.
   std::lock_guard lock(collected->mutex);
   const gossip::JobReport* rank0 = nullptr;
-  for (const auto& d : collected->done)
+  for (const auto& [worker, d] : collected->done)
     if (d.rank == 0) rank0 = &d;
   if (!rank0) return runtime_error("the job ended without rank 0's report");
   std::optional<double> time_to_target;
@@ -418,7 +423,7 @@ int run_run_command(const RunArgs& args) {
   nlohmann::json workers = nlohmann::json::array();
   uint64_t samples = 0, stale_rejected = 0, updates_applied = 0, exchanges = 0, staleness_sum = 0;
   double wall = rank0->train_seconds;
-  for (const auto& d : collected->done) {
+  for (const auto& [worker, d] : collected->done) {
     nlohmann::json w = {{"rank", d.rank},
                         {"steps", d.step},
                         {"samples", d.samples},
@@ -454,7 +459,7 @@ int run_run_command(const RunArgs& args) {
   if (collected->generations.size() > 1 && startup_seconds >= 0 && collected->ended_at)
     wall = std::max(wall, std::chrono::duration<double>(*collected->ended_at - process_start).count() - startup_seconds);
   double compute_per_step = 0;
-  for (const auto& d : collected->done)
+  for (const auto& [worker, d] : collected->done)
     if (d.step > 0) compute_per_step = std::max(compute_per_step, d.compute_seconds / static_cast<double>(d.step));
   const double step_seconds = rank0->step ? wall / static_cast<double>(rank0->step) : 0.0;
   // Sync only: the other modes have no ring to bound (a worker count of 0 gives no bound).
@@ -479,7 +484,7 @@ int run_run_command(const RunArgs& args) {
   nlohmann::json loads = nlohmann::json::array();
   if (collected->last_progress) {
     std::vector<gossip::WorkerLoad> known = collected->last_progress->loads;
-    for (const auto& d : collected->done)
+    for (const auto& [worker, d] : collected->done)
       for (const auto& own : d.loads)
         for (auto& w : known)
           if (w.worker == own.worker && w.samples_per_second == 0) w.samples_per_second = own.samples_per_second;

@@ -823,6 +823,9 @@ caf::behavior shard_host(caf::event_based_actor* self, std::shared_ptr<ShardHost
       [host](gather_atom, uint64_t id) { host->start_gather(id); },
       [host](regather_atom, uint64_t id) { host->regather(id); },
       [host](unfreeze_atom, uint64_t generation) { host->unfreeze(generation); },
+      // Fault injection: the host fails by itself, as a bug in it would (an exit the trainer sent
+      // would not do: an actor drops its link to the sender of an exit before it goes).
+      [self](hostcrash_atom) { self->quit(caf::make_error(caf::sec::runtime_error, "fault injection: the shard host fails")); },
   };
 }
 

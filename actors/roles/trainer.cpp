@@ -49,6 +49,10 @@ void on_assigned(Trainer* self, const std::string& peer, const gossip::JobStart&
   auto& s = self->state;
   if (peer != start.coordinator)
     return fail_start(self, start, fmt::format("sent by {}, not by the coordinator it names ({})", peer, start.coordinator));
+  // A job this worker reported done, kept for rank 0's end, gives way: the next job's assignment
+  // may come before rank 0's word that the last one is complete.
+  if (s.job && s.job->done_at != Clock::time_point{} && s.job->start.job_id != start.job_id)
+    release_done_job(self, "another job was assigned");
   if (s.job) {
     if (s.job->start.job_id != start.job_id)
       fail_start(self, start, fmt::format("busy with job {}", s.job->start.job_id));
@@ -272,6 +276,9 @@ void on_tick(Trainer* self) {
     if (auto ok = elastic::check_assignment(start, s.view); !ok)
       fail_start(self, start, fmt::format("{}, still after {:.0f} s", ok.error(), TrainerState::held_limit_s));
   }
+  if (s.job && s.job->done_at != Clock::time_point{} &&
+      seconds_between(s.job->done_at, Clock::now()) > s.job->config.job.step_timeout_s)
+    release_done_job(self, "no word from rank 0 within step_timeout_s of this worker's done");
   // A worker held between epochs waits for its submitter, however long: no step is late.
   if (s.job && s.job->member && !s.job->finishing && !s.job->held &&
       seconds_between(s.job->progress_at, Clock::now()) > s.job->config.job.step_timeout_s)
@@ -352,6 +359,12 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
                          "before it\"",
                          j.start.job_id, peer);
     }
+    return;
+  }
+  if (c.command == Command::job_complete) {
+    // From this generation's rank 0, once the submitter has its result: what this worker kept
+    // since its own done goes.
+    if (j.done_at != Clock::time_point{} && peer == j.start.workers[0]) release_done_job(self, "rank 0 completed the job");
     return;
   }
   if (j.driver->on_control(self, j, peer, c)) return;
@@ -451,6 +464,23 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
         node_events().warn("trainer_hanging seconds={:.0f}", seconds);
         std::this_thread::sleep_for(std::chrono::duration<double>(seconds));
         node_events().warn("trainer_hung_until_now");
+      },
+      [self](dieatend_atom) {
+        node_events().warn("fault_armed what=\"as rank 0, this node dies just before it completes its job\"");
+        self->state.die_before_complete = true;
+      },
+      [self](hostcrash_atom) {
+        // Fault injection (SIGRTMIN+2 to the node): the async shard host fails as a bug in it
+        // would (it is told to, and quits with an error). It is linked to this actor, so the failure takes the trainer with it, and the
+        // supervisor's restart brings the node back as a restarted member whose shards come back
+        // from their replicas.
+        const auto host = self->state.job ? self->state.job->driver->local_shards() : caf::actor();
+        if (!host) {
+          node_events().warn("shard_host_crash_ignored reason=\"no async job here, so no shard host\"");
+          return;
+        }
+        node_events().warn("shard_host_crashing job={}", self->state.job->start.job_id);
+        self->send(host, hostcrash_atom::value);
       },
       // Connection trouble: membership decides who is gone; the step timeout covers the rest.
       [](peer_atom, const std::string&, const std::string&) {},

@@ -592,7 +592,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     case wire::Envelope::CONTROL: {
       auto r = e.getControl();
       const auto command = r.getCommand();
-      if (command > wire::Control::Command::RELEASE_EPOCHS)
+      if (command > wire::Control::Command::JOB_COMPLETE)
         throw WireError{WireErrc::unknown_kind, fmt::format("unknown control command {}", static_cast<int>(command))};
       const auto arg = r.getArgument();
       if (arg.size() > Control::max_argument)

@@ -201,8 +201,10 @@ struct Control {
     target_reached,
     ring_check,        ///< the next worker in the ring asks whether this one's trainer takes messages
     ring_check_answer,  ///< it does (the question's argument back)
-    release_epochs      ///< the submitter releases epochs of a job that pauses between them (argument: a
+    release_epochs,     ///< the submitter releases epochs of a job that pauses between them (argument: a
                         ///< Release, encoded)
+    job_complete        ///< rank 0 reported the job done: the others, which kept it in case rank 0 died
+                        ///< before that, let it go
   };
   std::string coordinator;
   uint64_t coordinator_incarnation = 0;

@@ -221,6 +221,8 @@ struct Control {
     ringCheckAnswer @8;    # it does: the nonce back; one that is hung never answers and is evicted
     releaseEpochs @9;      # the submitter of a job that pauses between epochs releases more: argument
                            # the epochs released so far (UInt32, little-endian)
+    jobComplete @10;       # rank 0 has reported the job done to its submitter: the other workers, which
+                           # kept the job since their own done should rank 0 die first, let it go
   }
 }
 

@@ -114,6 +114,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       FilePiece{9, 0xfeedfacecafebeefull, 1u << 20, {0, 1, 2, 255}},
       FilePiece{9, 7, 0, {}, "no file of checksum 0000000000000007 in job 9"},
       Control{"trainer-1", 5, Control::Command::release_epochs, 11, {3, 0, 0, 0}},
+      Control{"trainer-1", 5, Control::Command::job_complete, 11, {}},
       [] {
         JobReport r;
         r.job_id = 9;

@@ -250,6 +250,22 @@ TEST_CASE("async: kill -9 of a node holding primaries, the launcher restarts it,
   CHECK_FALSE(logs_contain(dir.path / "out", "shard_lost"));
 }
 
+TEST_CASE("async: a node's shard host fails, takes its trainer with it, and the node rejoins as a restarted member",
+          "[integration][elastic]") {
+  // The shard host is an actor of its own, linked to its trainer. Were it not linked, its failure
+  // would leave the node training with its shards unserved: nothing would restart, and the
+  // generation below would never come (the other workers would wait for those primaries).
+  TempDir dir;
+  ElasticRun r(dir, "async");
+  ::kill(r.pid_of("node-01"), SIGRTMIN + 2);  // fault injection: the shard host fails, the process lives
+  r.wait_for_shards(r.expect_generation_saying({"restarted node-01"}));
+  const auto result = r.finish();
+  check_result(result, "async", 3, result["generations"].size(), 1);
+  const auto log = tepdist::test::read_bytes(dir.path / "out" / "logs" / "node-1.log");
+  CHECK_THAT(log, Catch::Contains("shard_host_crashing") && Catch::Contains("trainer_restarted"));
+  CHECK_FALSE(logs_contain(dir.path / "out", "shard_lost"));
+}
+
 TEST_CASE("async: a node that joins fetches the shards placed on it striped over their holders, and the job goes on",
           "[integration][elastic]") {
   // Pieces of 64 KiB: each shard (about 72,000 values) is five. With replication 2 a shard that

@@ -1,5 +1,7 @@
 #include "actors/roles/trainer/job.hpp"
 
+#include <csignal>
+
 namespace tepdist::actors::trainer_detail {
 
 bool send_to(Trainer* self, const std::string& address, gossip::Body body) {
@@ -273,6 +275,11 @@ void complete_rank0(Trainer* self) {
     node_events().info("job_detached job={} reason=\"the submitter {} is not live in this view at the end\"",
                        j.start.job_id, j.start.submitter_id);
   }
+  if (self->state.die_before_complete) {
+    node_events().warn("fault_injected id={} what=\"rank 0 dies before it completes job {}\"", self->state.o.self_id,
+                       j.start.job_id);
+    std::raise(SIGKILL);
+  }
   if (!send_model(self)) return;
   const auto params = j.model->parameters();
   JobReport r = report_of(j, JobReport::Kind::done);
@@ -286,6 +293,11 @@ void complete_rank0(Trainer* self) {
   r.samples_per_second =
       r.train_seconds > 0 ? static_cast<double>(j.driver->samples_trained(j)) / r.train_seconds : 0.0;
   to_submitter(self, j, r);
+  // The others kept the job in case this worker died before the line above: it is complete.
+  const gossip::Control complete{self->state.o.self_id, self->state.o.incarnation, gossip::Control::Command::job_complete,
+                                 j.start.job_id, {}};
+  for (size_t i = 0; i < j.start.addresses.size(); ++i)
+    if (j.start.workers[i] != self->state.o.self_id) send_to(self, j.start.addresses[i], complete);
   const std::string saved = j.detached ? save_detached(self->state, j, r) : std::string("-");
   node_events().info("job_done job={} mode={} rank=0 steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f} "
                      "test_accuracy={:.4f} saved=\"{}\"",
@@ -312,6 +324,15 @@ void finish_job(Trainer* self) {
   to_submitter(self, j, r);
   node_events().info("job_done job={} mode={} rank={} steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f}",
                      j.start.job_id, j.driver->name(), j.rank, j.step, r.checksum, j.compute_seconds, j.ring_seconds);
+  // Kept until rank 0 completes: should it die first, job control makes a generation of the rest
+  // (and of its restart), whose rank 0 ends the job again from the state they hold.
+  j.done_at = Clock::now();
+  if (self->state.drain) on_drain(self);  // a drain does not wait for it
+}
+
+void release_done_job(Trainer* self, const char* why) {
+  auto& j = *self->state.job;
+  node_events().info("job_released job={} generation={} reason=\"{}\"", j.start.job_id, j.generation, why);
   drop_job(self);
 }
 

@@ -267,6 +267,11 @@ struct Job {
   bool target_reached = false;  // stop_at_target: rank 0 votes to stop in the next ring (sync), or tells
                                 // the workers to stop after the step under way (async, gossip)
   bool finishing = false;
+  // Not rank 0, finishing: when this worker reported done. It keeps the job (its job control, the
+  // async shards) until rank 0 says the job is complete, so that a rank 0 that dies before its
+  // own done is replaced by a generation of the rest, which ends the job again; at most
+  // step_timeout_s, should that word be lost.
+  Clock::time_point done_at{};
   // [job] pause_between_epochs: this worker waits at the end of the epochs released so far
   // (j.start.released_epochs) until a generation releases more; rank 0 has sent the model.
   bool held = false;
@@ -332,6 +337,9 @@ struct TrainerState {
   uint64_t local_files_job = 0;
   std::vector<std::string> local_files;
   bool ticking = false;
+  // Fault injection (SIGRTMIN+3 to the node): as rank 0, this process dies (SIGKILL) just before it
+  // reports its job done, after the others reported theirs.
+  bool die_before_complete = false;
   // Draining (the node leaves: SIGTERM, `tepdist leave`): the step under way ends, no other starts.
   std::optional<caf::typed_response_promise<std::string>> drain;
   bool drained = false;
@@ -416,7 +424,11 @@ void report_held(Trainer* self);
 /// What rank 0 says while held: where the job stands, and its last evaluation.
 JobReport held_report(const Job& j);
 
+/// The job's end on this worker: rank 0 evaluates the final model, then completes (its result to
+/// the submitter, job_complete to the others); the others report done and wait for that word.
 void finish_job(Trainer* self);
+/// Not rank 0: the job reported done here is let go (rank 0's job_complete, or too long without it).
+void release_done_job(Trainer* self, const char* why);
 
 /// The first step a worker completes in a generation: when training resumed after a change.
 void note_first_step(Job& j);
