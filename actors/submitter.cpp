@@ -202,6 +202,14 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
                          s.sent.job_id, s.assigned->generation);
       return;
     }
+    // Under another rank 0 (or another run of it) every worker ends the job again: the done reports
+    // so far count for nothing. Else each stands while its worker is the same run.
+    const auto& before = *s.assigned;
+    if (start->workers.empty() || before.workers.empty() || start->workers[0] != before.workers[0] ||
+        boot_in(*start, start->workers[0]) != boot_in(before, before.workers[0])) {
+      s.done.clear();
+      s.rank0_done_at.reset();
+    }
     s.assigned = *start;
     std::erase_if(s.done, [&](const auto& d) { return boot_in(*start, d.first) != d.second; });
     send_release(self);  // a release the generation does not carry yet (its workers may be new)

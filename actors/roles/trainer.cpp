@@ -279,6 +279,9 @@ void on_tick(Trainer* self) {
   if (s.job && s.job->done_at != Clock::time_point{} &&
       seconds_between(s.job->done_at, Clock::now()) > s.job->config.job.step_timeout_s)
     release_done_job(self, "no word from rank 0 within step_timeout_s of this worker's done");
+  else if (s.job && s.job->completed_at != Clock::time_point{} &&
+           seconds_between(s.job->completed_at, Clock::now()) > TrainerState::complete_grace_s)
+    release_done_job(self, "rank 0 completed the job, and this worker's part did not end");
   // A worker held between epochs waits for its submitter, however long: no step is late.
   if (s.job && s.job->member && !s.job->finishing && !s.job->held &&
       seconds_between(s.job->progress_at, Clock::now()) > s.job->config.job.step_timeout_s)
@@ -362,9 +365,14 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
     return;
   }
   if (c.command == Command::job_complete) {
-    // From this generation's rank 0, once the submitter has its result: what this worker kept
-    // since its own done goes.
-    if (j.done_at != Clock::time_point{} && peer == j.start.workers[0]) release_done_job(self, "rank 0 completed the job");
+    // From rank 0 (of this worker's generation, or of one job control installed or promised
+    // since), once the submitter has its result: what this worker kept since its own done goes;
+    // one not done yet goes at its done, or a few seconds on.
+    const bool from_rank0 = peer == j.start.workers[0] || (j.control && !j.control->record().workers.empty() &&
+                                                           peer == j.control->record().workers[0]);
+    if (!from_rank0) return;
+    if (j.done_at != Clock::time_point{}) return release_done_job(self, "rank 0 completed the job");
+    if (j.completed_at == Clock::time_point{}) j.completed_at = Clock::now();
     return;
   }
   if (j.driver->on_control(self, j, peer, c)) return;

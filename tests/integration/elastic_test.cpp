@@ -453,6 +453,27 @@ TEST_CASE("rank 0 dies just before it completes the job, after the others report
   }
 }
 
+TEST_CASE("rank 0 dies just before it completes the job and is not restarted, and the survivors end it under a new rank 0",
+          "[integration][elastic]") {
+  // Every done report so far counts for nothing under the new rank 0 (a submitter that kept them
+  // ended the job on the first report of the new generation, before its rank 0 had evaluated).
+  for (const std::string mode : {"sync", "async"}) {
+    INFO(mode);
+    TempDir dir;
+    ElasticRun r(dir, mode, {"--set", "elastic.restart=\"never\""});
+    ::kill(r.pid_of("node-00"), SIGRTMIN + 3);
+    const auto line = r.run->wait_for("generation ", std::chrono::seconds(120));
+    INFO(r.run->all());
+    REQUIRE(line);
+    CHECK_THAT(*line, Catch::Contains("gone node-00"));
+    const auto result = r.finish();
+    CHECK(result["test_accuracy"].get<double>() >= 0.78);
+    CHECK(result["workers"].size() == 2);
+    for (const auto& w : result["workers"]) CHECK(w["rank"].get<int>() < 2);
+    CHECK(fs::exists(dir.path / "out" / "model.safetensors"));
+  }
+}
+
 TEST_CASE("a worker's trainer role crashes, its supervisor restarts it, and it rejoins the job", "[integration][elastic]") {
   TempDir dir;
   ElasticRun r(dir, "sync");

@@ -89,7 +89,7 @@ class AsyncDriver final : public Driver {
       a.set_cursor(consumed_);  // the pushes these steps go out in carry how far they reach
     }
     elastic::Outgoing<gossip::ShardUpdate> out;
-    const float lr = j.rate->at(pace_.at(fresh ? consumed_ - slice.count : consumed_));
+    const float lr = j.rate->at(rate_progress_at(j, pace_, fresh ? consumed_ - slice.count : consumed_));
     if (j.config.elastic.local_steps > 0 && samples > 0) {
       // Updates mode: this worker's optimiser steps, and the change it made goes to the shards.
       const auto params = j.model->parameters();
@@ -117,7 +117,7 @@ class AsyncDriver final : public Driver {
   }
 
   gossip::JobProgress progress(const Job& j) const override { return local_progress(j); }
-  gossip::JobProgress rate_progress(const Job&) const override { return pace_.at(consumed_); }
+  gossip::JobProgress rate_progress(const Job& j) const override { return rate_progress_at(j, pace_, consumed_); }
 
   /// The cursor in this worker's list, and the others' as far as their pushes applied on this
   /// node's primaries reached (counted should they be gone).

@@ -165,18 +165,19 @@ void enter_generation(Trainer* self) {
   auto& j = *s.job;
   // A worker that reported done takes part again only under another rank 0 (or another run of
   // it): the one it finished under died before completing the job, and this generation ends the
-  // job anew. Under the same rank 0 (a rebalance or a join in the job's last moments) it waits
-  // for rank 0's word as it was; rank 0, finishing, completes as it was.
+  // job anew. Under the same rank 0 (a rebalance or a join in the job's last moments) it enters
+  // the generation (its state and shards stay the job's, should rank 0 die after all) but stays
+  // done, waiting for rank 0's word; rank 0, finishing, completes as it was.
   if (j.done_at != Clock::time_point{}) {
     const auto& next = j.control->record();
     const auto rank0_boot = [](const gossip::JobStart& r) { return r.worker_boot_ids.empty() ? 0 : r.worker_boot_ids[0]; };
     if (!next.workers.empty() && next.workers[0] == j.start.workers[0] && rank0_boot(next) == rank0_boot(j.start)) {
       node_events().info("job_kept job={} generation={} reason=\"done; rank 0 {} completes the job\"", j.start.job_id,
                          next.generation, next.workers[0]);
-      return;
+    } else {
+      j.finishing = false;
+      j.done_at = {};
     }
-    j.finishing = false;
-    j.done_at = {};
   }
   // Released with parameters this node cannot read where the program wrote them: fetched from
   // the submitter first (the worker is held meanwhile; the others keep what it is sent).

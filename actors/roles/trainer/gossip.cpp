@@ -47,7 +47,7 @@ class GossipDriver final : public Driver {
     consumed_ += slice.count;
     j.epoch = static_cast<int64_t>(slice.epoch);
     if (samples > 0)
-      j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(pace_.at(consumed_ - slice.count)));
+      j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(rate_progress_at(j, pace_, consumed_ - slice.count)));
     if (averaging_->after_step()) {
       partner_ = averaging_->partner(random_());
       std::vector<gossip::GossipAverage> out;
@@ -74,7 +74,7 @@ class GossipDriver final : public Driver {
   }
 
   gossip::JobProgress progress(const Job& j) const override { return local_progress(j); }
-  gossip::JobProgress rate_progress(const Job&) const override { return pace_.at(consumed_); }
+  gossip::JobProgress rate_progress(const Job& j) const override { return rate_progress_at(j, pace_, consumed_); }
 
   elastic::JobControl::Local local(const Job& j) const override {
     auto at = progress(j);

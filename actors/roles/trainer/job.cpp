@@ -293,11 +293,16 @@ void complete_rank0(Trainer* self) {
   r.samples_per_second =
       r.train_seconds > 0 ? static_cast<double>(j.driver->samples_trained(j)) / r.train_seconds : 0.0;
   to_submitter(self, j, r);
-  // The others kept the job in case this worker died before the line above: it is complete.
+  // The others kept the job in case this worker died before the line above: it is complete. To
+  // the workers of the generation it ends, and of one job control installed or promised since.
   const gossip::Control complete{self->state.o.self_id, self->state.o.incarnation, gossip::Control::Command::job_complete,
                                  j.start.job_id, {}};
-  for (size_t i = 0; i < j.start.addresses.size(); ++i)
-    if (j.start.workers[i] != self->state.o.self_id) send_to(self, j.start.addresses[i], complete);
+  std::set<std::string> told{self->state.o.self_id};
+  const gossip::JobStart* records[] = {&j.start, j.control ? &j.control->record() : nullptr};
+  for (const auto* record : records)
+    if (record)
+      for (size_t i = 0; i < record->workers.size() && i < record->addresses.size(); ++i)
+        if (told.insert(record->workers[i]).second) send_to(self, record->addresses[i], complete);
   const std::string saved = j.detached ? save_detached(self->state, j, r) : std::string("-");
   node_events().info("job_done job={} mode={} rank=0 steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f} "
                      "test_accuracy={:.4f} saved=\"{}\"",
@@ -327,6 +332,7 @@ void finish_job(Trainer* self) {
   // Kept until rank 0 completes: should it die first, job control makes a generation of the rest
   // (and of its restart), whose rank 0 ends the job again from the state they hold.
   j.done_at = Clock::now();
+  if (j.completed_at != Clock::time_point{}) return release_done_job(self, "rank 0 completed the job");
   if (self->state.drain) on_drain(self);  // a drain does not wait for it
 }
 
@@ -409,6 +415,11 @@ gossip::JobProgress local_progress(const Job& j) {
   const auto step = static_cast<uint64_t>(j.step), per_epoch = static_cast<uint64_t>(j.steps_per_epoch);
   const uint64_t reference = j.start.reference_batch;
   return {step, per_epoch ? step / per_epoch : 0, per_epoch ? step % per_epoch * reference : 0, step * reference};
+}
+
+gossip::JobProgress rate_progress_at(const Job& j, const elastic::JobPace& pace, uint64_t consumed) {
+  // With max_steps, the job ends at a count of local steps, and the schedule with it.
+  return j.config.job.max_steps > 0 ? local_progress(j) : pace.at(consumed);
 }
 
 elastic::JobPace job_pace(const Job& j) {

@@ -272,6 +272,10 @@ struct Job {
   // own done is replaced by a generation of the rest, which ends the job again; at most
   // step_timeout_s, should that word be lost.
   Clock::time_point done_at{};
+  // When rank 0's job_complete came before this worker's own done (its last ring chunk still on
+  // the way, or a joiner of the job's last moments that will never end it): it goes at its done,
+  // or a few seconds on (TrainerState::complete_grace_s).
+  Clock::time_point completed_at{};
   // [job] pause_between_epochs: this worker waits at the end of the epochs released so far
   // (j.start.released_epochs) until a generation releases more; rank 0 has sent the model.
   bool held = false;
@@ -340,6 +344,7 @@ struct TrainerState {
   // Fault injection (SIGRTMIN+3 to the node): as rank 0, this process dies (SIGKILL) just before it
   // reports its job done, after the others reported theirs.
   bool die_before_complete = false;
+  static constexpr double complete_grace_s = 5;
   // Draining (the node leaves: SIGTERM, `tepdist leave`): the step under way ends, no other starts.
   std::optional<caf::typed_response_promise<std::string>> drain;
   bool drained = false;
@@ -427,7 +432,8 @@ JobReport held_report(const Job& j);
 /// The job's end on this worker: rank 0 evaluates the final model, then completes (its result to
 /// the submitter, job_complete to the others); the others report done and wait for that word.
 void finish_job(Trainer* self);
-/// Not rank 0: the job reported done here is let go (rank 0's job_complete, or too long without it).
+/// Not rank 0: the job reported done here, or that rank 0 completed, is let go (rank 0's
+/// job_complete, too long without it, another job assigned).
 void release_done_job(Trainer* self, const char* why);
 
 /// The first step a worker completes in a generation: when training resumed after a change.
@@ -457,6 +463,9 @@ gossip::JobProgress local_progress(const Job& j);
 /// Gossip and async: the job's progress as this worker's cursor in the installed generation's
 /// lists tells it, for the rate.
 elastic::JobPace job_pace(const Job& j);
+/// Gossip and async: where the rate is read with this worker `consumed` positions into its list
+/// (the pace's estimate; a job bounded by max_steps, which ends at a count of local steps: those).
+gossip::JobProgress rate_progress_at(const Job& j, const elastic::JobPace& pace, uint64_t consumed);
 
 /// Gossip and async: the gradient of one local step's pieces of positions (one epoch) into the
 /// model's gradients; returns the samples (0: none) and sets their loss. Errors as compute_positions'.
