@@ -17,7 +17,10 @@
 #                their positions of it, over the time from the first step to the later one
 #                (goal: within 5%); the worst epoch of the run; and the rebalancing generations
 #
-#   bench/balance.sh [BUILD_DIR] [SEEDS] [EPOCHS]    (defaults: build 3 2; MODE=sync, SLOWDOWN=2, REAL=0)
+#   bench/balance.sh [BUILD_DIR] [SEEDS] [EPOCHS]    (defaults: build 3 2; MODE=sync, SLOWDOWN=2, REAL=0,
+#                                                     BATCH=64: each node's batch; sync's ring moves the
+#                                                     same bytes a step whatever it is, so a larger one
+#                                                     shows the split with less of the ring in the way)
 #
 # Figures depend on the machine; the script prints what it ran on. It is a benchmark, not a test.
 set -uo pipefail
@@ -28,6 +31,7 @@ epochs=${3:-2}
 slowdown=${SLOWDOWN:-2}
 real=${REAL:-0}
 mode=${MODE:-sync}
+batch=${BATCH:-64}
 tepdist="$(pwd)/$build/cli/tepdist"
 [[ -x $tepdist ]] || { echo "balance: $tepdist not built" >&2; exit 2; }
 dir=$(mktemp -d /tmp/tepdist-balance.XXXXXX)
@@ -52,7 +56,7 @@ preset = "lenet"
 [data]
 dataset = "fashion-mnist"
 dir = "/usr/share/datasets/fashion-mnist"
-batch_size = 64
+batch_size = $batch
 [optimizer]
 lr = 0.02
 momentum = 0.9
@@ -139,6 +143,7 @@ PY
 }
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
+echo "batch: $batch per node"
 echo "slower node: $([[ $real == 1 ]] && echo 'node-01 beside a busy loop on its core (taskset)' || echo "node-01 at slowdown $slowdown (emulated)")"
 for seed in $(seq 1 "$seeds"); do
   own=0

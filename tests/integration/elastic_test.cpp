@@ -429,6 +429,22 @@ TEST_CASE("async and gossip with a cosine schedule, a node joins, and the rate s
   }
 }
 
+namespace {
+
+/// Arms node-00 to die, as rank 0, just before it completes the job (SIGRTMIN+3, fault injection:
+/// after the others reported done); the generation line that follows its death, and the result.
+std::pair<std::string, nlohmann::json> rank0_dies_at_the_end(ElasticRun& r) {
+  ::kill(r.pid_of("node-00"), SIGRTMIN + 3);
+  const auto line = r.run->wait_for("generation ", std::chrono::seconds(120));
+  INFO(r.run->all());
+  REQUIRE(line);
+  auto result = r.finish();
+  CHECK(result["test_accuracy"].get<double>() >= 0.78);
+  return {*line, std::move(result)};
+}
+
+}  // namespace
+
 TEST_CASE("rank 0 dies just before it completes the job, after the others reported done, and they end the job again",
           "[integration][elastic]") {
   // The others keep the job after their own done until rank 0 says it is complete. Were they to
@@ -438,14 +454,9 @@ TEST_CASE("rank 0 dies just before it completes the job, after the others report
     INFO(mode);
     TempDir dir;
     ElasticRun r(dir, mode);
-    ::kill(r.pid_of("node-00"), SIGRTMIN + 3);  // fault injection, armed now: it fires at the job's end
-    REQUIRE(r.run->wait_for("local node node-00 died (signal 9); restarted it", std::chrono::seconds(120)));
-    const auto line = r.run->wait_for("generation ", std::chrono::seconds(60));
-    INFO(r.run->all());
-    REQUIRE(line);
-    CHECK_THAT(*line, Catch::Contains("node-00"));
-    const auto result = r.finish();
-    CHECK(result["test_accuracy"].get<double>() >= 0.78);
+    const auto [line, result] = rank0_dies_at_the_end(r);
+    CHECK_THAT(line, Catch::Contains("node-00"));
+    CHECK_THAT(r.run->all(), Catch::Contains("local node node-00 died (signal 9); restarted it"));
     CHECK(result["workers"].size() == 3);
     CHECK(result["generations"].size() >= 2);
     CHECK(logs_contain(dir.path / "out", "fault_armed"));
@@ -461,13 +472,8 @@ TEST_CASE("rank 0 dies just before it completes the job and is not restarted, an
     INFO(mode);
     TempDir dir;
     ElasticRun r(dir, mode, {"--set", "elastic.restart=\"never\""});
-    ::kill(r.pid_of("node-00"), SIGRTMIN + 3);
-    const auto line = r.run->wait_for("generation ", std::chrono::seconds(120));
-    INFO(r.run->all());
-    REQUIRE(line);
-    CHECK_THAT(*line, Catch::Contains("gone node-00"));
-    const auto result = r.finish();
-    CHECK(result["test_accuracy"].get<double>() >= 0.78);
+    const auto [line, result] = rank0_dies_at_the_end(r);
+    CHECK_THAT(line, Catch::Contains("gone node-00"));
     CHECK(result["workers"].size() == 2);
     for (const auto& w : result["workers"]) CHECK(w["rank"].get<int>() < 2);
     CHECK(fs::exists(dir.path / "out" / "model.safetensors"));
