@@ -16,6 +16,7 @@
 #include "actors/router.hpp"
 #include "elastic/coordination.hpp"
 #include "elastic/job_files.hpp"
+#include "elastic/job_control.hpp"
 
 namespace tepdist::actors {
 namespace {
@@ -137,14 +138,6 @@ void on_view(Submitter* self, std::vector<gossip::Member> view) {
 
 /// The rank `peer` has in the job: its place in the assignment once the coordinator's copy has
 /// come; before that, only whether it is one of the workers submitted to (-1: not of this job).
-/// The boot id `record` names for worker `id`; none (a value no run has) when it is not a worker.
-uint64_t boot_in(const gossip::JobStart& record, const std::string& id) {
-  const auto it = std::find(record.workers.begin(), record.workers.end(), id);
-  if (it == record.workers.end()) return ~uint64_t{0};
-  const auto i = static_cast<size_t>(it - record.workers.begin());
-  return i < record.worker_boot_ids.size() ? record.worker_boot_ids[i] : 0;
-}
-
 int64_t rank_of(const SubmitterState& s, const std::string& peer) {
   const auto& workers = s.assigned ? s.assigned->workers : s.sent.workers;
   const auto it = std::find(workers.begin(), workers.end(), peer);
@@ -204,14 +197,12 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
     }
     // Under another rank 0 (or another run of it) every worker ends the job again: the done reports
     // so far count for nothing. Else each stands while its worker is the same run.
-    const auto& before = *s.assigned;
-    if (start->workers.empty() || before.workers.empty() || start->workers[0] != before.workers[0] ||
-        boot_in(*start, start->workers[0]) != boot_in(before, before.workers[0])) {
+    if (!elastic::same_rank0(*s.assigned, *start)) {
       s.done.clear();
       s.rank0_done_at.reset();
     }
     s.assigned = *start;
-    std::erase_if(s.done, [&](const auto& d) { return boot_in(*start, d.first) != d.second; });
+    std::erase_if(s.done, [&](const auto& d) { return elastic::worker_boot(*start, d.first) != d.second; });
     send_release(self);  // a release the generation does not carry yet (its workers may be new)
     node_events().info("job_generation job={} generation={} workers={} resume_step={}", start->job_id,
                        start->generation, start->workers.size(), start->resume.step);
@@ -242,7 +233,7 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
   // cannot set up, has failed here first, with its reason.
   if (s.submission->detach && r->kind == gossip::JobReport::Kind::progress) return end(self, 0, "detached");
   if (r->kind == gossip::JobReport::Kind::done && s.assigned) {
-    s.done[peer] = boot_in(*s.assigned, peer);
+    s.done[peer] = elastic::worker_boot(*s.assigned, peer);
     if (r->rank == 0 && !s.rank0_done_at) s.rank0_done_at = std::chrono::steady_clock::now();
     if (std::ranges::all_of(s.assigned->workers, [&](const std::string& w) { return s.done.contains(w); }))
       end(self, 0, "");

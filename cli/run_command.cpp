@@ -26,6 +26,7 @@
 #include "compute/io/files.hpp"
 #include "elastic/coordination.hpp"
 #include "elastic/job.hpp"
+#include "elastic/job_control.hpp"
 
 namespace tepdist::cli {
 namespace {
@@ -106,7 +107,7 @@ struct Collected {
   // Done reports by worker: the latest of each, while it is the same run in the job (a worker
   // left out or restarted in a later generation loses its own, as the submitter's count does).
   std::map<std::string, gossip::JobReport> done;
-  std::pair<std::string, uint64_t> rank0;  // the latest generation's rank 0 and its boot id
+  std::optional<gossip::JobStart> latest;  // the latest generation's record
   std::optional<gossip::JobReport> last_progress;
   std::vector<float> params;
   std::map<uint64_t, size_t> pieces;  // offset -> elements of each piece received
@@ -357,9 +358,8 @@ int run_run_command(const RunArgs& args) {
     *previous = now;
     // As the submitter counts them: under another rank 0 (or its restart) every worker reports
     // done again; else a report stands while its worker is the same run.
-    const bool rank0_changed = g.workers.empty() || collected->rank0 != std::pair(g.workers[0], now[g.workers[0]]);
-    if (!g.workers.empty()) collected->rank0 = {g.workers[0], now[g.workers[0]]};
-    if (rank0_changed) collected->done.clear();
+    if (!collected->latest || !elastic::same_rank0(*collected->latest, g)) collected->done.clear();
+    collected->latest = g;
     for (const auto& w : removed) collected->done.erase(w);
     for (const auto& w : restarted) collected->done.erase(w);
     collected->generations.push_back({{"generation", g.generation},

@@ -42,6 +42,18 @@ const std::string* worker_address(const JobStart& record, const std::string& id)
   return i < record.addresses.size() ? &record.addresses[i] : nullptr;
 }
 
+uint64_t worker_boot(const JobStart& record, const std::string& id) {
+  const auto it = std::find(record.workers.begin(), record.workers.end(), id);
+  if (it == record.workers.end()) return ~uint64_t{0};
+  const auto i = static_cast<size_t>(it - record.workers.begin());
+  return i < record.worker_boot_ids.size() ? record.worker_boot_ids[i] : 0;
+}
+
+bool same_rank0(const JobStart& a, const JobStart& b) {
+  return !a.workers.empty() && !b.workers.empty() && a.workers[0] == b.workers[0] &&
+         worker_boot(a, a.workers[0]) == worker_boot(b, b.workers[0]);
+}
+
 std::string job_duty_holder(const JobStart& record, const std::vector<Member>& view,
                             const std::map<std::string, uint64_t>& excluded) {
   LowestLiveId rule;

@@ -96,6 +96,13 @@ std::string job_duty_holder(const gossip::JobStart& record, const std::vector<go
 
 /// Where `record` says worker `id` listens; nullptr if it names no such worker.
 const std::string* worker_address(const gossip::JobStart& record, const std::string& id);
+/// The boot id `record` names for worker `id` (0 when it names none); ~0, a value no run has,
+/// when `id` is not one of its workers.
+uint64_t worker_boot(const gossip::JobStart& record, const std::string& id);
+/// Whether two records have the same run of the same node as rank 0: a worker that reported done
+/// keeps its done through a generation that does not change rank 0, and ends the job again under
+/// one that does (the trainer, the submitter).
+bool same_rank0(const gossip::JobStart& a, const gossip::JobStart& b);
 
 /// Who should train according to `view`: every live member with the worker role, and the
 /// record's workers the view does not know yet, in id order, with addresses, boot ids and regions.

@@ -479,9 +479,9 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
       },
       [self](hostcrash_atom) {
         // Fault injection (SIGRTMIN+2 to the node): the async shard host fails as a bug in it
-        // would (it is told to, and quits with an error). It is linked to this actor, so the failure takes the trainer with it, and the
-        // supervisor's restart brings the node back as a restarted member whose shards come back
-        // from their replicas.
+        // would (it is told to, and quits with an error). It is linked to this actor, so its
+        // failure takes the trainer with it, and the supervisor's restart brings the node back
+        // as a restarted member whose shards come back from their replicas.
         const auto host = self->state.job ? self->state.job->driver->local_shards() : caf::actor();
         if (!host) {
           node_events().warn("shard_host_crash_ignored reason=\"no async job here, so no shard host\"");

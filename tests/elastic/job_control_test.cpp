@@ -1142,3 +1142,24 @@ TEST_CASE("a release of epochs becomes the next generation of the same workers, 
   CHECK(net.nodes.at("w2").control->record().generation == 4);
   CHECK(net.nodes.at("w2").control->record().released_epochs == 3);
 }
+
+TEST_CASE("same rank 0: the same node in the same run, whatever the other workers do", "[elastic][job_control]") {
+  gossip::JobStart a;
+  a.workers = {"node-00", "node-01"};
+  a.worker_boot_ids = {7, 8};
+  auto b = a;
+  b.workers.push_back("node-02");  // a join at the end
+  b.worker_boot_ids.push_back(9);
+  b.worker_boot_ids[1] = 10;  // and another worker restarted
+  CHECK(elastic::same_rank0(a, b));
+  CHECK(elastic::worker_boot(b, "node-02") == 9);
+  CHECK(elastic::worker_boot(b, "node-09") == ~uint64_t{0});
+  auto restarted = a;
+  restarted.worker_boot_ids[0] = 11;
+  CHECK_FALSE(elastic::same_rank0(a, restarted));
+  auto other = a;
+  other.workers = {"node-01"};
+  other.worker_boot_ids = {8};
+  CHECK_FALSE(elastic::same_rank0(a, other));
+  CHECK_FALSE(elastic::same_rank0(a, gossip::JobStart{}));
+}

@@ -170,8 +170,7 @@ void enter_generation(Trainer* self) {
   // done, waiting for rank 0's word; rank 0, finishing, completes as it was.
   if (j.done_at != Clock::time_point{}) {
     const auto& next = j.control->record();
-    const auto rank0_boot = [](const gossip::JobStart& r) { return r.worker_boot_ids.empty() ? 0 : r.worker_boot_ids[0]; };
-    if (!next.workers.empty() && next.workers[0] == j.start.workers[0] && rank0_boot(next) == rank0_boot(j.start)) {
+    if (elastic::same_rank0(next, j.start)) {
       node_events().info("job_kept job={} generation={} reason=\"done; rank 0 {} completes the job\"", j.start.job_id,
                          next.generation, next.workers[0]);
     } else {
