@@ -17,6 +17,7 @@
 #include "compute/io/files.hpp"
 #include "compute/presets.hpp"
 #include "compute/backends.hpp"
+#include "compute/resident.hpp"
 #include "compute/train.hpp"
 #include "elastic/config.hpp"
 #include "elastic/job.hpp"
@@ -114,7 +115,7 @@ int run_train(const TrainArgs& args) {
   if (!model) return usage_error(model.error().message);
   compute::Model& net = **model;
 
-  auto made = compute::make_backend(c.compute.backend);
+  auto made = compute::make_backend(c.compute.backend, static_cast<int>(c.compute.device));
   if (!made) return usage_error(fmt::format("{}: {}", c.source, made.error().message));
   const std::unique_ptr<compute::Backend> backend = std::move(*made);
   backend->set_threads(static_cast<int>(c.compute.threads));
@@ -125,8 +126,12 @@ int run_train(const TrainArgs& args) {
   int64_t total_steps = steps_per_epoch * c.job.epochs;
   if (c.job.max_steps > 0) total_steps = std::min(total_steps, c.job.max_steps);
 
-  auto optimizer = compute::make_optimizer(c.optimizer.options, net.parameters().size());
-  if (!optimizer) return usage_error(fmt::format("{}: {}", c.source, optimizer.error().message));
+  // Parameters, gradient and optimiser state where the backend computes (the device, for cuda);
+  // the sync points below copy them to the model's buffers only for evaluation, checkpoints and
+  // the export.
+  auto made_resident = compute::make_resident(net, *backend, c.optimizer.options);
+  if (!made_resident) return usage_error(fmt::format("{}: {}", c.source, made_resident.error().message));
+  const std::unique_ptr<compute::ResidentState> resident = std::move(*made_resident);
   compute::ScheduleOptions schedule_options = c.optimizer.schedule;
   schedule_options.total_steps = total_steps;
   auto schedule = compute::LrSchedule::make(schedule_options);
@@ -135,8 +140,10 @@ int run_train(const TrainArgs& args) {
   compute::TrainingState state{0, 0, c.job.seed, {}};
   const fs::path checkpoint_path = out / "checkpoint";
   if (args.resume) {
-    auto restored = compute::load_checkpoint(checkpoint_path, net, **optimizer);
+    auto restored = compute::load_checkpoint(checkpoint_path, net, resident->optimizer());
     if (!restored) return runtime_error(fmt::format("--resume: {}", restored.error().message));
+    resident->push_parameters();
+    resident->push_optimizer();
     state = *restored;
     fmt::print("resumed from {} at epoch {}, step {}\n", checkpoint_path.string(), state.epoch, state.step);
   }
@@ -147,9 +154,9 @@ int run_train(const TrainArgs& args) {
   fmt::print("{}", net.summary());
   const std::string compute_path = net.compute_path(*backend, batch);
   fmt::print("compute path: {}\n", compute_path);
+  fmt::print("training state: {}\n", resident->where());
 
   const bool tty = isatty(STDOUT_FILENO);
-  compute::LossScratch scratch;
   compute::Tensor x;
   std::vector<int32_t> y;
   std::vector<EvalRecord> evals;
@@ -164,6 +171,7 @@ int run_train(const TrainArgs& args) {
   auto evaluate_now = [&]() -> compute::Result<void> {
     train_clock.pause();
     const auto t0 = Clock::now();
+    resident->pull_parameters();
     const auto e = compute::try_evaluate(net, *backend, data->test);
     if (!e)
       return compute::fail(e.error().code, fmt::format("evaluation at step {}: {}", state.step, e.error().message));
@@ -179,7 +187,9 @@ int run_train(const TrainArgs& args) {
   auto checkpoint_now = [&]() -> compute::Result<void> {
     train_clock.pause();
     const auto t0 = Clock::now();
-    auto ok = compute::save_checkpoint(checkpoint_path, net, **optimizer, state);
+    resident->pull_parameters();
+    resident->pull_optimizer();
+    auto ok = compute::save_checkpoint(checkpoint_path, net, resident->optimizer(), state);
     checkpoint_seconds += seconds_since(t0);
     train_clock.start();
     return ok;
@@ -203,10 +213,10 @@ int run_train(const TrainArgs& args) {
       }
       const std::span<const int64_t> idx(order.data() + start, static_cast<size_t>(std::min(batch, n - start)));
       compute::gather_batch(data->train, idx, x, y);
-      const auto computed = compute::try_compute_gradients(net, *backend, x, y, scratch);
+      const auto computed = resident->compute_gradients(x, y);
       if (!computed) return runtime_error(fmt::format("step {}: {}", state.step + 1, computed.error().message));
       loss = *computed;
-      if (auto finite = compute::check_finite_step(state.step + 1, loss, net.gradients()); !finite) {
+      if (auto finite = compute::check_finite_step(state.step + 1, loss, resident->gradient_finite()); !finite) {
         // Refused before the optimiser steps. The checkpoint is left as it was (the last epoch's
         // end, or a run before): the steps since may have been blowing up while still finite.
         return runtime_error(fs::exists(checkpoint_path)
@@ -214,7 +224,7 @@ int run_train(const TrainArgs& args) {
                                                checkpoint_path.string())
                                  : finite.error().message);
       }
-      (*optimizer)->step(net.parameters(), net.gradients(), schedule->at(state.step));
+      resident->step(schedule->at(state.step));
       ++state.step;
       samples += static_cast<int64_t>(idx.size());
       window_samples += static_cast<int64_t>(idx.size());
@@ -247,6 +257,7 @@ int run_train(const TrainArgs& args) {
   if (evals.empty() || evals.back().step != state.step)
     if (auto ok = evaluate_now(); !ok) return runtime_error(ok.error().message);
 
+  resident->pull_parameters();
   if (auto ok = compute::export_safetensors(out / "model.safetensors", net); !ok)
     return runtime_error(ok.error().message);
   if (auto ok = checkpoint_now(); !ok) return runtime_error(ok.error().message);

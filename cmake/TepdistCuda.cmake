@@ -1,5 +1,6 @@
-# CUDA detection. For now it only reports what it finds, so a GPU backend (compute/cuda) can slot in
-# later behind TEPDIST_HAVE_CUDA; a machine without the toolkit builds and tests everything else.
+# CUDA: the GPU backend (compute/cuda) is built where CMake finds the CUDA toolkit with cuDNN and
+# NCCL beside it; a machine without them builds and tests everything else. The device code is for
+# Hopper (compute capability 9.0, the H100 and H200); CMAKE_CUDA_ARCHITECTURES overrides.
 set(TEPDIST_HAVE_CUDA OFF)
 if(TEPDIST_CUDA)
   if(NOT CUDAToolkit_ROOT AND EXISTS /usr/local/cuda)
@@ -9,13 +10,30 @@ if(TEPDIST_CUDA)
   if(CUDAToolkit_FOUND)
     find_library(TEPDIST_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
     find_library(TEPDIST_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR})
+    find_path(TEPDIST_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+    find_path(TEPDIST_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+  endif()
+  if(CUDAToolkit_FOUND AND TEPDIST_NCCL_LIBRARY AND TEPDIST_CUDNN_LIBRARY AND TEPDIST_CUDNN_INCLUDE_DIR
+     AND TEPDIST_NCCL_INCLUDE_DIR)
+    set(CMAKE_CUDA_COMPILER ${CUDAToolkit_NVCC_EXECUTABLE})
+    set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
+    if(NOT CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    find_program(TEPDIST_CCACHE_FOR_CUDA ccache)
+    if(TEPDIST_CCACHE_FOR_CUDA)
+      set(CMAKE_CUDA_COMPILER_LAUNCHER "${TEPDIST_CCACHE_FOR_CUDA}")
+    endif()
     set(TEPDIST_HAVE_CUDA ON)
-    message(STATUS "tepdist: CUDA ${CUDAToolkit_VERSION} (nvcc in ${CUDAToolkit_BIN_DIR}); "
-                   "cuDNN: ${TEPDIST_CUDNN_LIBRARY}; NCCL: ${TEPDIST_NCCL_LIBRARY} "
-                   "(detected only: the GPU backend is not built yet)")
+    message(STATUS "tepdist: CUDA ${CUDAToolkit_VERSION} (nvcc in ${CUDAToolkit_BIN_DIR}), cuDNN ${TEPDIST_CUDNN_LIBRARY}, "
+                   "NCCL ${TEPDIST_NCCL_LIBRARY}: the cuda backend is built (architectures ${CMAKE_CUDA_ARCHITECTURES})")
+  elseif(CUDAToolkit_FOUND)
+    message(STATUS "tepdist: CUDA found but not cuDNN (${TEPDIST_CUDNN_LIBRARY}) or NCCL (${TEPDIST_NCCL_LIBRARY}); "
+                   "the cuda backend is off")
   else()
-    message(STATUS "tepdist: CUDA toolkit not found; the GPU backend is off")
+    message(STATUS "tepdist: CUDA toolkit not found; the cuda backend is off")
   endif()
 else()
-  message(STATUS "tepdist: CUDA detection disabled (TEPDIST_CUDA=OFF)")
+  message(STATUS "tepdist: CUDA disabled (TEPDIST_CUDA=OFF); the cuda backend is off")
 endif()

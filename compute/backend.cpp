@@ -8,9 +8,7 @@
 #include "base/check.hpp"
 
 namespace tepdist::compute {
-namespace {
 
-/// n labels, each in [0, classes): the first that is not is named with its index in the batch.
 Result<void> check_labels(std::span<const int32_t> labels, int64_t n, int64_t classes) {
   if (n == 0) return fail(Errc::invalid_argument, "loss: the batch is empty; a mean loss needs one sample");
   if (static_cast<int64_t>(labels.size()) != n)
@@ -22,8 +20,6 @@ Result<void> check_labels(std::span<const int32_t> labels, int64_t n, int64_t cl
                               labels[i], i, classes, classes));
   return {};
 }
-
-}  // namespace
 
 Result<float> Backend::softmax_cross_entropy_forward(ConstTensorView logits, std::span<const int32_t> labels,
                                                      TensorView probs) {

@@ -22,6 +22,10 @@
 
 namespace tepdist::compute {
 
+class Model;
+class ResidentState;
+struct OptimizerOptions;
+
 /// A 2-D convolution: x [n, c, h, w] * w [k, c, r, s] + b [k] -> y [n, k, oh, ow].
 struct Conv2dGeometry {
   int64_t n, c, h, w;  // input
@@ -93,6 +97,7 @@ struct PlannedLayer {
   Pool2dGeometry pool{};
   LinearGeometry linear{};
   int64_t weight_offset = -1, bias_offset = -1;  ///< into the flat parameter and gradient buffers
+  std::string name{};  ///< the model's name for the layer (conv1, dropout1), for errors
 };
 
 /// A whole network planned at once for one batch size: the backend owns every activation and
@@ -110,6 +115,10 @@ class NetworkPlan {
   /// direct kernels run only on the layouts they are written for).
   virtual std::string path() const = 0;
 };
+
+/// The labels of a batch of n for a model of `classes` outputs: n values in [0, classes). An
+/// error names the first bad label and its index (every backend indexes the logits with them).
+Result<void> check_labels(std::span<const int32_t> labels, int64_t n, int64_t classes);
 
 class Backend {
  public:
@@ -137,6 +146,18 @@ class Backend {
     (void)layers;
     return nullptr;
   }
+
+  /// Refuses, naming the first, a layer this backend cannot run where it computes (the CUDA
+  /// backend cannot run dropout on the device): such a model must not quietly run on the host.
+  virtual Result<void> check_layers(std::span<const PlannedLayer> layers) const {
+    (void)layers;
+    return {};
+  }
+
+  /// Training state for model kept in this backend's own memory (see resident.hpp), or null when
+  /// the backend computes on the host's buffers (the default: make_resident then keeps the state
+  /// in the model). An error names a layer the backend cannot run.
+  virtual Result<std::unique_ptr<ResidentState>> make_resident(Model& model, const OptimizerOptions& options);
 
   /// y = max(x, 0), any shape, NaN where x is NaN; x and y may alias.
   virtual void relu_forward(ConstTensorView x, TensorView y) = 0;

@@ -110,6 +110,7 @@ std::vector<PlannedLayer> Model::planned_layers(int64_t batch) const {
       p.bias_offset = named_[next_param + 1].offset;
     }
     next_param += count;
+    p.name = e.name;
     layers.push_back(p);
   }
   return layers;

@@ -22,6 +22,21 @@ std::unique_ptr<Model> make_lenet() {
   return m;
 }
 
+std::unique_ptr<Model> make_widecnn() {
+  auto m = std::make_unique<Model>();
+  m->add<Conv2d>(1, 64, 3, 1, 1);
+  m->add<MaxPool2d>(2);
+  m->add<Relu>();
+  m->add<Conv2d>(64, 128, 3, 1, 1);
+  m->add<MaxPool2d>(2);
+  m->add<Relu>();
+  m->add<Flatten>();
+  m->add<Linear>(6272, 512);
+  m->add<Relu>();
+  m->add<Linear>(512, 10);
+  return m;
+}
+
 std::unique_ptr<Model> make_mlp(int64_t hidden, int64_t classes) {
   auto m = std::make_unique<Model>();
   m->add<Flatten>();
@@ -34,7 +49,8 @@ std::unique_ptr<Model> make_mlp(int64_t hidden, int64_t classes) {
 Result<std::unique_ptr<Model>> make_preset(const std::string& name) {
   if (name == "lenet") return make_lenet();
   if (name == "mlp") return make_mlp();
-  return fail(Errc::invalid_argument, fmt::format("unknown model preset '{}' (known: lenet, mlp)", name));
+  if (name == "widecnn") return make_widecnn();
+  return fail(Errc::invalid_argument, fmt::format("unknown model preset '{}' (known: lenet, widecnn, mlp)", name));
 }
 
 namespace {

@@ -25,9 +25,13 @@ Result<float> try_compute_gradients(Model& model, Backend& backend, ConstTensorV
 }
 
 Result<void> check_finite_step(int64_t step, float loss, std::span<const float> gradient) {
+  return check_finite_step(step, loss, std::all_of(gradient.begin(), gradient.end(), [](float g) { return std::isfinite(g); }));
+}
+
+Result<void> check_finite_step(int64_t step, float loss, bool gradient_finite) {
   if (!std::isfinite(loss))
     return fail(Errc::diverged, fmt::format("step {}: the loss is {}: the model diverged (lower optimizer.lr)", step, loss));
-  if (!std::all_of(gradient.begin(), gradient.end(), [](float g) { return std::isfinite(g); }))
+  if (!gradient_finite)
     return fail(Errc::diverged,
                 fmt::format("step {}: the gradient is not finite (the loss is {}): the model diverged (lower optimizer.lr)",
                             step, loss));

@@ -32,6 +32,8 @@ Result<float> try_compute_gradients(Model& model, Backend& backend, ConstTensorV
 /// a NaN spreads to every parameter (every replica, every shard) and training ends "done" with a
 /// model that predicts nothing.
 Result<void> check_finite_step(int64_t step, float loss, std::span<const float> gradient);
+/// The same rule where the gradient is checked where it lives (ResidentState::gradient_finite).
+Result<void> check_finite_step(int64_t step, float loss, bool gradient_finite);
 
 struct Evaluation {
   double accuracy = 0.0;  ///< fraction of samples whose arg-max class is the label

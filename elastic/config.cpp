@@ -123,9 +123,11 @@ const std::vector<Key>& keys() {
       // [model]
       {{"model", "preset", KeyType::string, "\"lenet\"",
         "A built-in model: \"lenet\" (conv 1->20 5x5, pool 2, relu, conv 20->50 5x5, pool 2, relu, "
-        "linear 800->500, relu, linear 500->10), \"mlp\" (flatten, linear ->256, relu, linear ->10), or "
-        "\"program\": the model class the running program registered (tepdist::Trainer does; elsewhere an error)."},
-       -inf, inf, false, false, {"lenet", "mlp", "program"}, assign<&J::model, &J::Model::preset>},
+        "linear 800->500, relu, linear 500->10), \"widecnn\" (conv 1->64 3x3 padding 1, pool 2, relu, conv "
+        "64->128 3x3 padding 1, pool 2, relu, linear 6272->512, relu, linear 512->10), \"mlp\" (flatten, "
+        "linear ->256, relu, linear ->10), or \"program\": the model class the running program registered "
+        "(tepdist::Trainer does; elsewhere an error)."},
+       -inf, inf, false, false, {"lenet", "widecnn", "mlp", "program"}, assign<&J::model, &J::Model::preset>},
       {{"model", "init_file", KeyType::string, "\"\"",
         "A .safetensors file the model starts from instead of its seeded initialisation (every tensor by "
         "name and shape); empty: the seed's parameters. tepdist::Trainer hands each job its model this way."},
@@ -399,9 +401,17 @@ const std::vector<Key>& keys() {
        0, 1e8, false, false, {}, assign<&J::membership, &J::Membership::dead_retention_ms>},
       // [compute]
       {{"compute", "backend", KeyType::string, "\"onednn\"",
-        "Kernels: \"onednn\" (oneDNN primitives, the fast path) or \"ref\" (the readable reference: plain "
-        "loops, OpenMP over the batch; every oneDNN kernel is tested against it)."},
-       -inf, inf, false, false, {"onednn", "ref"}, assign<&J::compute, &J::Compute::backend>},
+        "Kernels: \"onednn\" (oneDNN primitives, the fast path on CPUs), \"ref\" (the readable reference: "
+        "plain loops, OpenMP over the batch; every other backend is tested against it) or \"cuda\" (an NVIDIA "
+        "GPU: cuDNN, cuBLAS and own kernels in float32, parameters and optimiser state kept on the device; "
+        "built where CMake found CUDA, cuDNN and NCCL; runs conv2d, max_pool2d, relu, flatten and linear, and "
+        "refuses a model with other layers)."},
+       -inf, inf, false, false, {"onednn", "ref", "cuda"}, assign<&J::compute, &J::Compute::backend>},
+      {{"compute", "device", KeyType::integer, "0",
+        "backend \"cuda\": which CUDA device, 0 to 63, as CUDA numbers them (CUDA_VISIBLE_DEVICES applies). "
+        "A job setting: every node of the job uses this index on its own machine, so local nodes of one "
+        "machine share the device."},
+       0, 63, false, false, {}, assign<&J::compute, &J::Compute::device>},
       {{"compute", "threads", KeyType::integer, "0", "Threads for the kernels; 0: every core (`tepdist run`'s local nodes: each its share of the cores). "
         "--threads overrides."},
        0, 1024, false, false, {}, assign<&J::compute, &J::Compute::threads>},

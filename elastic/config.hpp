@@ -79,6 +79,7 @@ struct JobConfig {
   struct Compute {
     std::string backend = "onednn";
     int64_t threads = 0;  ///< 0: every core
+    int64_t device = 0;   ///< backend cuda: the CUDA device
     /// Emulation of a slower node: each step takes this many times its compute time. A node
     /// setting ([nodes.NAME] slowdown overrides it); the load balancer never reads it.
     double slowdown = 1;

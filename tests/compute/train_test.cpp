@@ -7,6 +7,7 @@
 #include "compute/optimizer.hpp"
 #include "compute/presets.hpp"
 #include "compute/ref/ref_backend.hpp"
+#include "compute/resident.hpp"
 #include "compute/train.hpp"
 
 using namespace tepdist::compute;
@@ -132,4 +133,54 @@ TEST_CASE("a model with a NaN parameter evaluates to a NaN loss and no right ans
   REQUIRE(e.has_value());
   CHECK(std::isnan(e->loss));
   CHECK(e->accuracy == 0.0);
+}
+
+TEST_CASE("the host backends' resident state is the model's own buffers: a step through it is the plain step",
+          "[compute][train][resident]") {
+  auto backend = make_ref_backend();
+  auto direct = make_lenet(), through = make_lenet();
+  REQUIRE(direct->build({1, 28, 28}, 4).has_value());
+  REQUIRE(through->build({1, 28, 28}, 4).has_value());
+  OptimizerOptions o;
+  o.name = "adam";
+  auto resident = std::move(make_resident(*through, *backend, o).value());
+  CHECK(resident->where() == "host memory");
+  auto optimizer = std::move(make_optimizer(o, direct->parameters().size()).value());
+  Tensor x({6, 1, 28, 28});
+  Rng r(3);
+  for (float& v : x.span()) v = r.uniform();
+  const std::vector<int32_t> y{0, 1, 2, 3, 4, 5};
+  LossScratch scratch;
+  for (int step = 0; step < 2; ++step) {
+    const float want = try_compute_gradients(*direct, *backend, x, y, scratch).value();
+    CHECK(resident->compute_gradients(x, y).value() == want);
+    CHECK(resident->gradient_finite());
+    optimizer->step(direct->parameters(), direct->gradients(), 0.01f);
+    resident->step(0.01f);
+  }
+  resident->pull_parameters();  // a no-op: the model's buffers are the state
+  CHECK(std::equal(direct->parameters().begin(), direct->parameters().end(), through->parameters().begin()));
+  CHECK(resident->optimizer().steps() == 2);
+  // the same refusals as try_compute_gradients, the gradient untouched
+  const std::vector<int32_t> bad{0, 1, 2, 3, 4, 10};
+  const auto refused = resident->compute_gradients(x, bad);
+  REQUIRE_FALSE(refused.has_value());
+  CHECK_THAT(refused.error().message, Catch::Contains("label 10 at index 5"));
+  // and a gradient that is not finite is seen
+  through->gradients()[7] = NAN;
+  CHECK_FALSE(resident->gradient_finite());
+  CHECK_FALSE(check_finite_step(3, 0.5f, resident->gradient_finite()).has_value());
+}
+
+TEST_CASE("asking for the cuda backend where it cannot run says why", "[compute][backend]") {
+  auto made = make_backend("cuda");
+  if (made) {
+    WARN("this machine has a CUDA device: the [cuda] tests check the backend");
+    return;
+  }
+  if (cuda_built())
+    CHECK_THAT(made.error().message, Catch::Contains("no CUDA device here"));
+  else
+    CHECK_THAT(made.error().message, Catch::Contains("not in this build"));
+  CHECK_THAT(make_backend("tpu").error().message, Catch::Contains("known: onednn, ref, cuda"));
 }

@@ -584,8 +584,10 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   auto model = elastic::build_job_model(j.config, j.data.train);
   if (!model) return std::unexpected(model.error().message);
   j.model = std::move(*model);
-  auto backend = compute::make_backend(j.config.compute.backend);
+  auto backend = compute::make_backend(j.config.compute.backend, static_cast<int>(j.config.compute.device));
   if (!backend) return std::unexpected(backend.error().message);
+  // A layer the backend cannot run where it computes is refused here, never run on the host quietly.
+  if (auto ok = (*backend)->check_layers(j.model->planned_layers(1)); !ok) return std::unexpected(ok.error().message);
   j.backend = std::move(*backend);
   j.backend->set_threads(static_cast<int>(j.config.compute.threads));
   auto optimizer = compute::make_optimizer(j.config.optimizer.options, j.elements());

@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# The GPU check, in two halves.
+#
+#   scripts/gpu-check.sh --prepare [BUILD]   here, on a development machine with CUDA but no GPU:
+#       builds tepdist_cuda_tests and tepdist_gpu_bench (the core and the cuda backend only, none
+#       of the Debian libraries the GPU machine lacks) and copies them, with libfmt, into .gpu/
+#       (ignored by git; the device tool carries it with `carry: [".gpu"]`).
+#   scripts/gpu-check.sh                     on the GPU machine, from the repository root, in one
+#       call of under 4 minutes: the [cuda] tests, then LeNet and the wider CNN for a fixed number
+#       of steps on tepdist's cuda backend and in PyTorch on the same GPU, and a table of both.
+#       Full output goes under $OUT (the device tool brings it back), else under .gpu/out.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+if [[ "${1:-}" == "--prepare" ]]; then
+  build=${2:-build}
+  cmake --build "$build" -j2 --target tepdist_cuda_tests tepdist_gpu_bench
+  rm -rf .gpu && mkdir -p .gpu/lib
+  cp "$build/tests/tepdist_cuda_tests" "$build/bench/tepdist_gpu_bench" .gpu/
+  cp -L /usr/lib/x86_64-linux-gnu/libfmt.so.9 .gpu/lib/
+  grep -qx '/.gpu/' .git/info/exclude 2>/dev/null || echo '/.gpu/' >> .git/info/exclude
+  du -sh .gpu
+  echo "carried: $(ls .gpu .gpu/lib | tr '\n' ' ')"
+  echo "their libraries besides the C runtime (cuDNN, cuBLAS, NCCL come from the GPU machine):"
+  ldd .gpu/tepdist_cuda_tests | grep -v -E 'linux-vdso|libc.so|libm.so|ld-linux|libgcc_s|libstdc|libpthread|libdl|librt'
+  exit 0
+fi
+
+out=${OUT:-.gpu/out}
+mkdir -p "$out"
+steps=${STEPS:-300}
+[[ -x .gpu/tepdist_cuda_tests ]] || { echo "gpu-check: .gpu/tepdist_cuda_tests missing: run scripts/gpu-check.sh --prepare first" >&2; exit 2; }
+
+# cuDNN, cuBLAS and NCCL: the system's where it has them, else PyTorch's wheels.
+libdirs=$(find /usr/local/cuda*/targets/*/lib /usr/lib/x86_64-linux-gnu /opt -maxdepth 7 \
+  \( -name 'libcudnn.so.9' -o -name 'libcublas.so.13' -o -name 'libnccl.so.2' \) 2>/dev/null | xargs -r -n1 dirname | awk '!seen[$0]++' | tr '\n' ':')
+plain_path=${LD_LIBRARY_PATH:-}  # PyTorch loads its own cuDNN: it runs with the path as it was
+export LD_LIBRARY_PATH="${libdirs}${LD_LIBRARY_PATH:-}:$PWD/.gpu/lib"
+
+{
+  date -u +"gpu-check %Y-%m-%d %H:%M UTC"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm --format=csv,noheader
+  echo "libraries: $LD_LIBRARY_PATH"
+} | tee "$out/machine.txt"
+
+set +e
+timeout 150 .gpu/tepdist_cuda_tests '[cuda]' --durations yes 2>&1 | tee "$out/cuda_tests.txt"
+tests_rc=${PIPESTATUS[0]}
+timeout 90 .gpu/tepdist_gpu_bench "$steps" 2>&1 | tee "$out/tepdist.jsonl"
+LD_LIBRARY_PATH=$plain_path PYTHONUNBUFFERED=1 timeout 90 python3 -W ignore bench/gpu_torch.py "$steps" 2>"$out/torch.err" \
+  | tee "$out/torch.jsonl"
+tail -3 "$out/torch.err"
+set -e
+
+python3 - "$out" <<'PY'
+import json, sys, pathlib
+out = pathlib.Path(sys.argv[1])
+def rows(name):
+    r = []
+    for line in (out / name).read_text().splitlines():
+        try:
+            d = json.loads(line)
+        except ValueError:
+            continue
+        if "model" in d:
+            r.append(d)
+    return r
+ours = {(d["model"], d["batch"]): d for d in rows("tepdist.jsonl")}
+torch = {(d["model"], d["batch"], d["math"]): d for d in rows("torch.jsonl")}
+print("\nmodel    batch  tepdist cuda (fp32)  of fp32 peak  pytorch fp32  ratio  pytorch default (tf32 convs)")
+for (model, batch), d in sorted(ours.items()):
+    t = torch.get((model, batch, "fp32"), {}).get("samples_per_s", float("nan"))
+    t2 = torch.get((model, batch, "default (tf32 convolutions)"), {}).get("samples_per_s", float("nan"))
+    print(f"{model:8} {batch:5}  {d['samples_per_s']:17.0f}/s  {d['fraction_of_fp32_peak']:11.2%}  {t:10.0f}/s  {d['samples_per_s'] / t:5.2f}  {t2:10.0f}/s")
+PY
+echo "cuda tests exit code: $tests_rc"
+exit "$tests_rc"
