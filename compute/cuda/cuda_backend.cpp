@@ -184,6 +184,7 @@ class ConvOp {
     TEPDIST_CUDNN(cudnnSetConvolutionMathType(data_conv_, data_.mathType));
     TEPDIST_CUDNN(cudnnSetConvolutionMathType(filter_conv_, filter_.mathType));
     workspace_.resize(std::max({fwd_.memory, data_.memory, filter_.memory}));
+    bias_scratch_.resize(static_cast<size_t>(g.k * cuda::kernels::bias_gradient_splits));
   }
   ConvOp(const ConvOp&) = delete;
   ConvOp& operator=(const ConvOp&) = delete;
@@ -207,7 +208,7 @@ class ConvOp {
     const float one = 1.0f, zero = 0.0f;
     TEPDIST_CUDNN(cudnnConvolutionBackwardFilter(ctx_.dnn, &one, x_.get(), x, y_.get(), dy, filter_conv_, filter_.algo,
                                                  workspace_.get(), workspace_.size(), &zero, w_, dw));
-    TEPDIST_KERNEL(cuda::kernels::bias_gradient(dy, db, g_.n, g_.k, g_.oh() * g_.ow(), ctx_.stream));
+    TEPDIST_KERNEL(cuda::kernels::bias_gradient(dy, db, g_.n, g_.k, g_.oh() * g_.ow(), bias_scratch_.get(), ctx_.stream));
   }
   std::string path() const {
     return fmt::format("cudnn fwd algo {} ({}), bwd data algo {} ({}), bwd filter algo {} ({})", static_cast<int>(fwd_.algo),
@@ -225,6 +226,7 @@ class ConvOp {
   cudnnConvolutionBwdDataAlgoPerf_t data_{};
   cudnnConvolutionBwdFilterAlgoPerf_t filter_{};
   DeviceBuffer<std::byte> workspace_;
+  DeviceBuffer<float> bias_scratch_;
 };
 
 // cuBLAS is column-major: a row-major [r, c] matrix is its column-major transpose, so each
@@ -254,7 +256,7 @@ void linear_backward_weights(const Context& ctx, const LinearGeometry& g, const 
   TEPDIST_CUBLAS(cublasSgemm(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(g.in), static_cast<int>(g.out),
                              static_cast<int>(g.n), &one, x, static_cast<int>(g.in), dy, static_cast<int>(g.out), &zero,
                              dw, static_cast<int>(g.in)));
-  TEPDIST_KERNEL(cuda::kernels::bias_gradient(dy, db, g.n, g.out, 1, ctx.stream));
+  TEPDIST_KERNEL(cuda::kernels::bias_gradient(dy, db, g.n, g.out, 1, nullptr, ctx.stream));
 }
 
 /// The stage's output shape for its input.
@@ -278,10 +280,12 @@ Result<void> check_cuda_layers(std::span<const PlannedLayer> layers) {
                   fmt::format("compute.backend \"cuda\" cannot run layer {} ('{}') on the device (it runs conv2d, "
                               "max_pool2d, relu, flatten and linear); use backend \"onednn\" for this model",
                               i + 1, l.name));
-    if (l.input.elements() > (int64_t{1} << 31) - 1)
-      return fail(Errc::invalid_argument, fmt::format("compute.backend \"cuda\": layer {} ('{}') has {} inputs, "
-                                                      "more than its 32-bit indexing allows",
-                                                      i + 1, l.name, l.input.elements()));
+    const int64_t largest = std::max(l.input.elements(), stage_output(l).elements());
+    if (largest > (int64_t{1} << 31) - 1)
+      return fail(Errc::invalid_argument,
+                  fmt::format("compute.backend \"cuda\": layer {} ('{}') holds {} values at this batch size, more "
+                              "than its kernels' 32-bit indexing allows (2^31 - 1): lower data.batch_size",
+                              i + 1, l.name, largest));
   }
   return {};
 }
@@ -571,7 +575,9 @@ class CudaResident final : public ResidentState {
     const int64_t n = x.shape[0];
     if (auto ok = check_labels(labels, n, model_.classes()); !ok) return std::unexpected(ok.error());
     ctx_.activate();
-    CudaPlan& plan = plan_for(n);
+    auto planned = plan_for(n);
+    if (!planned) return std::unexpected(planned.error());
+    CudaPlan& plan = **planned;
     x_.resize(static_cast<size_t>(x.elements()));
     ctx_.upload(x_.get(), x.data, x_.size());
     labels_.resize(labels.size());
@@ -655,17 +661,18 @@ class CudaResident final : public ResidentState {
     ctx_.sync();  // the host buffer may change as soon as this returns
   }
 
-  CudaPlan& plan_for(int64_t batch) {
+  Result<CudaPlan*> plan_for(int64_t batch) {
     for (auto it = plans_.begin(); it != plans_.end(); ++it)
       if (it->first == batch) {
         std::rotate(it, it + 1, plans_.end());
-        return *plans_.back().second;
+        return plans_.back().second.get();
       }
+    const auto layers = model_.planned_layers(batch);
+    if (auto ok = check_cuda_layers(layers); !ok) return std::unexpected(ok.error());  // a batch too large
     constexpr size_t max_plans = 8;  // as Model keeps
     if (plans_.size() == max_plans) plans_.erase(plans_.begin());
-    const auto layers = model_.planned_layers(batch);
     plans_.emplace_back(batch, std::make_unique<CudaPlan>(ctx_, layers));
-    return *plans_.back().second;
+    return plans_.back().second.get();
   }
 
   const Context& ctx_;

@@ -34,38 +34,59 @@ __global__ void relu_backward_kernel(const float* y, const float* dy, float* dx,
   TEPDIST_GRID_STRIDE(i, n) { dx[i] = y[i] > 0.0f ? dy[i] : 0.0f; }
 }
 
-__global__ void add_bias_kernel(float* y, const float* b, int64_t channels, int64_t inner, int64_t n) {
-  TEPDIST_GRID_STRIDE(i, n) { y[i] += b[(i / inner) % channels]; }
+__global__ void add_bias_kernel(float* y, const float* b, uint32_t channels, uint32_t inner, int64_t n) {
+  TEPDIST_GRID_STRIDE(i, n) { y[i] += b[(static_cast<uint32_t>(i) / inner) % channels]; }
 }
 
-/// One block per channel: each thread sums a fixed stride of the channel's elements, then a tree.
-__global__ void bias_gradient_kernel(const float* dy, float* db, int64_t outer, int64_t channels, int64_t inner) {
-  __shared__ float partial[threads];
-  const int64_t c = blockIdx.x;
-  const int64_t count = outer * inner;
-  float sum = 0.0f;
-  for (int64_t k = threadIdx.x; k < count; k += blockDim.x) {
-    const int64_t i = k / inner, j = k % inner;
-    sum += dy[(i * channels + c) * inner + j];
+/// inner == 1 (a linear layer's [n, out]): one thread per channel down its column; neighbouring
+/// threads read neighbouring floats.
+__global__ void column_sum_kernel(const float* dy, float* db, uint32_t outer, uint32_t channels) {
+  for (uint32_t c = blockIdx.x * blockDim.x + threadIdx.x; c < channels; c += gridDim.x * blockDim.x) {
+    float sum = 0.0f;
+    for (uint32_t i = 0; i < outer; ++i) sum += dy[static_cast<size_t>(i) * channels + c];
+    db[c] = sum;
   }
-  partial[threadIdx.x] = sum;
+}
+
+/// inner > 1, first pass: block (c, s) sums rows i = s, s + splits, ... of channel c, its threads
+/// across the row's inner elements, then a tree; partial[c * splits + s].
+__global__ void channel_partial_kernel(const float* dy, float* partial, uint32_t outer, uint32_t channels,
+                                       uint32_t inner) {
+  __shared__ float part[threads];
+  const uint32_t c = blockIdx.x, s = blockIdx.y, splits = gridDim.y;
+  float sum = 0.0f;
+  for (uint32_t i = s; i < outer; i += splits) {
+    const float* row = dy + (static_cast<size_t>(i) * channels + c) * inner;
+    for (uint32_t j = threadIdx.x; j < inner; j += blockDim.x) sum += row[j];
+  }
+  part[threadIdx.x] = sum;
   __syncthreads();
   for (int half = threads / 2; half > 0; half /= 2) {
-    if (static_cast<int>(threadIdx.x) < half) partial[threadIdx.x] += partial[threadIdx.x + half];
+    if (static_cast<int>(threadIdx.x) < half) part[threadIdx.x] += part[threadIdx.x + half];
     __syncthreads();
   }
-  if (threadIdx.x == 0) db[c] = partial[0];
+  if (threadIdx.x == 0) partial[c * splits + s] = part[0];
 }
 
-__global__ void max_pool_forward_kernel(const float* x, float* y, int32_t* argmax, int64_t planes, int64_t h,
-                                        int64_t w, int64_t kernel, int64_t stride, int64_t oh, int64_t ow) {
-  TEPDIST_GRID_STRIDE(out, planes * oh * ow) {
-    const int64_t ox = out % ow, oy = (out / ow) % oh, plane = out / (oh * ow);
-    const int64_t base = plane * h * w;
-    int64_t best = base + (oy * stride) * w + ox * stride;
-    for (int64_t ky = 0; ky < kernel; ++ky)
-      for (int64_t kx = 0; kx < kernel; ++kx) {
-        const int64_t i = base + (oy * stride + ky) * w + ox * stride + kx;
+/// Second pass: each channel's partials in order.
+__global__ void channel_total_kernel(const float* partial, float* db, uint32_t channels, uint32_t splits) {
+  for (uint32_t c = blockIdx.x * blockDim.x + threadIdx.x; c < channels; c += gridDim.x * blockDim.x) {
+    float sum = 0.0f;
+    for (uint32_t s = 0; s < splits; ++s) sum += partial[c * splits + s];
+    db[c] = sum;
+  }
+}
+
+__global__ void max_pool_forward_kernel(const float* x, float* y, int32_t* argmax, uint32_t h, uint32_t w,
+                                        uint32_t kernel, uint32_t stride, uint32_t oh, uint32_t ow, int64_t outputs) {
+  TEPDIST_GRID_STRIDE(o, outputs) {
+    const uint32_t out = static_cast<uint32_t>(o);
+    const uint32_t ox = out % ow, rest = out / ow, oy = rest % oh, plane = rest / oh;
+    const uint32_t base = plane * h * w;
+    uint32_t best = base + (oy * stride) * w + ox * stride;
+    for (uint32_t ky = 0; ky < kernel; ++ky)
+      for (uint32_t kx = 0; kx < kernel; ++kx) {
+        const uint32_t i = base + (oy * stride + ky) * w + ox * stride + kx;
         // the reference's rule: a larger value or a NaN replaces a best that is not NaN
         if (!isnan(x[best]) && !(x[i] <= x[best])) best = i;
       }
@@ -74,18 +95,19 @@ __global__ void max_pool_forward_kernel(const float* x, float* y, int32_t* argma
   }
 }
 
-__global__ void max_pool_backward_kernel(const float* dy, const int32_t* argmax, float* dx, int64_t planes, int64_t h,
-                                         int64_t w, int64_t kernel, int64_t stride, int64_t oh, int64_t ow) {
-  TEPDIST_GRID_STRIDE(in, planes * h * w) {
-    const int64_t ix = in % w, iy = (in / w) % h, plane = in / (h * w);
+__global__ void max_pool_backward_kernel(const float* dy, const int32_t* argmax, float* dx, uint32_t h, uint32_t w,
+                                         uint32_t kernel, uint32_t stride, uint32_t oh, uint32_t ow, int64_t inputs) {
+  TEPDIST_GRID_STRIDE(n, inputs) {
+    const uint32_t in = static_cast<uint32_t>(n);
+    const uint32_t ix = in % w, rest = in / w, iy = rest % h, plane = rest / h;
     // outputs whose window covers (iy, ix): oy * stride <= iy < oy * stride + kernel
-    const int64_t oy0 = iy >= kernel ? (iy - kernel) / stride + 1 : 0, oy1 = iy / stride < oh - 1 ? iy / stride : oh - 1;
-    const int64_t ox0 = ix >= kernel ? (ix - kernel) / stride + 1 : 0, ox1 = ix / stride < ow - 1 ? ix / stride : ow - 1;
+    const uint32_t oy0 = iy >= kernel ? (iy - kernel) / stride + 1 : 0, oy1 = min(iy / stride, oh - 1);
+    const uint32_t ox0 = ix >= kernel ? (ix - kernel) / stride + 1 : 0, ox1 = min(ix / stride, ow - 1);
     float sum = 0.0f;
-    for (int64_t oy = oy0; oy <= oy1; ++oy)
-      for (int64_t ox = ox0; ox <= ox1; ++ox) {
-        const int64_t out = (plane * oh + oy) * ow + ox;
-        if (argmax[out] == in) sum += dy[out];
+    for (uint32_t oy = oy0; oy <= oy1; ++oy)
+      for (uint32_t ox = ox0; ox <= ox1; ++ox) {
+        const uint32_t out = (plane * oh + oy) * ow + ox;
+        if (argmax[out] == static_cast<int32_t>(in)) sum += dy[out];
       }
     dx[in] = sum;
   }
@@ -179,28 +201,44 @@ int relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStr
 
 int add_bias(float* y, const float* b, int64_t outer, int64_t channels, int64_t inner, cudaStream_t s) {
   const int64_t n = outer * channels * inner;
-  add_bias_kernel<<<blocks_for(n), threads, 0, s>>>(y, b, channels, inner, n);
+  add_bias_kernel<<<blocks_for(n), threads, 0, s>>>(y, b, static_cast<uint32_t>(channels), static_cast<uint32_t>(inner), n);
   return launched();
 }
 
-int bias_gradient(const float* dy, float* db, int64_t outer, int64_t channels, int64_t inner, cudaStream_t s) {
-  bias_gradient_kernel<<<static_cast<unsigned>(channels), threads, 0, s>>>(dy, db, outer, channels, inner);
+int bias_gradient(const float* dy, float* db, int64_t outer, int64_t channels, int64_t inner, float* scratch,
+                  cudaStream_t s) {
+  const unsigned channel_blocks = blocks_for(channels);
+  if (inner == 1) {
+    column_sum_kernel<<<channel_blocks, threads, 0, s>>>(dy, db, static_cast<uint32_t>(outer),
+                                                         static_cast<uint32_t>(channels));
+    return launched();
+  }
+  const dim3 grid(static_cast<unsigned>(channels), static_cast<unsigned>(bias_gradient_splits));
+  channel_partial_kernel<<<grid, threads, 0, s>>>(dy, scratch, static_cast<uint32_t>(outer),
+                                                  static_cast<uint32_t>(channels), static_cast<uint32_t>(inner));
+  if (const int e = launched(); e != 0) return e;
+  channel_total_kernel<<<channel_blocks, threads, 0, s>>>(scratch, db, static_cast<uint32_t>(channels),
+                                                          static_cast<uint32_t>(bias_gradient_splits));
   return launched();
 }
 
 int max_pool_forward(const float* x, float* y, int32_t* argmax, int64_t planes, int64_t h, int64_t w, int64_t kernel,
                      int64_t stride, cudaStream_t s) {
   const int64_t oh = (h - kernel) / stride + 1, ow = (w - kernel) / stride + 1;
-  max_pool_forward_kernel<<<blocks_for(planes * oh * ow), threads, 0, s>>>(x, y, argmax, planes, h, w, kernel, stride,
-                                                                            oh, ow);
+  const int64_t outputs = planes * oh * ow;
+  max_pool_forward_kernel<<<blocks_for(outputs), threads, 0, s>>>(
+      x, y, argmax, static_cast<uint32_t>(h), static_cast<uint32_t>(w), static_cast<uint32_t>(kernel),
+      static_cast<uint32_t>(stride), static_cast<uint32_t>(oh), static_cast<uint32_t>(ow), outputs);
   return launched();
 }
 
 int max_pool_backward(const float* dy, const int32_t* argmax, float* dx, int64_t planes, int64_t h, int64_t w,
                       int64_t kernel, int64_t stride, cudaStream_t s) {
   const int64_t oh = (h - kernel) / stride + 1, ow = (w - kernel) / stride + 1;
-  max_pool_backward_kernel<<<blocks_for(planes * h * w), threads, 0, s>>>(dy, argmax, dx, planes, h, w, kernel, stride,
-                                                                           oh, ow);
+  const int64_t inputs = planes * h * w;
+  max_pool_backward_kernel<<<blocks_for(inputs), threads, 0, s>>>(
+      dy, argmax, dx, static_cast<uint32_t>(h), static_cast<uint32_t>(w), static_cast<uint32_t>(kernel),
+      static_cast<uint32_t>(stride), static_cast<uint32_t>(oh), static_cast<uint32_t>(ow), inputs);
   return launched();
 }
 

@@ -6,7 +6,8 @@
 //
 // The rules are the reference backend's (compute/ref), NaN included: ReLU keeps a NaN, a pooling
 // window holding a NaN gives its first NaN, a NaN logit makes its row's probabilities and the loss
-// NaN. The optimiser kernels are compiled without contracted multiply-adds (-fmad=false) and in
+// NaN. Index arithmetic is 32-bit (64-bit division is many times slower on the GPU): the backend
+// refuses tensors of 2^31 elements or more. The optimiser kernels are compiled without contracted multiply-adds (-fmad=false) and in
 // the host loops' order of operations, so a GPU replica's update is bit-identical to a CPU one's.
 
 #include <cstdint>
@@ -21,9 +22,12 @@ int relu_backward(const float* y, const float* dy, float* dx, int64_t n, cudaStr
 
 /// y[i, c, ...] += b[c] for y viewed as [outer, channels, inner].
 int add_bias(float* y, const float* b, int64_t outer, int64_t channels, int64_t inner, cudaStream_t stream);
-/// db[c] = sum of dy[i, c, j] over i and j, for dy viewed as [outer, channels, inner]; one block
-/// per channel, a fixed reduction order (the same sum every run).
-int bias_gradient(const float* dy, float* db, int64_t outer, int64_t channels, int64_t inner, cudaStream_t stream);
+/// db[c] = sum of dy[i, c, j] over i and j, for dy viewed as [outer, channels, inner], in a fixed
+/// order (the same sum every run). With inner > 1 it sums in two passes through scratch, which
+/// holds channels * bias_gradient_splits floats.
+constexpr int64_t bias_gradient_splits = 32;
+int bias_gradient(const float* dy, float* db, int64_t outer, int64_t channels, int64_t inner, float* scratch,
+                  cudaStream_t stream);
 
 /// Max pooling without padding over x [planes, h, w]; argmax gets the flat index into x of each
 /// output's maximum (the first on ties, the first NaN where there is one).

@@ -94,7 +94,7 @@ TEST_CASE("cuda conv2d, max_pool2d and linear agree with the reference", "[cuda]
   auto cuda = cuda_or_skip();
   if (!cuda) return;
   auto ref = make_ref_backend();
-  for (const Conv2dGeometry g : {Conv2dGeometry{8, 1, 28, 28, 20, 5, 5, 1, 0}, Conv2dGeometry{8, 20, 12, 12, 50, 5, 5, 1, 0},
+  for (const Conv2dGeometry& g : {Conv2dGeometry{8, 1, 28, 28, 20, 5, 5, 1, 0}, Conv2dGeometry{8, 20, 12, 12, 50, 5, 5, 1, 0},
                                  Conv2dGeometry{3, 3, 9, 7, 5, 3, 3, 2, 1}}) {
     CAPTURE(g.c, g.k, g.stride, g.pad);
     auto a = cuda->make_conv2d(g);
@@ -114,7 +114,7 @@ TEST_CASE("cuda conv2d, max_pool2d and linear agree with the reference", "[cuda]
     require_close(dw1, dw2);
     require_close(db1, db2);
   }
-  for (const Pool2dGeometry g : {Pool2dGeometry{4, 20, 24, 24, 2, 2}, Pool2dGeometry{2, 3, 7, 9, 3, 2}}) {
+  for (const Pool2dGeometry& g : {Pool2dGeometry{4, 20, 24, 24, 2, 2}, Pool2dGeometry{2, 3, 7, 9, 3, 2}}) {
     auto a = cuda->make_max_pool2d(g);
     auto b = ref->make_max_pool2d(g);
     const Tensor x = random_tensor(g.input(), 5), dy = random_tensor(g.output(), 6);
@@ -126,7 +126,7 @@ TEST_CASE("cuda conv2d, max_pool2d and linear agree with the reference", "[cuda]
     b->backward(dy, dx2);
     require_close(dx1, dx2, 1e-6);  // overlapping windows add up to 4 terms
   }
-  for (const LinearGeometry g : {LinearGeometry{16, 800, 500}, LinearGeometry{7, 13, 3}}) {
+  for (const LinearGeometry& g : {LinearGeometry{16, 800, 500}, LinearGeometry{7, 13, 3}}) {
     auto a = cuda->make_linear(g);
     auto b = ref->make_linear(g);
     const Tensor x = random_tensor({g.n, g.in}, 7), w = random_tensor({g.out, g.in}, 8), bias = random_tensor({g.out}, 9),
@@ -158,7 +158,7 @@ TEST_CASE("cuda relu, max_pool2d and the loss keep NaN as the reference does", "
   ref->relu_forward(x, y2);
   require_close(y1, y2, 0.0);
   CHECK(std::isnan(y1[7]));
-  for (const Pool2dGeometry g : {Pool2dGeometry{2, 3, 6, 6, 2, 2}, Pool2dGeometry{2, 3, 6, 6, 3, 1}}) {
+  for (const Pool2dGeometry& g : {Pool2dGeometry{2, 3, 6, 6, 2, 2}, Pool2dGeometry{2, 3, 6, 6, 3, 1}}) {
     auto a = cuda->make_max_pool2d(g);
     auto b = ref->make_max_pool2d(g);
     Tensor p1(g.output()), p2(g.output()), dy = random_tensor(g.output(), 2), dx1(g.input()), dx2(g.input());
@@ -208,11 +208,15 @@ TEST_CASE("training on cuda, state on the device, follows the reference step for
   for (const char* optimizer : {"sgd"}) {
     for (size_t m = 0; m < std::size(makes); ++m) {
       CAPTURE(optimizer, m);
-      auto on_device = built(makes[m]), on_host = built(makes[m]);
+      // on_device: the state on the device; host_level: the model's host buffers, each step through
+      // the cuda plan's host-level forward and backward (what a cluster worker runs today)
+      auto on_device = built(makes[m]), on_host = built(makes[m]), host_level = built(makes[m]);
       OptimizerOptions o;
       o.name = optimizer;
       auto a = std::move(make_resident(*on_device, *cuda, o).value());
       auto b = std::move(make_resident(*on_host, *ref, o).value());
+      auto c = std::move(make_optimizer(o, host_level->parameters().size()).value());
+      LossScratch scratch;
       CHECK_THAT(a->where(), Catch::Contains("cuda:0"));
       Rng r(5);
       for (int step = 0; step < 3; ++step) {
@@ -227,11 +231,16 @@ TEST_CASE("training on cuda, state on the device, follows the reference step for
         CHECK(a->gradient_finite());
         a->pull_gradients();
         require_close(copy_of(on_device->gradients()), copy_of(on_host->gradients()));
+        const float l3 = try_compute_gradients(*host_level, *cuda, x, y, scratch).value();
+        CHECK(l3 == Approx(l2).epsilon(1e-4));
+        require_close(copy_of(host_level->gradients()), copy_of(on_host->gradients()));
         a->step(0.01f);
         b->step(0.01f);
+        c->step(host_level->parameters(), host_level->gradients(), 0.01f);
       }
       a->pull_parameters();
       require_close(copy_of(on_device->parameters()), copy_of(on_host->parameters()), 1e-4);
+      require_close(copy_of(host_level->parameters()), copy_of(on_host->parameters()), 1e-4);
       CHECK(a->optimizer().steps() == 3);
       // evaluation through the model's host-level plan sees the pulled parameters
       Tensor x = random_tensor({5, 1, 28, 28}, 9);
