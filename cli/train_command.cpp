@@ -115,7 +115,7 @@ int run_train(const TrainArgs& args) {
   if (!model) return usage_error(model.error().message);
   compute::Model& net = **model;
 
-  auto made = compute::make_backend(c.compute.backend, static_cast<int>(c.compute.device));
+  auto made = compute::make_backend(c.compute.backend, elastic::backend_options(c));
   if (!made) return usage_error(fmt::format("{}: {}", c.source, made.error().message));
   const std::unique_ptr<compute::Backend> backend = std::move(*made);
   backend->set_threads(static_cast<int>(c.compute.threads));

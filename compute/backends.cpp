@@ -18,14 +18,14 @@ bool cuda_built() {
 #endif
 }
 
-Result<std::unique_ptr<Backend>> make_backend(std::string_view name, int device) {
+Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options) {
   if (name == "onednn") return make_onednn_backend();
   if (name == "ref") return make_ref_backend();
   if (name == "cuda") {
 #ifdef TEPDIST_HAVE_CUDA
-    return make_cuda_backend(device);
+    return make_cuda_backend(options.device, options.deterministic);
 #else
-    (void)device;
+    (void)options;
     return fail(Errc::invalid_argument,
                 "backend 'cuda' is not in this build: CMake found no CUDA toolkit with cuDNN and NCCL when it was "
                 "configured (see the README's GPU section)");

@@ -9,10 +9,17 @@
 
 namespace tepdist::compute {
 
-/// "onednn" (fast, the default), "ref" (the readable reference) or "cuda" (CUDA device `device`,
-/// where this build has the backend and the machine a device; an error says which is missing);
-/// anything else is an error listing the names.
-Result<std::unique_ptr<Backend>> make_backend(std::string_view name, int device = 0);
+/// What a config says of the backend besides its name ([compute] device and deterministic; both
+/// for cuda only).
+struct BackendOptions {
+  int device = 0;
+  bool deterministic = true;
+};
+
+/// "onednn" (fast, the default), "ref" (the readable reference) or "cuda" (CUDA device
+/// options.device, where this build has the backend and the machine a device; an error says which
+/// is missing); anything else is an error listing the names.
+Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options = {});
 
 /// Whether this build has the cuda backend (CMake found CUDA, cuDNN and NCCL).
 bool cuda_built();

@@ -80,6 +80,7 @@ struct JobConfig {
     std::string backend = "onednn";
     int64_t threads = 0;  ///< 0: every core
     int64_t device = 0;   ///< backend cuda: the CUDA device
+    bool deterministic = true;  ///< backend cuda: reproducible convolution algorithms
     /// Emulation of a slower node: each step takes this many times its compute time. A node
     /// setting ([nodes.NAME] slowdown overrides it); the load balancer never reads it.
     double slowdown = 1;

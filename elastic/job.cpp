@@ -106,4 +106,8 @@ compute::Result<std::unique_ptr<compute::Model>> build_job_model(const JobConfig
   return std::move(*model);
 }
 
+compute::BackendOptions backend_options(const JobConfig& config) {
+  return {.device = static_cast<int>(config.compute.device), .deterministic = config.compute.deterministic};
+}
+
 }  // namespace tepdist::elastic

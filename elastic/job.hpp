@@ -6,6 +6,7 @@
 #include <functional>
 #include <memory>
 
+#include "compute/backends.hpp"
 #include "compute/data/dataset.hpp"
 #include "compute/model.hpp"
 #include "elastic/config.hpp"
@@ -30,5 +31,8 @@ void set_program_model(ModelFactory factory);
 /// The [model] section's network, built for the data's samples and checked against its classes,
 /// then loaded from model.init_file if one is named; errors name the config source.
 compute::Result<std::unique_ptr<compute::Model>> build_job_model(const JobConfig& config, const compute::Dataset& train);
+
+/// The [compute] section's options for make_backend (device, deterministic).
+compute::BackendOptions backend_options(const JobConfig& config);
 
 }  // namespace tepdist::elastic

@@ -83,6 +83,7 @@ class DeviceBuffer {
 
 struct Context {
   int device = 0;
+  bool deterministic = true;  ///< cuDNN's first-ranked deterministic algorithms, else the fastest measured
   std::string description;
   cudaStream_t stream = nullptr;
   cudnnHandle_t dnn = nullptr;
@@ -134,17 +135,18 @@ const char* math_name(cudnnMathType_t m) {
   return "?";
 }
 
-/// From cuDNN's ranked candidates: the first that runs, is deterministic (replicas and reruns
-/// agree bit for bit), uses plain FMA math (float32, no TF32) and needs under 256 MiB of
-/// workspace; failing that, the first deterministic one; failing that, the first that runs.
+/// From cuDNN's candidates, in its order (ranked by its heuristics, or by measured time): the
+/// first that runs, uses plain FMA math (float32, no TF32), needs under 256 MiB of workspace and,
+/// when `deterministic`, is deterministic (a rerun computes the same bits); failing that, the
+/// first within the other rules without the FMA one; failing that, the first that runs.
 template <class Perf>
-Perf pick_algorithm(const Perf* perfs, int count, const char* what) {
+Perf pick_algorithm(const Perf* perfs, int count, bool deterministic, const char* what) {
   constexpr size_t workspace_cap = size_t{256} << 20;
   for (int pass = 0; pass < 3; ++pass)
     for (int i = 0; i < count; ++i) {
       const Perf& p = perfs[i];
       if (p.status != CUDNN_STATUS_SUCCESS || p.memory > workspace_cap) continue;
-      if (pass < 2 && p.determinism != CUDNN_DETERMINISTIC) continue;
+      if (pass < 2 && deterministic && p.determinism != CUDNN_DETERMINISTIC) continue;
       if (pass < 1 && p.mathType != CUDNN_FMA_MATH) continue;
       return p;
     }
@@ -168,18 +170,32 @@ class ConvOp {
                                                     CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
       TEPDIST_CUDNN(cudnnSetConvolutionMathType(*conv, CUDNN_FMA_MATH));
     }
+    // Deterministic: cuDNN's heuristics rank the algorithms, the same every run, so a rerun picks
+    // the same ones and computes the same bits. Otherwise cuDNN times each (once, here) and the
+    // fastest runs, atomics included.
+    const bool det = ctx.deterministic;
     int count = 0;
     cudnnConvolutionFwdAlgoPerf_t fwd[16];
-    TEPDIST_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx.dnn, x_.get(), w_, fwd_conv_, y_.get(), 16, &count, fwd));
-    fwd_ = pick_algorithm(fwd, count, "convolution forward");
+    if (det)
+      TEPDIST_CUDNN(cudnnGetConvolutionForwardAlgorithm_v7(ctx.dnn, x_.get(), w_, fwd_conv_, y_.get(), 16, &count, fwd));
+    else
+      TEPDIST_CUDNN(cudnnFindConvolutionForwardAlgorithm(ctx.dnn, x_.get(), w_, fwd_conv_, y_.get(), 16, &count, fwd));
+    fwd_ = pick_algorithm(fwd, count, det, "convolution forward");
     cudnnConvolutionBwdDataAlgoPerf_t data[16];
-    TEPDIST_CUDNN(
-        cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx.dnn, w_, y_.get(), data_conv_, x_.get(), 16, &count, data));
-    data_ = pick_algorithm(data, count, "convolution backward data");
+    if (det)
+      TEPDIST_CUDNN(
+          cudnnGetConvolutionBackwardDataAlgorithm_v7(ctx.dnn, w_, y_.get(), data_conv_, x_.get(), 16, &count, data));
+    else
+      TEPDIST_CUDNN(cudnnFindConvolutionBackwardDataAlgorithm(ctx.dnn, w_, y_.get(), data_conv_, x_.get(), 16, &count, data));
+    data_ = pick_algorithm(data, count, det, "convolution backward data");
     cudnnConvolutionBwdFilterAlgoPerf_t filter[16];
-    TEPDIST_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx.dnn, x_.get(), y_.get(), filter_conv_, w_, 16,
+    if (det)
+      TEPDIST_CUDNN(cudnnGetConvolutionBackwardFilterAlgorithm_v7(ctx.dnn, x_.get(), y_.get(), filter_conv_, w_, 16,
+                                                                  &count, filter));
+    else
+      TEPDIST_CUDNN(cudnnFindConvolutionBackwardFilterAlgorithm(ctx.dnn, x_.get(), y_.get(), filter_conv_, w_, 16,
                                                                 &count, filter));
-    filter_ = pick_algorithm(filter, count, "convolution backward filter");
+    filter_ = pick_algorithm(filter, count, det, "convolution backward filter");
     TEPDIST_CUDNN(cudnnSetConvolutionMathType(fwd_conv_, fwd_.mathType));
     TEPDIST_CUDNN(cudnnSetConvolutionMathType(data_conv_, data_.mathType));
     TEPDIST_CUDNN(cudnnSetConvolutionMathType(filter_conv_, filter_.mathType));
@@ -779,7 +795,7 @@ class CudaBackend final : public Backend {
 
 }  // namespace
 
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, bool deterministic) {
   int count = 0;
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0)
@@ -793,6 +809,7 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
                             count == 1 ? "" : "s", count - 1));
   auto ctx = std::make_unique<Context>();
   ctx->device = device;
+  ctx->deterministic = deterministic;
   ctx->activate();
   cudaDeviceProp prop{};
   TEPDIST_CUDA(cudaGetDeviceProperties(&prop, device));
@@ -806,9 +823,10 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device) {
   TEPDIST_CUBLAS(cublasGetVersion(ctx->blas, &blas_version));
   const size_t dnn = cudnnGetVersion();
   ctx->description = fmt::format("cuda:{} ({}, compute capability {}.{}, {} multiprocessors; cuDNN {}.{}.{}, cuBLAS {}, "
-                                 "float32 without TF32)",
+                                 "float32 without TF32, {})",
                                  device, prop.name, prop.major, prop.minor, prop.multiProcessorCount, dnn / 10000,
-                                 dnn / 100 % 100, dnn % 100, blas_version);
+                                 dnn / 100 % 100, dnn % 100, blas_version,
+                                 deterministic ? "deterministic algorithms" : "fastest measured algorithms");
   return std::make_unique<CudaBackend>(std::move(ctx));
 }
 

@@ -15,8 +15,10 @@
 
 namespace tepdist::compute {
 
-/// The CUDA backend on device `device` (an index as cudaSetDevice takes it). An error says why
-/// there is none: no CUDA device or driver here, or an index past the devices there are.
-Result<std::unique_ptr<Backend>> make_cuda_backend(int device);
+/// The CUDA backend on device `device` (an index as cudaSetDevice takes it). `deterministic`:
+/// cuDNN's first-ranked deterministic convolution algorithms, so a rerun computes the same bits;
+/// else the fastest it measures, atomics included. An error says why there is no backend: no CUDA
+/// device or driver here, or an index past the devices there are.
+Result<std::unique_ptr<Backend>> make_cuda_backend(int device, bool deterministic = true);
 
 }  // namespace tepdist::compute

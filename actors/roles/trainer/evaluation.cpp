@@ -105,7 +105,7 @@ std::expected<void, std::string> ensure_evaluator(Trainer* self, Job& j) {
   if (j.evaluator) return {};
   auto kit = std::make_shared<EvalKit>();
   auto eval_model = elastic::build_job_model(j.config, j.data.train);
-  auto eval_backend = compute::make_backend(j.config.compute.backend, static_cast<int>(j.config.compute.device));
+  auto eval_backend = compute::make_backend(j.config.compute.backend, elastic::backend_options(j.config));
   if (!eval_model || !eval_backend) return std::unexpected(std::string("cannot build the evaluator's model"));
   kit->model = std::move(*eval_model);
   kit->backend = std::move(*eval_backend);

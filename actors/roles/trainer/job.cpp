@@ -584,7 +584,7 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   auto model = elastic::build_job_model(j.config, j.data.train);
   if (!model) return std::unexpected(model.error().message);
   j.model = std::move(*model);
-  auto backend = compute::make_backend(j.config.compute.backend, static_cast<int>(j.config.compute.device));
+  auto backend = compute::make_backend(j.config.compute.backend, elastic::backend_options(j.config));
   if (!backend) return std::unexpected(backend.error().message);
   // A layer the backend cannot run where it computes is refused here, never run on the host quietly.
   if (auto ok = (*backend)->check_layers(j.model->planned_layers(1)); !ok) return std::unexpected(ok.error().message);
