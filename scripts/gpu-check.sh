@@ -73,6 +73,14 @@ if [[ -f .gpu/tepdist.tar.xz ]]; then
   LD_LIBRARY_PATH="$td/lib:$LD_LIBRARY_PATH" timeout 60 "$td/tepdist" train configs/gpu.toml --set data.dataset=synthetic \
     --epochs 2 --out "$out/train" > "$out/train.log" 2>&1
   echo "tepdist train (cuda, synthetic): exit $?; $(grep -E '^(compute path|training state|done)' "$out/train.log" | cut -c1-300)"
+  # The sync points of a checkpoint: one epoch, then --resume to the second, must end with the
+  # model of the two epochs run straight, bit for bit (the algorithms are deterministic).
+  LD_LIBRARY_PATH="$td/lib:$LD_LIBRARY_PATH" timeout 60 "$td/tepdist" train configs/gpu.toml --set data.dataset=synthetic \
+    --epochs 1 --out "$out/resumed" > "$out/resume.log" 2>&1 &&
+    LD_LIBRARY_PATH="$td/lib:$LD_LIBRARY_PATH" timeout 60 "$td/tepdist" train configs/gpu.toml --set data.dataset=synthetic \
+      --epochs 2 --resume --out "$out/resumed" >> "$out/resume.log" 2>&1
+  echo "tepdist train, 1 epoch then --resume to 2: exit $?; the model $(cmp -s "$out/train/model.safetensors" \
+    "$out/resumed/model.safetensors" && echo 'equals' || echo 'DIFFERS from') the straight run's"
   LD_LIBRARY_PATH="$td/lib:$LD_LIBRARY_PATH" timeout 90 "$td/tepdist" run configs/quickstart.toml --nodes 2 \
     --set compute.backend=cuda --set data.dataset=synthetic --set job.max_steps=150 --set job.eval_every_steps=0 \
     --out "$out/run" > "$out/run.log" 2>&1
