@@ -4,7 +4,6 @@
 
 #include "compute/cuda/cuda_backend.hpp"
 
-#include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <cudnn.h>
 #include <fmt/format.h>
@@ -17,6 +16,7 @@
 #include <vector>
 
 #include "base/check.hpp"
+#include "compute/cuda/cublas.hpp"
 #include "compute/cuda/kernels.hpp"
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
@@ -43,10 +43,10 @@ namespace {
     const cudnnStatus_t e_ = (call);                                                        \
     if (e_ != CUDNN_STATUS_SUCCESS) device_failed(#call, cudnnGetErrorString(e_), __FILE__, __LINE__); \
   } while (0)
-#define TEPDIST_CUBLAS(call)                                                                    \
-  do {                                                                                          \
-    const cublasStatus_t e_ = (call);                                                           \
-    if (e_ != CUBLAS_STATUS_SUCCESS) device_failed(#call, cublasGetStatusString(e_), __FILE__, __LINE__); \
+#define TEPDIST_CUBLAS(ctx, call)                                                                    \
+  do {                                                                                               \
+    const cublasStatus_t e_ = (call);                                                                \
+    if (e_ != CUBLAS_STATUS_SUCCESS) device_failed(#call, (ctx).api->status_string(e_), __FILE__, __LINE__); \
   } while (0)
 #define TEPDIST_KERNEL(call)                                                               \
   do {                                                                                     \
@@ -88,9 +88,10 @@ struct Context {
   cudaStream_t stream = nullptr;
   cudnnHandle_t dnn = nullptr;
   cublasHandle_t blas = nullptr;
+  const cuda::Cublas* api = nullptr;  // cuBLAS, opened at run time (cublas.hpp says why)
 
   ~Context() {
-    if (blas) cublasDestroy(blas);
+    if (blas) api->destroy(blas);
     if (dnn) cudnnDestroy(dnn);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -251,7 +252,7 @@ class ConvOp {
 /// y [n, out] = x [n, in] w[out, in]^T + b
 void linear_forward(const Context& ctx, const LinearGeometry& g, const float* x, const float* w, const float* b, float* y) {
   const float one = 1.0f, zero = 0.0f;
-  TEPDIST_CUBLAS(cublasSgemm(ctx.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.out), static_cast<int>(g.n),
+  TEPDIST_CUBLAS(ctx, ctx.api->sgemm(ctx.blas, CUBLAS_OP_T, CUBLAS_OP_N, static_cast<int>(g.out), static_cast<int>(g.n),
                              static_cast<int>(g.in), &one, w, static_cast<int>(g.in), x, static_cast<int>(g.in), &zero, y,
                              static_cast<int>(g.out)));
   TEPDIST_KERNEL(cuda::kernels::add_bias(y, b, g.n, g.out, 1, ctx.stream));
@@ -260,7 +261,7 @@ void linear_forward(const Context& ctx, const LinearGeometry& g, const float* x,
 /// dx [n, in] = dy [n, out] w [out, in]
 void linear_backward_data(const Context& ctx, const LinearGeometry& g, const float* dy, const float* w, float* dx) {
   const float one = 1.0f, zero = 0.0f;
-  TEPDIST_CUBLAS(cublasSgemm(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(g.in), static_cast<int>(g.n),
+  TEPDIST_CUBLAS(ctx, ctx.api->sgemm(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_N, static_cast<int>(g.in), static_cast<int>(g.n),
                              static_cast<int>(g.out), &one, w, static_cast<int>(g.in), dy, static_cast<int>(g.out), &zero,
                              dx, static_cast<int>(g.in)));
 }
@@ -269,7 +270,7 @@ void linear_backward_data(const Context& ctx, const LinearGeometry& g, const flo
 void linear_backward_weights(const Context& ctx, const LinearGeometry& g, const float* x, const float* dy, float* dw,
                              float* db) {
   const float one = 1.0f, zero = 0.0f;
-  TEPDIST_CUBLAS(cublasSgemm(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(g.in), static_cast<int>(g.out),
+  TEPDIST_CUBLAS(ctx, ctx.api->sgemm(ctx.blas, CUBLAS_OP_N, CUBLAS_OP_T, static_cast<int>(g.in), static_cast<int>(g.out),
                              static_cast<int>(g.n), &one, x, static_cast<int>(g.in), dy, static_cast<int>(g.out), &zero,
                              dw, static_cast<int>(g.in)));
   TEPDIST_KERNEL(cuda::kernels::bias_gradient(dy, db, g.n, g.out, 1, nullptr, ctx.stream));
@@ -807,7 +808,10 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, bool deterministi
     return fail(Errc::invalid_argument,
                 fmt::format("compute.device {}: this machine has {} CUDA device{} (0 to {})", device, count,
                             count == 1 ? "" : "s", count - 1));
+  auto api = cuda::cublas();
+  if (!api) return std::unexpected(api.error());
   auto ctx = std::make_unique<Context>();
+  ctx->api = *api;
   ctx->device = device;
   ctx->deterministic = deterministic;
   ctx->activate();
@@ -816,11 +820,12 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, bool deterministi
   TEPDIST_CUDA(cudaStreamCreateWithFlags(&ctx->stream, cudaStreamNonBlocking));
   TEPDIST_CUDNN(cudnnCreate(&ctx->dnn));
   TEPDIST_CUDNN(cudnnSetStream(ctx->dnn, ctx->stream));
-  TEPDIST_CUBLAS(cublasCreate(&ctx->blas));
-  TEPDIST_CUBLAS(cublasSetStream(ctx->blas, ctx->stream));
-  TEPDIST_CUBLAS(cublasSetMathMode(ctx->blas, CUBLAS_DEFAULT_MATH));  // float32 products: TF32 is a separate mode
+  TEPDIST_CUBLAS(*ctx, ctx->api->create(&ctx->blas));
+  TEPDIST_CUBLAS(*ctx, ctx->api->set_stream(ctx->blas, ctx->stream));
+  // float32 products: TF32 is a separate mode
+  TEPDIST_CUBLAS(*ctx, ctx->api->set_math_mode(ctx->blas, CUBLAS_DEFAULT_MATH));
   int blas_version = 0;
-  TEPDIST_CUBLAS(cublasGetVersion(ctx->blas, &blas_version));
+  TEPDIST_CUBLAS(*ctx, ctx->api->get_version(ctx->blas, &blas_version));
   const size_t dnn = cudnnGetVersion();
   ctx->description = fmt::format("cuda:{} ({}, compute capability {}.{}, {} multiprocessors; cuDNN {}.{}.{}, cuBLAS {}, "
                                  "float32 without TF32, {})",
