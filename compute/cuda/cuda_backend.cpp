@@ -139,7 +139,9 @@ const char* math_name(cudnnMathType_t m) {
 /// From cuDNN's candidates, in its order (ranked by its heuristics, or by measured time): the
 /// first that runs, uses plain FMA math (float32, no TF32), needs under 256 MiB of workspace and,
 /// when `deterministic`, is deterministic (a rerun computes the same bits); failing that, the
-/// first within the other rules without the FMA one; failing that, the first that runs.
+/// first within the other rules without the FMA one; failing that, the first that runs. The path
+/// (ConvOp::path) shows each choice's math and says when one is not deterministic, so a fallback
+/// is never silent.
 template <class Perf>
 Perf pick_algorithm(const Perf* perfs, int count, bool deterministic, const char* what) {
   constexpr size_t workspace_cap = size_t{256} << 20;
@@ -228,9 +230,12 @@ class ConvOp {
     TEPDIST_KERNEL(cuda::kernels::bias_gradient(dy, db, g_.n, g_.k, g_.oh() * g_.ow(), bias_scratch_.get(), ctx_.stream));
   }
   std::string path() const {
+    auto tag = [](const auto& perf) {
+      return fmt::format("{}{}", math_name(perf.mathType),
+                         perf.determinism == CUDNN_DETERMINISTIC ? "" : ", non-deterministic");
+    };
     return fmt::format("cudnn fwd algo {} ({}), bwd data algo {} ({}), bwd filter algo {} ({})", static_cast<int>(fwd_.algo),
-                       math_name(fwd_.mathType), static_cast<int>(data_.algo), math_name(data_.mathType),
-                       static_cast<int>(filter_.algo), math_name(filter_.mathType));
+                       tag(fwd_), static_cast<int>(data_.algo), tag(data_), static_cast<int>(filter_.algo), tag(filter_));
   }
 
  private:

@@ -14,7 +14,8 @@ struct NcclGroup::Impl {
   cudaStream_t stream = nullptr;
   cudaEvent_t done = nullptr;  // recorded after the last queued all-reduce
   int device = 0;
-  bool queued = false;
+  bool queued = false;          // an all-reduce was asked for and `done` is (or will be) after it
+  bool record_pending = false;  // NCCL had not yet queued it on the stream: record `done` later
 };
 
 static_assert(sizeof(ncclUniqueId) == sizeof(NcclGroup::UniqueId));
@@ -72,6 +73,16 @@ NcclGroup::State NcclGroup::poll() {
                          ncclGetLastError(impl_->comm));
     return state_ = State::failed;
   }
+  if (impl_->record_pending) {
+    // A non-blocking call that returned ncclInProgress has queued its kernel only now that the
+    // communicator's state left ncclInProgress: `done` goes after it on the stream from here.
+    if (const cudaError_t e = cudaEventRecord(impl_->done, impl_->stream); e != cudaSuccess) {
+      error_ = fmt::format("nccl rank {} of {}: cannot record the all-reduce's completion: {}", rank_, ranks_,
+                           cudaGetErrorString(e));
+      return state_ = State::failed;
+    }
+    impl_->record_pending = false;
+  }
   if (impl_->queued) {
     const cudaError_t e = cudaEventQuery(impl_->done);
     if (e == cudaErrorNotReady) return state_ = State::pending;
@@ -116,9 +127,12 @@ Result<void> NcclGroup::all_reduce_sum(float* data, size_t n) {
     state_ = State::failed;
     return fail(Errc::invalid_argument, error_);
   }
-  if (cudaEventRecord(impl_->done, impl_->stream) != cudaSuccess)
-    return fail(Errc::invalid_argument, "nccl: cannot record the all-reduce's completion");
   impl_->queued = true;
+  if (r == ncclInProgress) {
+    impl_->record_pending = true;  // poll() records `done` once NCCL has queued the kernel
+  } else if (cudaEventRecord(impl_->done, impl_->stream) != cudaSuccess) {
+    return fail(Errc::invalid_argument, "nccl: cannot record the all-reduce's completion");
+  }
   state_ = State::pending;
   return {};
 }
@@ -126,9 +140,11 @@ Result<void> NcclGroup::all_reduce_sum(float* data, size_t n) {
 void NcclGroup::abort() {
   if (!impl_ || !impl_->comm) return;
   cudaSetDevice(impl_->device);
-  ncclCommAbort(impl_->comm);  // frees the communicator without waiting for peers
+  // Frees the communicator without waiting for peers. Its result can only say the communicator
+  // was already broken, which abort is for.
+  (void)ncclCommAbort(impl_->comm);
   impl_->comm = nullptr;
-  impl_->queued = false;
+  impl_->queued = impl_->record_pending = false;
   if (state_ != State::failed) state_ = State::aborted;
 }
 

@@ -3,7 +3,8 @@
 // non-blocking, polled for asynchronous errors, and aborted (never destroyed collectively) when a
 // wait runs out or the generation changes, so a dead peer never hangs the survivors. The unique id
 // that names a communicator is 128 opaque bytes that travel on the project's own wire with each
-// generation (NCCL's own bootstrap then connects the ranks).
+// generation (NCCL's own bootstrap then connects the ranks). Calls leave the calling thread's
+// current CUDA device set to the group's.
 
 #include <array>
 #include <chrono>
@@ -37,7 +38,9 @@ class NcclGroup {
   /// Polls until the queued work (the join, then any all-reduce) is done, it fails, or timeout
   /// passes; a failure or a timeout aborts the communicator and is returned as an error.
   Result<void> wait(std::chrono::milliseconds timeout);
-  /// Queues an in-place sum of n floats of device memory over every rank; wait() for it.
+  /// Queues an in-place sum of n floats of device memory over every rank, on the group's own
+  /// stream: whatever wrote the data on another stream must have finished (the backend's
+  /// compute_gradients returns after its stream is idle). wait() for the sum.
   Result<void> all_reduce_sum(float* device_data, size_t n);
   /// Ends the communicator now, whatever its peers do (a generation change, a dead peer).
   void abort();
