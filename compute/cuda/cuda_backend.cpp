@@ -109,6 +109,38 @@ struct Context {
   }
 };
 
+/// Host memory the plan copies to or from every step (a model's parameter and gradient buffers),
+/// page-locked while the plan uses it so the copies run at the link's rate, not through CUDA's
+/// pageable staging. Best effort: memory another plan already locked, or that cannot be locked,
+/// is copied as it is (correct, slower).
+class HostPin {
+ public:
+  HostPin() = default;
+  HostPin(const HostPin&) = delete;
+  HostPin& operator=(const HostPin&) = delete;
+  ~HostPin() { release(); }
+  void ensure(const void* p, size_t bytes) {
+    if (p == p_ && bytes == bytes_) return;
+    release();
+    p_ = p;
+    bytes_ = bytes;
+    const cudaError_t e = cudaHostRegister(const_cast<void*>(p), bytes, cudaHostRegisterDefault);
+    owned_ = e == cudaSuccess;
+    if (!owned_) (void)cudaGetLastError();  // already locked by another plan, or not lockable
+  }
+
+ private:
+  void release() {
+    if (owned_) (void)cudaHostUnregister(const_cast<void*>(p_));
+    owned_ = false;
+    p_ = nullptr;
+    bytes_ = 0;
+  }
+  const void* p_ = nullptr;
+  size_t bytes_ = 0;
+  bool owned_ = false;
+};
+
 /// A 4-D NCHW float tensor descriptor.
 class TensorDesc {
  public:
@@ -405,6 +437,7 @@ class CudaPlan final : public NetworkPlan {
   ConstTensorView forward(ConstTensorView x, std::span<const float> params) override {
     TEPDIST_CHECK(x.shape == input_shape() && params.size() >= parameter_count_);
     ctx_.activate();
+    params_pin_.ensure(params.data(), params.size_bytes());
     params_.resize(params.size());
     ctx_.upload(params_.get(), params.data(), params.size());
     x_.resize(static_cast<size_t>(x.elements()));
@@ -420,6 +453,7 @@ class CudaPlan final : public NetworkPlan {
     dlogits_.resize(static_cast<size_t>(dlogits.elements()));
     ctx_.upload(dlogits_.get(), dlogits.data, dlogits_.size());
     grads_.resize(grads.size());
+    grads_pin_.ensure(grads.data(), grads.size_bytes());
     backward_device(x_.get(), dlogits_.get(), params_.get(), grads_.get());
     ctx_.download(grads.data(), grads_.get(), grads.size());
   }
@@ -453,6 +487,7 @@ class CudaPlan final : public NetworkPlan {
   std::vector<Stage> stages_;
   size_t parameter_count_ = 0;
   DeviceBuffer<float> params_, grads_, x_, dlogits_;  // the host-level path's copies
+  HostPin params_pin_, grads_pin_;  // declared after the buffers: unlocked first
   Tensor logits_;
 };
 
