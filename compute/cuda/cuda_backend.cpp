@@ -493,13 +493,19 @@ class CudaPlan final : public NetworkPlan {
 
 // ---- the per-layer kernels of the Backend interface: host views, copied in and out ----------
 
+/// d <- the host view v (d grown to fit), queued on the backend's stream.
+void upload_view(const Context& ctx, DeviceBuffer<float>& d, ConstTensorView v) {
+  d.resize(static_cast<size_t>(v.elements()));
+  ctx.upload(d.get(), v.data, d.size());
+}
+
 class CudaConv2dKernel final : public Conv2dKernel {
  public:
   CudaConv2dKernel(const Context& ctx, const Conv2dGeometry& g) : ctx_(ctx), g_(g), op_(ctx, g) {}
   void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) override {
     TEPDIST_CHECK(x.shape == g_.input() && w.shape == g_.weight() && y.shape == g_.output());
     ctx_.activate();
-    in(a_, x), in(w_, w), in(b_, b);
+    upload_view(ctx_, a_, x), upload_view(ctx_, w_, w), upload_view(ctx_, b_, b);
     c_.resize(static_cast<size_t>(y.elements()));
     op_.forward(a_.get(), w_.get(), b_.get(), c_.get());
     ctx_.download(y.data, c_.get(), c_.size());
@@ -507,7 +513,7 @@ class CudaConv2dKernel final : public Conv2dKernel {
   void backward_data(ConstTensorView dy, ConstTensorView w, TensorView dx) override {
     TEPDIST_CHECK(dy.shape == g_.output() && dx.shape == g_.input());
     ctx_.activate();
-    in(a_, dy), in(w_, w);
+    upload_view(ctx_, a_, dy), upload_view(ctx_, w_, w);
     c_.resize(static_cast<size_t>(dx.elements()));
     op_.backward_data(a_.get(), w_.get(), c_.get());
     ctx_.download(dx.data, c_.get(), c_.size());
@@ -515,7 +521,7 @@ class CudaConv2dKernel final : public Conv2dKernel {
   void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) override {
     TEPDIST_CHECK(x.shape == g_.input() && dy.shape == g_.output() && dw.shape == g_.weight());
     ctx_.activate();
-    in(a_, x), in(b_, dy);
+    upload_view(ctx_, a_, x), upload_view(ctx_, b_, dy);
     w_.resize(static_cast<size_t>(dw.elements()));
     c_.resize(static_cast<size_t>(db.elements()));
     op_.backward_weights(a_.get(), b_.get(), w_.get(), c_.get());
@@ -524,10 +530,6 @@ class CudaConv2dKernel final : public Conv2dKernel {
   }
 
  private:
-  void in(DeviceBuffer<float>& d, ConstTensorView v) {
-    d.resize(static_cast<size_t>(v.elements()));
-    ctx_.upload(d.get(), v.data, d.size());
-  }
   const Context& ctx_;
   Conv2dGeometry g_;
   ConvOp op_;
@@ -571,21 +573,21 @@ class CudaLinearKernel final : public LinearKernel {
   CudaLinearKernel(const Context& ctx, const LinearGeometry& g) : ctx_(ctx), g_(g) {}
   void forward(ConstTensorView x, ConstTensorView w, ConstTensorView b, TensorView y) override {
     ctx_.activate();
-    in(a_, x), in(w_, w), in(b_, b);
+    upload_view(ctx_, a_, x), upload_view(ctx_, w_, w), upload_view(ctx_, b_, b);
     c_.resize(static_cast<size_t>(y.elements()));
     linear_forward(ctx_, g_, a_.get(), w_.get(), b_.get(), c_.get());
     ctx_.download(y.data, c_.get(), c_.size());
   }
   void backward_data(ConstTensorView dy, ConstTensorView w, TensorView dx) override {
     ctx_.activate();
-    in(a_, dy), in(w_, w);
+    upload_view(ctx_, a_, dy), upload_view(ctx_, w_, w);
     c_.resize(static_cast<size_t>(dx.elements()));
     linear_backward_data(ctx_, g_, a_.get(), w_.get(), c_.get());
     ctx_.download(dx.data, c_.get(), c_.size());
   }
   void backward_weights(ConstTensorView x, ConstTensorView dy, TensorView dw, TensorView db) override {
     ctx_.activate();
-    in(a_, x), in(b_, dy);
+    upload_view(ctx_, a_, x), upload_view(ctx_, b_, dy);
     w_.resize(static_cast<size_t>(dw.elements()));
     c_.resize(static_cast<size_t>(db.elements()));
     linear_backward_weights(ctx_, g_, a_.get(), b_.get(), w_.get(), c_.get());
@@ -594,10 +596,6 @@ class CudaLinearKernel final : public LinearKernel {
   }
 
  private:
-  void in(DeviceBuffer<float>& d, ConstTensorView v) {
-    d.resize(static_cast<size_t>(v.elements()));
-    ctx_.upload(d.get(), v.data, d.size());
-  }
   const Context& ctx_;
   LinearGeometry g_;
   DeviceBuffer<float> a_, w_, b_, c_;
