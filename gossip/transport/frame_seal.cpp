@@ -18,6 +18,35 @@ void put_le32(uint8_t* out, uint32_t v) {
 
 [[noreturn]] void openssl_failed(const char* what) { throw std::runtime_error(std::string("OpenSSL: ") + what + " failed"); }
 
+const EVP_CIPHER* aead_of(FrameProtection p) {
+  return p == FrameProtection::authenticated ? EVP_chacha20_poly1305() : EVP_aes_256_gcm();
+}
+
+/// The nonce of the frame at `counter`: 4 zero bytes, then the counter big-endian.
+void nonce(uint64_t counter, uint8_t out[12]) {
+  std::memset(out, 0, 4);
+  for (int i = 0; i < 8; ++i) out[4 + i] = static_cast<uint8_t>(counter >> (8 * (7 - i)));
+}
+
+FrameSealer::Sealed seal_pieces(EVP_CIPHER_CTX* ctx, FrameProtection protection, uint64_t counter,
+                                std::span<const OutFrame::Piece> in, size_t bytes, SealBuffer reuse);
+
+/// The calling thread's cipher context, keyed to seal one ticket's frame; reset (its key wiped)
+/// when this goes.
+struct TicketCipher {
+  EVP_CIPHER_CTX* ctx;
+  explicit TicketCipher(const FrameSealer::Ticket& ticket) {
+    thread_local const std::unique_ptr<EVP_CIPHER_CTX, void (*)(EVP_CIPHER_CTX*)> mine(EVP_CIPHER_CTX_new(),
+                                                                                      EVP_CIPHER_CTX_free);
+    ctx = mine.get();
+    if (!ctx || EVP_CipherInit_ex(ctx, aead_of(ticket.protection), nullptr, ticket.key.data(), nullptr, 1) != 1)
+      openssl_failed("frame key setup");
+  }
+  ~TicketCipher() { EVP_CIPHER_CTX_reset(ctx); }
+  TicketCipher(const TicketCipher&) = delete;
+  TicketCipher& operator=(const TicketCipher&) = delete;
+};
+
 }  // namespace
 
 const char* protection_name(FrameProtection p) {
@@ -39,26 +68,34 @@ FrameSealer::FrameSealer(FrameProtection protection, const FrameKey& key)
   if (!cipher_->ctx) openssl_failed("EVP_CIPHER_CTX_new");
   // The key is set once; each frame sets only its nonce. Encrypt and decrypt differ only in
   // direction, and one sealer serves one: the caller says which by calling seal or open.
-  const EVP_CIPHER* aead = protection == FrameProtection::authenticated ? EVP_chacha20_poly1305() : EVP_aes_256_gcm();
-  if (EVP_CipherInit_ex(cipher_->ctx, aead, nullptr, key.data(), nullptr, -1) != 1) openssl_failed("frame key setup");
+  if (EVP_CipherInit_ex(cipher_->ctx, aead_of(protection), nullptr, key.data(), nullptr, -1) != 1)
+    openssl_failed("frame key setup");
+  key_ = key;
 }
 
-FrameSealer::~FrameSealer() = default;
+FrameSealer::~FrameSealer() { OPENSSL_cleanse(key_.data(), key_.size()); }
 FrameSealer::FrameSealer(FrameSealer&&) noexcept = default;
 FrameSealer& FrameSealer::operator=(FrameSealer&&) noexcept = default;
 
-void FrameSealer::nonce(uint8_t out[12]) const {
-  std::memset(out, 0, 4);
-  for (int i = 0; i < 8; ++i) out[4 + i] = static_cast<uint8_t>(counter_ >> (8 * (7 - i)));
+FrameSealer::Sealed FrameSealer::seal(const OutFrame& frame, Buffer reuse) {
+  return seal_pieces(cipher_->ctx, protection_, counter_++, frame.pieces(), frame.bytes(), std::move(reuse));
 }
 
-FrameSealer::Sealed FrameSealer::seal(const OutFrame& frame, Buffer reuse) {
-  return seal_pieces(frame.pieces(), frame.bytes(), std::move(reuse));
+FrameSealer::Ticket::~Ticket() { OPENSSL_cleanse(key.data(), key.size()); }
+
+FrameSealer::Ticket FrameSealer::reserve() {
+  TEPDIST_CHECK(protection_ != FrameProtection::plain);
+  return {protection_, key_, counter_++};
+}
+
+FrameSealer::Sealed FrameSealer::seal(const Ticket& ticket, const OutFrame& frame, Buffer reuse) {
+  const TicketCipher cipher(ticket);
+  return seal_pieces(cipher.ctx, ticket.protection, ticket.counter, frame.pieces(), frame.bytes(), std::move(reuse));
 }
 
 std::vector<uint8_t> FrameSealer::seal_flat(std::span<const uint8_t> frame) {
   const OutFrame::Piece piece{frame.data(), frame.size()};
-  const Sealed s = seal_pieces({&piece, 1}, frame.size(), {});
+  const Sealed s = seal_pieces(cipher_->ctx, protection_, counter_++, {&piece, 1}, frame.size(), {});
   std::vector<uint8_t> out;
   out.reserve(s.bytes);
   for (const auto& p : s.pieces)
@@ -66,22 +103,23 @@ std::vector<uint8_t> FrameSealer::seal_flat(std::span<const uint8_t> frame) {
   return out;
 }
 
-FrameSealer::Sealed FrameSealer::seal_pieces(std::span<const OutFrame::Piece> in, size_t bytes, Buffer reuse) {
-  TEPDIST_CHECK(protection_ != FrameProtection::plain);
+namespace {
+
+FrameSealer::Sealed seal_pieces(EVP_CIPHER_CTX* ctx, FrameProtection protection, uint64_t counter,
+                                std::span<const OutFrame::Piece> in, size_t bytes, SealBuffer reuse) {
+  TEPDIST_CHECK(protection != FrameProtection::plain);
   TEPDIST_CHECK(!in.empty() && in[0].size >= frame_header_bytes);
   const size_t body = bytes - frame_header_bytes;
   TEPDIST_CHECK(body + frame_tag_bytes <= UINT32_MAX);
-  const bool encrypt = protection_ == FrameProtection::encrypted;
-  Sealed s;
+  const bool encrypt = protection == FrameProtection::encrypted;
+  FrameSealer::Sealed s;
   const size_t stored = frame_header_bytes + (encrypt ? body : 0) + frame_tag_bytes;
   s.storage = std::move(reuse);
   if (s.storage.capacity < stored) s.storage = {std::unique_ptr<uint8_t[]>(new uint8_t[stored]), stored};
   uint8_t* header = s.storage.data.get();
   put_le32(header, static_cast<uint32_t>(body + frame_tag_bytes));
   uint8_t iv[12];
-  nonce(iv);
-  ++counter_;
-  EVP_CIPHER_CTX* ctx = cipher_->ctx;
+  nonce(counter, iv);
   int n = 0;
   if (EVP_EncryptInit_ex(ctx, nullptr, nullptr, nullptr, iv) != 1 ||
       EVP_EncryptUpdate(ctx, nullptr, &n, header, frame_header_bytes) != 1)
@@ -133,50 +171,46 @@ FrameSealer::Sealed FrameSealer::seal_pieces(std::span<const OutFrame::Piece> in
   return s;
 }
 
-std::expected<size_t, std::string> FrameSealer::open(const uint8_t header[frame_header_bytes], std::span<uint8_t> body) {
+}  // namespace
+
+namespace {
+
+/// A frame opened with ctx at `counter`: the tag checked over the length prefix and the body, the
+/// body decrypted in place when encrypted; the message's length, or why it failed.
+std::expected<size_t, std::string> open_with(EVP_CIPHER_CTX* ctx, FrameProtection protection, uint64_t counter,
+                                             const uint8_t header[frame_header_bytes], std::span<uint8_t> body) {
+  TEPDIST_CHECK(protection != FrameProtection::plain);
   if (body.size() < frame_tag_bytes) return std::unexpected("a sealed frame shorter than its tag");
   const size_t message = body.size() - frame_tag_bytes;
-  begin(header);
-  update(body.first(message));
-  if (auto ok = finish(body.data() + message); !ok) return std::unexpected(ok.error());
-  return message;
-}
-
-void FrameSealer::begin(const uint8_t header[frame_header_bytes]) {
-  TEPDIST_CHECK(protection_ != FrameProtection::plain);
   uint8_t iv[12];
-  nonce(iv);
-  ++counter_;
+  nonce(counter, iv);
   int n = 0;
-  if (EVP_DecryptInit_ex(cipher_->ctx, nullptr, nullptr, nullptr, iv) != 1 ||
-      EVP_DecryptUpdate(cipher_->ctx, nullptr, &n, header, frame_header_bytes) != 1)
+  if (EVP_DecryptInit_ex(ctx, nullptr, nullptr, nullptr, iv) != 1 ||
+      EVP_DecryptUpdate(ctx, nullptr, &n, header, frame_header_bytes) != 1)
     openssl_failed("frame setup");
-}
-
-void FrameSealer::update(std::span<uint8_t> bytes) {
-  uint8_t* data = bytes.data();
-  int n = 0;
-  for (size_t done = 0; done < bytes.size();) {
-    const int chunk = static_cast<int>(std::min<size_t>(bytes.size() - done, size_t{1} << 30));
+  uint8_t* data = body.data();
+  for (size_t done = 0; done < message;) {
+    const int chunk = static_cast<int>(std::min<size_t>(message - done, size_t{1} << 30));
     // In place: decryption writes the plaintext over the ciphertext.
-    const int ok = protection_ == FrameProtection::encrypted
-                       ? EVP_DecryptUpdate(cipher_->ctx, data + done, &n, data + done, chunk)
-                       : EVP_DecryptUpdate(cipher_->ctx, nullptr, &n, data + done, chunk);
+    const int ok = protection == FrameProtection::encrypted
+                       ? EVP_DecryptUpdate(ctx, data + done, &n, data + done, chunk)
+                       : EVP_DecryptUpdate(ctx, nullptr, &n, data + done, chunk);
     if (ok != 1) openssl_failed("frame decrypt");
     done += static_cast<size_t>(chunk);
   }
+  uint8_t expected[frame_tag_bytes];
+  std::memcpy(expected, data + message, frame_tag_bytes);
+  if (EVP_CIPHER_CTX_ctrl(ctx, EVP_CTRL_AEAD_SET_TAG, frame_tag_bytes, expected) != 1) openssl_failed("frame tag");
+  uint8_t rest[16];
+  if (EVP_DecryptFinal_ex(ctx, rest, &n) != 1)
+    return std::unexpected("a frame failed authentication (altered, injected, replayed or out of order)");
+  return message;
 }
 
-std::expected<void, std::string> FrameSealer::finish(const uint8_t tag[frame_tag_bytes]) {
-  uint8_t expected[frame_tag_bytes];
-  std::memcpy(expected, tag, frame_tag_bytes);
-  if (EVP_CIPHER_CTX_ctrl(cipher_->ctx, EVP_CTRL_AEAD_SET_TAG, frame_tag_bytes, expected) != 1)
-    openssl_failed("frame tag");
-  uint8_t rest[16];
-  int n = 0;
-  if (EVP_DecryptFinal_ex(cipher_->ctx, rest, &n) != 1)
-    return std::unexpected("a frame failed authentication (altered, injected, replayed or out of order)");
-  return {};
+}  // namespace
+
+std::expected<size_t, std::string> FrameSealer::open(const uint8_t header[frame_header_bytes], std::span<uint8_t> body) {
+  return open_with(cipher_->ctx, protection_, counter_++, header, body);
 }
 
 struct EphemeralKey::Pkey {

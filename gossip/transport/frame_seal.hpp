@@ -70,6 +70,19 @@ class FrameSealer {
   /// The same for a frame already flat (length prefix included), as one buffer: tests and fuzzing.
   std::vector<uint8_t> seal_flat(std::span<const uint8_t> frame);
 
+  /// A frame's place in this direction's order, taken now, to be sealed later on any thread (the
+  /// transport seals large frames off its loop thread and writes them in counter order).
+  struct Ticket {
+    FrameProtection protection;
+    FrameKey key;
+    uint64_t counter;
+    ~Ticket();  // wipes the key
+  };
+  Ticket reserve();
+  /// Seals under a ticket, with a cipher context of the calling thread's own: the same bytes as
+  /// seal() would have written for the frame at that counter.
+  static Sealed seal(const Ticket& ticket, const OutFrame& frame, Buffer reuse = Buffer());
+
   /// Opens the next frame read: `body` holds the L bytes after the length prefix (ciphertext or
   /// clear body, then the tag); on success it holds the message in its first L - 16 bytes and the
   /// message's length is returned. Any failure is final for the connection.
@@ -78,14 +91,8 @@ class FrameSealer {
   uint64_t frames() const { return counter_; }
 
  private:
-  void nonce(uint8_t out[12]) const;
-  /// open() in its steps: the length prefix, the bytes before the tag (in place), the tag.
-  void begin(const uint8_t header[frame_header_bytes]);
-  void update(std::span<uint8_t> bytes);
-  std::expected<void, std::string> finish(const uint8_t tag[frame_tag_bytes]);
-  Sealed seal_pieces(std::span<const OutFrame::Piece> in, size_t bytes, Buffer reuse);
-
   FrameProtection protection_;
+  FrameKey key_;  // for tickets
   struct Cipher;
   std::unique_ptr<Cipher> cipher_;
   uint64_t counter_ = 0;

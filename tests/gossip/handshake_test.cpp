@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <memory>
+#include <thread>
 
 #include "gossip/transport/handshake.hpp"
 #include "gossip/wire/wire.capnp.h"
@@ -207,5 +208,44 @@ TEST_CASE("sealed frames open in order under the matching key only", "[gossip][s
     auto cut = s1;
     cut[0] -= 8;  // the length prefix is authenticated too
     CHECK_FALSE(open(reader, cut));
+  }
+}
+
+TEST_CASE("a frame sealed under a ticket on another thread is the frame sealed in place at its counter",
+          "[gossip][seal]") {
+  FrameKey key{};
+  key[3] = 7;
+  auto tensor = std::make_shared<std::vector<float>>(100000);
+  for (size_t i = 0; i < tensor->size(); ++i) (*tensor)[i] = static_cast<float>(i) * 0.5f;
+  const OutFrame big = encode({"a", 1, "c1", TensorChunk{1, 0, 0, tensor->size(), *tensor, tensor}});
+  const OutFrame small = encode({"a", 1, "c1", Ping{9, {}}});
+  auto flat = [](const FrameSealer::Sealed& s) {
+    std::vector<uint8_t> out;
+    for (const auto& p : s.pieces)
+      out.insert(out.end(), static_cast<const uint8_t*>(p.data), static_cast<const uint8_t*>(p.data) + p.size);
+    return out;
+  };
+  for (const auto p : {FrameProtection::encrypted, FrameProtection::authenticated}) {
+    INFO(protection_name(p));
+    FrameSealer in_place(p, key), ticketed(p, key), reader(p, key);
+    // Frame 0 in place, frames 1 and 2 by tickets taken in order but sealed in reverse, on threads.
+    const auto s0 = flat(ticketed.seal(small));
+    const FrameSealer::Ticket t1 = ticketed.reserve(), t2 = ticketed.reserve();
+    CHECK(t1.counter == 1);
+    CHECK(t2.counter == 2);
+    FrameSealer::Sealed s2, s1;
+    std::thread([&] { s2 = FrameSealer::seal(t2, small); }).join();
+    std::thread([&] { s1 = FrameSealer::seal(t1, big); }).join();
+    const auto e0 = flat(in_place.seal(small)), e1 = flat(in_place.seal(big)), e2 = flat(in_place.seal(small));
+    CHECK(s0 == e0);
+    CHECK(flat(s1) == e1);
+    CHECK(flat(s2) == e2);
+    CHECK(ticketed.frames() == 3);
+    // The receiver opens them in counter order, and only in it.
+    for (auto sealed : {flat(s1), flat(s2)}) CHECK_FALSE(FrameSealer(p, key).open(sealed.data(), {sealed.data() + 4, sealed.size() - 4}));
+    for (auto sealed : {e0, flat(s1), flat(s2)}) {
+      auto n = reader.open(sealed.data(), {sealed.data() + 4, sealed.size() - 4});
+      CHECK(n.has_value());
+    }
   }
 }
