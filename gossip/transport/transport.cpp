@@ -52,10 +52,21 @@ constexpr size_t membership_receive_total_bytes = 256u << 20;
 // Refusals and closings of strangers' connections are logged at most once a second.
 constexpr uint64_t refusal_log_interval_ms = 1000;
 // A lane hands libuv at most this many bytes whose writes have not completed: the rest waits in
-// the lane's queue, unsealed, and goes on as writes complete. Sealing is work on the loop thread, so a
-// burst of tensors is sealed as the socket drains, not all at once ahead of a membership probe
-// (16 MiB is about 3 ms of sealing; 4 MiB measured 10% slower for authenticated frames).
+// the lane's queue, unsealed, and goes on as writes complete, so a burst of tensors is sealed as the
+// socket drains, not all at once ahead of a membership probe (4 MiB measured 10% slower for
+// authenticated frames).
 constexpr size_t max_unwritten_bytes = 16u << 20;
+// Frames of at least this size are sealed on libuv's thread pool, not on the loop thread, which on
+// loopback also runs the kernel's whole send path: sealing there cost authenticated frames a
+// quarter of their rate (0.77 of plain; 1.0 with the sender's tag left out, the receiver's kept:
+// the AVX-512 machine, December 4). Smaller frames are sealed in place (the hop costs more than
+// their seal). A connection has at most this many frames on the pool at once: one ahead of the one
+// being written is the pipeline; more would only take the cores the loop needs. Received frames are
+// opened on the loop thread: opening them on the pool too was measured at a fifth of the rate on
+// the 2-core machine (each open took 2-5 ms there against 0.2 ms in place, the pool threads
+// contending with both loops for two cores).
+constexpr size_t offload_seal_bytes = 256u << 10;
+constexpr size_t max_sealing_jobs = 2;
 // Sealed frames' memory is kept for the next ones, up to this many buffers of at most this size.
 constexpr size_t seal_pool_buffers = 4;
 constexpr size_t seal_pool_max_bytes = 16u << 20;
@@ -178,6 +189,7 @@ std::string peer_name(uv_tcp_t* tcp) {
 
 struct Transport::Impl {
   struct Peer;
+  struct WriteReq;
 
   /// One TCP connection, inbound or outbound, from handshake to close.
   struct Conn {
@@ -197,6 +209,10 @@ struct Transport::Impl {
     size_t header_have = 0;
     // Once authenticated (unless the frames are plain): this connection's two directions.
     std::optional<FrameSealer> sealer, opener;
+    // Frames sealed and not yet handed to libuv, in counter order: the front is written once its
+    // seal (on the pool) is done, so the socket sees frames in the order their counters were taken.
+    std::deque<WriteReq*> sealing;
+    size_t sealing_jobs = 0;  // seals running on the pool: the Conn is not deleted before they end
     FrameWords body;  // grows as the body arrives (initial_body_bytes, then doubling)
     size_t body_bytes = 0, body_have = 0;  // announced, received
     bool in_body = false;
@@ -255,6 +271,13 @@ struct Transport::Impl {
     uint64_t sent_ns;
     Histogram* latency;
     std::vector<uv_buf_t> bufs;
+    // Sealed on the pool: the frame's place in order and the memory to seal into (taken on the
+    // loop thread); `ready` once sealed, `error` if sealing failed.
+    uv_work_t work{};
+    std::optional<FrameSealer::Ticket> ticket;
+    SealBuffer reuse;
+    bool ready = false;
+    std::string error;
   };
 
   TransportOptions opt;
@@ -638,7 +661,8 @@ struct Transport::Impl {
     }
     auto on_closed = [](uv_handle_t* h) {
       auto* c = static_cast<Conn*>(h->data);
-      if (--c->open_handles == 0) delete c;
+      --c->open_handles;
+      c->impl->release_if_done(c);
     };
     uv_close(reinterpret_cast<uv_handle_t*>(&c->handshake_timer), on_closed);
     uv_close(reinterpret_cast<uv_handle_t*>(&c->tcp), on_closed);
@@ -730,28 +754,100 @@ struct Transport::Impl {
   }
 
   /// Writes a frame on c; `key` (a lane_key) gets the frame's `counted` bytes back once written.
+  /// Once authenticated, frames are sealed in the order they come here (the counter the receiver
+  /// expects is the write order on this connection, whatever queue a frame came from): in place,
+  /// or on the pool for a large one, and written in that order as their seals complete.
   void write(Conn* c, OutFrame frame, const std::string& key, size_t counted, uint64_t sent_ns = 0) {
     Histogram* latency = c->peer && counted ? c->peer->metrics.latency : nullptr;
     if (c->peer && counted && c->peer->metrics.frames_out) {
       c->peer->metrics.frames_out->add();
       c->peer->metrics.bytes_out->add(frame.bytes());
     }
-    auto* w = new WriteReq{{}, this, c, std::move(frame), {}, key, counted, sent_ns, latency, {}};
-    // Sealed here, on the loop thread, in the order frames reach the socket: the counter the
-    // receiver expects is the write order on this connection, whatever queue a frame came from.
-    if (c->authenticated && c->sealer) {
-      SealBuffer reuse;
-      if (!seal_pool.empty()) {
-        reuse = std::move(seal_pool.back());
-        seal_pool.pop_back();
-      }
-      w->sealed = c->sealer->seal(w->frame, std::move(reuse));
+    auto* w = new WriteReq{{}, this, c, std::move(frame), {}, key, counted, sent_ns, latency, {}, {}, {}, {}, false, {}};
+    c->writing_bytes += w->frame.bytes();
+    if (!c->authenticated || !c->sealer) return submit(w);
+    SealBuffer reuse;
+    if (!seal_pool.empty()) {
+      reuse = std::move(seal_pool.back());
+      seal_pool.pop_back();
     }
+    if (w->frame.bytes() < offload_seal_bytes) {
+      w->sealed = c->sealer->seal(w->frame, std::move(reuse));
+      if (c->sealing.empty()) return submit(w);
+      w->ready = true;  // behind frames still being sealed
+      c->sealing.push_back(w);
+      return;
+    }
+    w->ticket.emplace(c->sealer->reserve());
+    w->reuse = std::move(reuse);
+    w->work.data = w;
+    c->sealing.push_back(w);
+    ++c->sealing_jobs;
+    uv_queue_work(
+        &loop, &w->work,
+        [](uv_work_t* r) {  // on a pool thread: touches only its WriteReq's frame, ticket and buffers
+          auto* w = static_cast<WriteReq*>(r->data);
+          try {
+            w->sealed = FrameSealer::seal(*w->ticket, w->frame, std::move(w->reuse));
+          } catch (const std::exception& e) {
+            w->error = e.what();
+          }
+          w->ticket.reset();
+        },
+        [](uv_work_t* r, int) {
+          auto* w = static_cast<WriteReq*>(r->data);
+          Conn* c = w->conn;
+          --c->sealing_jobs;
+          w->ready = true;
+          c->impl->write_sealed(c);
+        });
+  }
+
+  /// Hands c's sealed frames to libuv from the front, up to the first still being sealed. On a
+  /// closing connection they are dropped instead (their bytes given back, as a failed write's).
+  void write_sealed(Conn* c) {
+    std::string key;
+    while (!c->sealing.empty() && c->sealing.front()->ready) {
+      WriteReq* w = c->sealing.front();
+      c->sealing.pop_front();
+      key = w->address;
+      if (!c->closing && !w->error.empty()) fail(c, "sealing a frame: " + w->error);
+      if (c->closing) {
+        c->writing_bytes -= w->frame.bytes();
+        give_back(w->address, w->counted);
+        recycle(std::move(w->sealed.storage));
+        delete w;
+        continue;
+      }
+      submit(w);
+    }
+    if (release_if_done(c)) return;
+    // A seal that ended may make room for the next under max_sealing_jobs: the lane goes on.
+    if (!key.empty())
+      if (const auto it = peers.find(key); it != peers.end() && it->second->timer) pump(*it->second);
+  }
+
+  /// Deletes a closed connection once libuv has closed its handles and no seal of its is running;
+  /// returns whether it did.
+  bool release_if_done(Conn* c) {
+    if (c->open_handles > 0 || c->sealing_jobs > 0) return false;
+    TEPDIST_CHECK(c->sealing.empty());
+    delete c;
+    return true;
+  }
+
+  void recycle(SealBuffer b) {
+    if (b.data && b.capacity <= seal_pool_max_bytes && seal_pool.size() < seal_pool_buffers)
+      seal_pool.push_back(std::move(b));
+  }
+
+  /// Hands a frame, sealed if its connection seals, to libuv.
+  void submit(WriteReq* w) {
+    Conn* c = w->conn;
     for (const auto& piece : c->authenticated && c->sealer ? w->sealed.pieces : w->frame.pieces())
       w->bufs.push_back(uv_buf_init(const_cast<char*>(static_cast<const char*>(piece.data)),
                                     static_cast<unsigned>(piece.size)));
     w->req.data = w;
-    c->writing_bytes += w->frame.bytes();
     const int rc = uv_write(&w->req, reinterpret_cast<uv_stream_t*>(&c->tcp), w->bufs.data(),
                             static_cast<unsigned>(w->bufs.size()), [](uv_write_t* r, int status) {
                               auto* w = static_cast<WriteReq*>(r->data);
@@ -759,9 +855,7 @@ struct Transport::Impl {
                               Impl* impl = w->impl;
                               w->conn->writing_bytes -= w->frame.bytes();
                               impl->give_back(w->address, w->counted);
-                              if (auto& b = w->sealed.storage; b.data && b.capacity <= seal_pool_max_bytes &&
-                                                               impl->seal_pool.size() < seal_pool_buffers)
-                                impl->seal_pool.push_back(std::move(b));
+                              impl->recycle(std::move(w->sealed.storage));
                               const std::string key = std::move(w->address);
                               delete w;
                               // Room again under max_unwritten_bytes: the lane goes on.
@@ -771,7 +865,8 @@ struct Transport::Impl {
                             });
     if (rc != 0) {
       c->writing_bytes -= w->frame.bytes();
-      give_back(key, counted);
+      give_back(w->address, w->counted);
+      recycle(std::move(w->sealed.storage));
       delete w;
       fail(c, std::string("write: ") + uv_strerror(rc));
     }
@@ -822,13 +917,15 @@ struct Transport::Impl {
     }
     const double now = now_ms();
     // (NaN, unscheduled, compares false: the frame waits.)
-    while (!p.queue.empty() && p.queue.front().release_ms <= now && p.conn->writing_bytes < max_unwritten_bytes) {
+    while (!p.queue.empty() && p.queue.front().release_ms <= now && p.conn->writing_bytes < max_unwritten_bytes &&
+           p.conn->sealing_jobs < max_sealing_jobs) {
       Outgoing o = std::move(p.queue.front());
       p.queue.pop_front();
       write(p.conn, std::move(o.frame), p.key, o.counted, o.sent_ns);
       if (!p.conn) return;  // the write failed and closed it
     }
-    // Released frames held back by max_unwritten_bytes go on from the write callback.
+    // Released frames held back by max_unwritten_bytes or max_sealing_jobs go on from the write
+    // or the seal's callback.
     if (!p.queue.empty() && !std::isnan(p.queue.front().release_ms) && p.queue.front().release_ms > now)
       arm(p, p.queue.front().release_ms - now);
   }

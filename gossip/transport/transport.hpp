@@ -6,7 +6,8 @@
 // wakes the loop with uv_async_send; the loop drains the inbox whole. Received frames are decoded
 // on the loop thread and handed to TransportEvents::on_message, which must only forward them (the
 // node's callback does caf::anon_send). No other state is shared between threads, except the
-// per-peer queued-byte counts that send() reads under the same lock to apply back-pressure.
+// per-peer queued-byte counts that send() reads under the same lock to apply back-pressure, and
+// large frames handed to libuv's thread pool to be sealed (each touched by one thread at a time).
 //
 // Connections. One TCP connection per peer pair is reused: outbound connections are made on the
 // first send to an address; inbound ones are registered under the initiator's listen address from
@@ -14,7 +15,7 @@
 // (gossip/transport/handshake.hpp) and nothing else is read until it succeeds. TCP_NODELAY is set.
 // A failed connection is retried with capped exponential back-off while frames wait for it.
 // Frames are a 4-byte length plus a Cap'n Proto message; after the handshake each also carries
-// an AES-GCM tag under the connection's keys and a counter assigned as it is written (encrypted
+// a tag under the connection's keys and a counter assigned as it is written (AES-GCM, encrypted,
 // by default; gossip/transport/frame_seal.hpp). A frame whose length, tag or content is hostile
 // closes that connection, with a log line naming the peer and the reason, and nothing else.
 //
