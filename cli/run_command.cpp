@@ -61,9 +61,9 @@ struct RingBounds {
   /// The design brief's formula: 2(N-1) x the largest one-way latency on the ring + 2(N-1)/N x the
   /// buffer over the narrowest link + the compute of a step.
   double formula_s;
-  /// A tighter one for rings of unequal links: every chunk crosses 2(N-1) consecutive links, so a
-  /// step takes at least the slowest such path, and at least the narrowest link's 2(N-1)/N x the
-  /// buffer; compute comes before either.
+  /// A tighter one for rings of unequal links: every chunk crosses 2(N-1) consecutive links (one,
+  /// for two workers, which exchange their buffers), so a step takes at least the slowest such path,
+  /// and at least the narrowest link's 2(N-1)/N x the buffer; compute comes before either.
   double critical_path_s;
 };
 
@@ -81,9 +81,10 @@ std::optional<RingBounds> ring_bounds(const elastic::JobConfig& c, size_t n, dou
   const double w = static_cast<double>(n);
   const double transfer_s = bandwidth_mbit > 0 ? 2 * (w - 1) / w * bytes * 8 / (bandwidth_mbit * 1e6) : 0.0;
   double path_ms = 0;
+  const size_t hops = n == 2 ? 1 : 2 * (n - 1);  // (gossip/collective/ring_allreduce.hpp)
   for (size_t start = 0; start < n; ++start) {
     double sum = 0;
-    for (size_t hop = 0; hop < 2 * (n - 1); ++hop) sum += latency_ms[(start + hop) % n];
+    for (size_t hop = 0; hop < hops; ++hop) sum += latency_ms[(start + hop) % n];
     path_ms = std::max(path_ms, sum);
   }
   const double largest_ms = *std::max_element(latency_ms.begin(), latency_ms.end());

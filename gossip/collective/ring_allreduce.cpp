@@ -11,12 +11,17 @@ RingAllReduce::RingAllReduce(Options options) : o_(options), step_(options.steps
   o_.world = std::max<uint32_t>(1, o_.world);
   o_.chunk_elements = std::max<size_t>(1, o_.chunk_elements);
   // Slots: every chunk this rank receives in one step, phase by phase, round by round.
-  for (uint8_t phase = 0; phase < 2; ++phase)
+  for (uint8_t phase = 0; phase < (pair() ? 1 : 2); ++phase)
     for (uint32_t round = 0; round + 1 < o_.world; ++round) {
       slot_base_.push_back(expected_);
-      const Range s = segment(segment_received(phase, round));
+      const Range s = received_range(phase, round);
       expected_ += (s.end - s.begin + o_.chunk_elements - 1) / o_.chunk_elements;
     }
+}
+
+RingAllReduce::Range RingAllReduce::received_range(uint8_t phase, uint32_t round) const {
+  if (pair()) return {0, o_.elements};
+  return segment(segment_received(phase, round));
 }
 
 RingAllReduce::Range RingAllReduce::segment(uint32_t index) const {
@@ -32,11 +37,12 @@ uint32_t RingAllReduce::segment_received(uint8_t phase, uint32_t round) const {
 
 std::expected<size_t, std::string> RingAllReduce::slot_of(const RingChunk& c) const {
   if (c.phase > 1) return std::unexpected(fmt::format("phase {} is neither 0 nor 1", c.phase));
+  if (pair() && c.phase != 0) return std::unexpected(fmt::format("phase {} between two ranks, which exchange in phase 0", c.phase));
   if (o_.world < 2 || c.round >= o_.world - 1)  // (not round + 1: a round of 2^32 - 1 would wrap)
     return std::unexpected(fmt::format("round {} in a ring of {}", c.round, o_.world));
   if (c.chunk.total != o_.elements)
     return std::unexpected(fmt::format("a buffer of {} elements, not {}", c.chunk.total, o_.elements));
-  const Range s = segment(segment_received(c.phase, c.round));
+  const Range s = received_range(c.phase, c.round);
   const size_t offset = c.chunk.offset;
   if (offset < s.begin || offset >= s.end || (offset - s.begin) % o_.chunk_elements != 0)
     return std::unexpected(fmt::format("offset {} is not a chunk of segment [{}, {}) expected in phase {} round {}", offset,
@@ -63,7 +69,7 @@ void RingAllReduce::start(uint64_t step, std::span<float> buffer, std::vector<Ri
   seen_.assign(expected_, 0);
   received_ = 0;
   if (o_.world > 1) {
-    const Range own = segment(o_.rank);
+    const Range own = pair() ? Range{0, o_.elements} : segment(o_.rank);
     for (size_t b = own.begin; b < own.end; b += o_.chunk_elements)
       emit(0, 0, b, std::min(own.end, b + o_.chunk_elements), out);
   }
@@ -103,7 +109,9 @@ void RingAllReduce::apply(const RingChunk& c, std::vector<RingChunk>& out) {
   float* dst = buffer_.data() + begin;
   const float* src = c.chunk.data.data();
   const bool last_round = c.round + 2 == o_.world;
-  if (c.phase == 0) {
+  if (pair()) {  // the partner's whole buffer, in chunks: added, and sent on nowhere
+    for (size_t i = 0; i < end - begin; ++i) dst[i] += src[i];
+  } else if (c.phase == 0) {
     for (size_t i = 0; i < end - begin; ++i) dst[i] += src[i];
     // Reduced once more: on to the next rank, or, complete, into the all-gather.
     if (last_round) emit(1, 0, begin, end, out);

@@ -13,6 +13,13 @@
 // segments. Every sum is computed once, by one rank, in one order, and copied bit for bit to the
 // others, so all ranks end with identical buffers.
 //
+// Two ranks exchange instead: each sends its whole buffer to the other (phase 0, round 0, the
+// same bytes as the ring's two rounds) and adds what it receives; a + b and b + a are the same
+// float (a NaN stays a NaN on both), so both hold the same sums. The ring would take two exchanges
+// after the later rank is ready (its half to the other, the other's sum back); this takes none for
+// the later rank, whose partner's buffer is already in when it starts, and one for the earlier
+// (measured on two local nodes of a sync job: see the README's load-balancing figures).
+//
 // The class owns no socket, thread or clock: start() and on_chunk() return the chunks to send
 // (always to the next rank), and done() says when the buffer holds the sum. Chunks of the next
 // step that arrive before start() (a faster neighbour) are kept until then; anything else that
@@ -55,14 +62,19 @@ class RingAllReduce {
   uint64_t step() const { return step_; }
   /// Tensor payload bytes this rank has sent so far, over all steps.
   uint64_t bytes_sent() const { return bytes_sent_; }
-  /// Chunks expected from the previous rank per step: 2 (N - 1) segments' worth.
+  /// Chunks expected from the previous rank per step: 2 (N - 1) segments' worth (the whole buffer
+  /// for two ranks).
   size_t chunks_per_step() const { return expected_; }
 
  private:
   struct Range {
     size_t begin, end;
   };
+  /// Two ranks: the exchange, not the ring.
+  bool pair() const { return o_.world == 2; }
   Range segment(uint32_t index) const;
+  /// The range of the buffer that arrives in (phase, round).
+  Range received_range(uint8_t phase, uint32_t round) const;
   uint32_t segment_received(uint8_t phase, uint32_t round) const;
   /// The slot (phase, round, chunk) of a chunk within one step, or why it has none.
   std::expected<size_t, std::string> slot_of(const RingChunk& c) const;

@@ -102,35 +102,44 @@ TEST_CASE("each rank sends 2(N-1)/N of the buffer per step, none much more than 
   }
 }
 
-TEST_CASE("a neighbour a step ahead is kept waiting, not refused", "[gossip][ring]") {
-  // Rank 0 finishes step 1 and starts step 2 before rank 1 has started step 1 at all.
+TEST_CASE("two ranks exchange whole buffers: the later one is done the moment it starts", "[gossip][ring]") {
   RingAllReduce r0({1, 0, 2, 8, 4}), r1({1, 1, 2, 8, 4});
   std::vector<float> b0(8, 1.0f), b1(8, 2.0f);
   std::vector<RingChunk> to1, to0;
-  r0.start(1, b0, to1);
+  // Rank 1 is ready first: its whole buffer goes out, two chunks of 4.
   r1.start(1, b1, to0);
-  for (auto& c : to1) REQUIRE(r1.on_chunk(c, to0));  // r1 completes segment 0 and passes it on
-  to1.clear();
-  for (auto& c : to0) REQUIRE(r0.on_chunk(c, to1));  // r0 completes segment 1 and has segment 0
-  to0.clear();
-  REQUIRE(r0.done());
-  REQUIRE_FALSE(r1.done());  // segment 1's sum is still on its way to r1
-  for (float v : b0) REQUIRE(v == 3.0f);
-  // r0 goes on to step 2 at once; its chunks reach r1 before r1 starts step 2.
-  std::vector<float> c0(8, 10.0f), c1(8, 20.0f);
-  std::vector<RingChunk> ahead;
-  r0.start(2, c0, ahead);
-  for (auto& c : ahead) REQUIRE(r1.on_chunk(c, to0));
-  REQUIRE(to0.empty());  // kept, not acted on: r1 has no step-2 buffer yet
-  for (auto& c : to1) REQUIRE(r1.on_chunk(c, to0));  // step 1 ends on r1
-  REQUIRE(r1.done());
-  for (float v : b1) REQUIRE(v == 3.0f);
-  to0.clear();
-  r1.start(2, c1, to0);  // its own segment, and the sum of the kept one, go out
   REQUIRE(to0.size() == 2);
+  REQUIRE_FALSE(r1.done());
+  // They reach rank 0 before it starts: kept, not acted on (its buffer is not ready yet).
+  for (auto& c : to0) REQUIRE(r0.on_chunk(c, to1));
+  REQUIRE(to1.empty());
+  REQUIRE_FALSE(r0.done());
+  for (float v : b0) REQUIRE(v == 1.0f);
+  // Rank 0 starts and needs nothing more: the ring would have sent its half and waited for the sum.
+  to0.clear();
+  r0.start(1, b0, to1);
+  REQUIRE(r0.done());
+  for (float v : b0) REQUIRE(v == 3.0f);
+  REQUIRE(to1.size() == 2);  // its own buffer, as it was before the sum, for rank 1
+  for (const auto& c : to1)
+    for (float v : c.chunk.data) REQUIRE(v == 1.0f);
+  for (auto& c : to1) REQUIRE(r1.on_chunk(c, to0));
+  REQUIRE(to0.empty());  // nothing to pass on
+  REQUIRE(r1.done());
+  REQUIRE(b0 == b1);
+  // Rank 0 goes on to step 2 at once; its chunks reach rank 1 before it starts step 2.
+  std::vector<float> c0(8, 10.0f), c1(8, 20.0f);
+  to1.clear();
+  r0.start(2, c0, to1);
+  REQUIRE_FALSE(r0.done());
+  for (auto& c : to1) REQUIRE(r1.on_chunk(c, to0));
+  REQUIRE(to0.empty());
+  r1.start(2, c1, to0);
+  REQUIRE(r1.done());
   for (auto& c : to0) REQUIRE(r0.on_chunk(c, to1));
   REQUIRE(r0.done());
   for (float v : c0) REQUIRE(v == 30.0f);
+  REQUIRE(c0 == c1);
 }
 
 TEST_CASE("chunks that do not fit the ring are refused with a reason and change nothing", "[gossip][ring]") {
@@ -158,6 +167,21 @@ TEST_CASE("chunks that do not fit the ring are refused with a reason and change 
   };
   for (const auto& [c, why] : bad) {
     auto r = r1.on_chunk(c, out);
+    REQUIRE_FALSE(r);
+    CHECK_THAT(r.error(), Catch::Contains(why));
+  }
+  REQUIRE(out.empty());
+  for (float v : buffer) REQUIRE(v == 1.0f);
+  // Two ranks exchange in phase 0 only, whole buffers in chunks from offset 0.
+  RingAllReduce pair({9, 1, 2, 30, 4});
+  pair.start(1, buffer, out);
+  out.clear();
+  for (const auto& [c, why] : std::vector<std::pair<RingChunk, std::string>>{
+           {chunk(9, 1, 0, 1, 0, 4, 30), "phase 1 between two ranks"},
+           {chunk(9, 0, 1, 1, 0, 4, 30), "round"},
+           {chunk(9, 0, 0, 1, 30, 4, 30), "offset"},
+           {chunk(9, 0, 0, 1, 28, 4, 30), "elements at offset"}}) {
+    auto r = pair.on_chunk(c, out);
     REQUIRE_FALSE(r);
     CHECK_THAT(r.error(), Catch::Contains(why));
   }
