@@ -30,7 +30,8 @@ ShardRange shard_range(size_t elements, uint32_t shards, uint32_t s) {
 
 ShardServer::ShardServer(Options options, std::vector<float> values, std::unique_ptr<compute::Optimizer> optimizer)
     : o_(std::move(options)), values_(std::move(values)), optimizer_(std::move(optimizer)) {
-  for (const auto& r : o_.replicas) acked_[r] = 0;
+  // The first holders all start from the job's initial values: each replica holds version 0.
+  for (const auto& r : o_.replicas) replicas_[r] = {0, true, 0};
 }
 
 std::expected<ShardServer, std::string> ShardServer::restore(Options options, ShardSnapshot snapshot,
@@ -52,6 +53,7 @@ std::expected<ShardServer, std::string> ShardServer::restore(Options options, Sh
   // A primary's new replicas hold nothing until they have fetched the snapshot and acked it:
   // until then nothing is durable that was not before.
   server.durable_ = server.o_.replicas.empty() ? snapshot.version : 0;
+  for (auto& [address, r] : server.replicas_) r.heard = false;  // fetching: not sent anything again until it acks
   server.marks_ = std::move(snapshot.marks);
   return server;
 }
@@ -124,11 +126,21 @@ std::expected<gossip::ShardState, std::string> ShardServer::on_push(const gossip
     return std::unexpected(fmt::format("{} updates of shard {} wait for the replicas' acks", undurable_.size(), o_.shard));
   const float lr = std::min(o_.max_lr, push.lr / static_cast<float>(1 + staleness));
   apply(push, lr);
-  for (const auto& replica : o_.replicas)
-    to_replicas.emplace_back(replica, gossip::ShardUpdate{o_.job_id, o_.shard, gossip::ShardUpdate::Kind::replicate,
-                                                          version_, lr, push.chunk, push.origin, push.boot, push.seq});
-  if (o_.replicas.empty()) durable_ = version_;
-  else undurable_.emplace_back(version_, reply_to);
+  if (o_.replicas.empty()) {
+    durable_ = version_;
+  } else {
+    // Kept until durable, on memory of its own (the push's may be a received frame's, charged to
+    // its sender's receive budget).
+    auto copy = std::make_shared<const std::vector<float>>(push.chunk.data.begin(), push.chunk.data.end());
+    gossip::TensorChunk chunk{push.chunk.step, push.chunk.shard, 0, copy->size(), std::span<const float>(*copy), copy};
+    const gossip::ShardUpdate& update =
+        kept_.insert_or_assign(version_, gossip::ShardUpdate{o_.job_id, o_.shard, gossip::ShardUpdate::Kind::replicate,
+                                                             version_, lr, std::move(chunk), push.origin, push.boot,
+                                                             push.seq})
+            .first->second;
+    for (const auto& replica : o_.replicas) to_replicas.emplace_back(replica, update);
+    undurable_.emplace_back(version_, reply_to);
+  }
   auto values = state();
   answer.version = values.version;
   answer.chunk = std::move(values.chunk);
@@ -139,14 +151,13 @@ std::expected<gossip::ShardState, std::string> ShardServer::on_push(const gossip
 std::expected<uint64_t, std::string> ShardServer::on_replicate(const gossip::ShardUpdate& update) {
   if (update.kind != gossip::ShardUpdate::Kind::replicate) return std::unexpected(std::string("not a replication"));
   if (auto ok = check(update); !ok) return std::unexpected(ok.error());
-  if (update.version <= version_ || held_.contains(update.version))
-    return std::unexpected(fmt::format("version {} of shard {} again (this replica is at {})", update.version, o_.shard,
-                                       version_));
+  if (update.version <= version_ || held_.contains(update.version)) {  // sent again: acked, not applied
+    ++replicas_again_;
+    return version_;
+  }
   if (update.version > version_ + 1) {
-    if (held_.size() >= max_held_updates)
-      return std::unexpected(fmt::format("version {} of shard {} is {} ahead of this replica; {} already wait",
-                                         update.version, o_.shard, update.version - version_, held_.size()));
-    held_.emplace(update.version, update);
+    // Past max_held_updates it is dropped: the ack stands still, and the primary sends it again.
+    if (held_.size() < max_held_updates) held_.emplace(update.version, update);
     return version_;
   }
   apply(update, update.lr);
@@ -157,20 +168,36 @@ std::expected<uint64_t, std::string> ShardServer::on_replicate(const gossip::Sha
 
 std::expected<void, std::string> ShardServer::on_ack(const std::string& replica, uint64_t version,
                                                      Outgoing<gossip::ShardState>& notices) {
-  const auto it = acked_.find(replica);
-  if (it == acked_.end()) return std::unexpected(fmt::format("{} is not a replica of shard {}", replica, o_.shard));
+  const auto it = replicas_.find(replica);
+  if (it == replicas_.end()) return std::unexpected(fmt::format("{} is not a replica of shard {}", replica, o_.shard));
   if (version > version_)
     return std::unexpected(fmt::format("an ack of version {} of shard {}, which is at {}", version, o_.shard, version_));
-  it->second = std::max(it->second, version);
+  it->second.acked = std::max(it->second.acked, version);
+  it->second.heard = true;
   advance_durable(notices);
   return {};
 }
 
+void ShardServer::on_tick(Outgoing<gossip::ShardUpdate>& resend) {
+  // Stuck: behind an update this primary already had at the last tick, and not moved since.
+  for (auto& [address, r] : replicas_) {
+    const bool stuck = r.heard && r.acked < version_at_tick_ && r.acked == r.acked_at_tick;
+    r.acked_at_tick = r.acked;
+    if (!stuck) continue;
+    for (auto it = kept_.upper_bound(r.acked); it != kept_.end(); ++it) {
+      resend.emplace_back(address, it->second);
+      ++resent_;
+    }
+  }
+  version_at_tick_ = version_;
+}
+
 void ShardServer::advance_durable(Outgoing<gossip::ShardState>& notices) {
   uint64_t lowest = version_;
-  for (const auto& [replica, acked] : acked_) lowest = std::min(lowest, acked);
+  for (const auto& [replica, r] : replicas_) lowest = std::min(lowest, r.acked);
   if (lowest <= durable_) return;
   durable_ = lowest;
+  kept_.erase(kept_.begin(), kept_.upper_bound(durable_));
   std::vector<std::string> workers;  // each told once, in the order their updates came
   for (; !undurable_.empty() && undurable_.front().first <= durable_; undurable_.pop_front())
     if (std::find(workers.begin(), workers.end(), undurable_.front().second) == workers.end())

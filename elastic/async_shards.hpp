@@ -19,7 +19,10 @@
 // a separate durable notice to each worker whose update it was. Replication is a star, not a
 // chain: the primary sends each replica every update in version order and each replica acks the
 // version it has applied through (holding updates that come ahead of a gap), so the durable
-// version is the lowest acked. A star gives the guarantee a chain gives (an update is
+// version is the lowest acked. The primary keeps each update until it is durable: a replication
+// lost on the way (a send that timed out, a replica's buffer full) shows as a replica whose ack
+// stands still behind the primary, and each tick (on_tick) sends such a replica again everything
+// after its ack; a replica takes an update it already has as a duplicate, acked, not applied. A star gives the guarantee a chain gives (an update is
 // acknowledged only once it is on all r holders; each holder holds a prefix of the primary's
 // updates) in one round trip instead of r - 1 hops, which matters across regions. A worker keeps
 // each update until it is durable, and after a change of primary (a re-placement, the primary's
@@ -148,14 +151,20 @@ class ShardServer {
                                                           Outgoing<gossip::ShardUpdate>& to_replicas);
 
   /// Replica: the primary's update. Applied in version order: one from ahead waits (up to
-  /// max_held_updates) until those before it have come. Returns the version applied through,
-  /// for the ack to the primary.
+  /// max_held_updates; past that it is dropped, and comes again) until those before it have come;
+  /// one this replica already has or holds is not applied again. Returns the version applied
+  /// through, for the ack to the primary.
   std::expected<uint64_t, std::string> on_replicate(const gossip::ShardUpdate& update);
 
   /// Primary: a replica at `replica` has applied every update through `version`. Appends a
   /// durable notice for each worker whose updates became durable.
   std::expected<void, std::string> on_ack(const std::string& replica, uint64_t version,
                                           Outgoing<gossip::ShardState>& notices);
+
+  /// Primary, every resend interval (the shard host's: a second): for each replica that has acked
+  /// before and whose ack has not moved since the last tick while this primary is ahead of it,
+  /// appends every kept update after its ack, to send again.
+  void on_tick(Outgoing<gossip::ShardUpdate>& resend);
 
   /// The values now (a pull's answer, also the shard's part of the final model).
   gossip::ShardState state() const;
@@ -168,6 +177,9 @@ class ShardServer {
   uint64_t applied() const { return applied_; }
   uint64_t rejected() const { return rejected_; }
   uint64_t duplicates() const { return duplicates_; }
+  /// Replications sent again (primary) / taken again and not applied (replica).
+  uint64_t resent() const { return resent_; }
+  uint64_t replicas_again() const { return replicas_again_; }
   std::span<const float> values() const { return values_; }
   const UpdateMarks& marks() const { return marks_; }
 
@@ -188,7 +200,15 @@ class ShardServer {
   uint64_t durable_ = 0;
   UpdateMarks marks_;
   std::map<uint64_t, gossip::ShardUpdate> held_;  // replica: updates from ahead, by version
-  std::map<std::string, uint64_t> acked_;         // primary: each replica's applied-through version
+  struct Replica {
+    uint64_t acked = 0;          // applied through
+    bool heard = false;          // has acked since this holder took the shard (its fetch is done)
+    uint64_t acked_at_tick = 0;  // `acked` at the last tick
+  };
+  std::map<std::string, Replica> replicas_;       // primary: by address
+  std::map<uint64_t, gossip::ShardUpdate> kept_;  // primary: each update after durable_, to send again
+  uint64_t version_at_tick_ = 0;                  // primary: version_ at the last tick
+  uint64_t resent_ = 0, replicas_again_ = 0;
   std::deque<std::pair<uint64_t, std::string>> undurable_;  // primary: (version, worker's address), oldest first
 };
 

@@ -256,6 +256,28 @@ struct Host {
     fetch(s, h, true);
   }
 
+  /// Each resend_every: what a replica of a shard this node is primary of has not acked, its ack
+  /// standing still for a whole tick (a replication dropped on a full send queue or a full
+  /// buffer), goes to it again.
+  void tick() {
+    for (auto& [s, h] : shards) {
+      if (!h.primary || !h.server) continue;
+      elastic::Outgoing<ShardUpdate> again;
+      h.server->on_tick(again);
+      std::map<std::string, size_t> updates;
+      for (auto& [address, update] : again) {
+        ++updates[address];
+        update.generation = generation;
+        send(address, std::move(update));
+      }
+      for (const auto& [address, n] : updates)
+        node_events().info("replication_resent job={} shard={} to={} updates={} reason=\"its ack stood still for {} s\"",
+                           init->job_id, s, address, n, resend_every.count());
+    }
+    self->delayed_send(self, resend_every, tick_atom::value);
+  }
+  static constexpr std::chrono::seconds resend_every{1};
+
   void unfreeze(uint64_t g) {
     if (g != generation || frozen.empty()) return;
     const auto now = std::chrono::steady_clock::now();
@@ -785,9 +807,9 @@ struct Host {
       }
       case ShardUpdate::Kind::replicate: {
         if (peer != holders.front()) return refuse(peer, u, "not the shard's primary");
-        // A replication the fetched state already holds (the source was the primary) is acked again.
-        auto through = u.version <= server.version() ? std::expected<uint64_t, std::string>(server.version())
-                                                     : server.on_replicate(u);
+        // One the fetched state already holds (the source was the primary), or one sent again, is
+        // acked again.
+        auto through = server.on_replicate(u);
         if (!through) return refuse(peer, u, through.error());
         init->counters->note_version(u.shard, *through);
         // The primary counts the update durable once every replica has acked it.
@@ -814,6 +836,7 @@ caf::behavior shard_host(caf::event_based_actor* self, std::shared_ptr<ShardHost
   host->self = self;
   host->init = std::move(init);
   host->make_optimizer = host->init->optimizer;
+  self->delayed_send(self, Host::resend_every, tick_atom::value);
   return {
       [host](wire_atom, const std::string& peer, const std::string& address, const gossip::Message& m) {
         host->on_message(peer, address, m);
@@ -823,6 +846,7 @@ caf::behavior shard_host(caf::event_based_actor* self, std::shared_ptr<ShardHost
       [host](gather_atom, uint64_t id) { host->start_gather(id); },
       [host](regather_atom, uint64_t id) { host->regather(id); },
       [host](unfreeze_atom, uint64_t generation) { host->unfreeze(generation); },
+      [host](tick_atom) { host->tick(); },
       // Fault injection: the host fails by itself, as a bug in it would (an exit the trainer sent
       // would not do: an actor drops its link to the sender of an exit before it goes).
       [self](hostcrash_atom) { self->quit(caf::make_error(caf::sec::runtime_error, "fault injection: the shard host fails")); },
