@@ -39,8 +39,11 @@ struct TicketCipher {
     thread_local const std::unique_ptr<EVP_CIPHER_CTX, void (*)(EVP_CIPHER_CTX*)> mine(EVP_CIPHER_CTX_new(),
                                                                                       EVP_CIPHER_CTX_free);
     ctx = mine.get();
-    if (!ctx || EVP_CipherInit_ex(ctx, aead_of(ticket.protection), nullptr, ticket.key.data(), nullptr, 1) != 1)
+    if (!ctx) openssl_failed("frame key setup");
+    if (EVP_CipherInit_ex(ctx, aead_of(ticket.protection), nullptr, ticket.key.data(), nullptr, 1) != 1) {
+      EVP_CIPHER_CTX_reset(ctx);  // (the destructor will not run): no key left in it
       openssl_failed("frame key setup");
+    }
   }
   ~TicketCipher() { EVP_CIPHER_CTX_reset(ctx); }
   TicketCipher(const TicketCipher&) = delete;

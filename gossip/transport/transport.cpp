@@ -771,7 +771,9 @@ struct Transport::Impl {
       reuse = std::move(seal_pool.back());
       seal_pool.pop_back();
     }
-    if (w->frame.bytes() < offload_seal_bytes) {
+    // A membership connection's frames are sealed here whatever their size: libuv's pool is the
+    // whole process's, and membership never waits behind tensors.
+    if (w->frame.bytes() < offload_seal_bytes || lane_of(*c) == Lane::membership) {
       w->sealed = c->sealer->seal(w->frame, std::move(reuse));
       if (c->sealing.empty()) return submit(w);
       w->ready = true;  // behind frames still being sealed
@@ -799,18 +801,17 @@ struct Transport::Impl {
           Conn* c = w->conn;
           --c->sealing_jobs;
           w->ready = true;
-          c->impl->write_sealed(c);
+          c->impl->write_sealed(c, w->address);  // (a copy: w may be written and freed there)
         });
   }
 
-  /// Hands c's sealed frames to libuv from the front, up to the first still being sealed. On a
-  /// closing connection they are dropped instead (their bytes given back, as a failed write's).
-  void write_sealed(Conn* c) {
-    std::string key;
+  /// A seal of c's, for lane `key`, ended: hands c's sealed frames to libuv from the front, up to
+  /// the first still being sealed. On a closing connection they are dropped instead (their bytes
+  /// given back, as a failed write's).
+  void write_sealed(Conn* c, std::string key) {
     while (!c->sealing.empty() && c->sealing.front()->ready) {
       WriteReq* w = c->sealing.front();
       c->sealing.pop_front();
-      key = w->address;
       if (!c->closing && !w->error.empty()) fail(c, "sealing a frame: " + w->error);
       if (c->closing) {
         c->writing_bytes -= w->frame.bytes();
@@ -822,7 +823,8 @@ struct Transport::Impl {
       submit(w);
     }
     if (release_if_done(c)) return;
-    // A seal that ended may make room for the next under max_sealing_jobs: the lane goes on.
+    // The seal that ended made room for the next under max_sealing_jobs, whether or not a frame
+    // could be written: the lane goes on.
     if (!key.empty())
       if (const auto it = peers.find(key); it != peers.end() && it->second->timer) pump(*it->second);
   }
