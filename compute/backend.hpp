@@ -12,6 +12,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -97,8 +98,16 @@ struct PlannedLayer {
   Pool2dGeometry pool{};
   LinearGeometry linear{};
   int64_t weight_offset = -1, bias_offset = -1;  ///< into the flat parameter and gradient buffers
+  int64_t params_begin = 0, params_end = 0;      ///< all of the layer's parameters there (empty: none)
   std::string name{};  ///< the model's name for the layer (conv1, dropout1), for errors
 };
+
+/// Told during a backward pass that elements [begin, end) of the flat gradient buffer are final
+/// for this step: nothing writes them again before the next backward. Called once per layer with
+/// parameters, in the order the backward finishes them (the last layer's first), the ranges
+/// covering the buffer exactly once. A sync worker sends those gradients on while the backward
+/// goes on with the layers before.
+using GradientsReady = std::function<void(size_t begin, size_t end)>;
 
 /// A whole network planned at once for one batch size: the backend owns every activation and
 /// gradient buffer in the layouts it prefers, fuses what it can, and converts only at the edges
@@ -108,8 +117,10 @@ class NetworkPlan {
   virtual ~NetworkPlan() = default;
   /// Runs the network on x; returns the logits, owned by the plan, valid until the next forward.
   virtual ConstTensorView forward(ConstTensorView x, std::span<const float> params) = 0;
-  /// Back-propagates dlogits through the last forward, overwriting every parameter gradient.
-  virtual void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads) = 0;
+  /// Back-propagates dlogits through the last forward, overwriting every parameter gradient, and
+  /// tells `ready`, when it is set, of each range as it becomes final (see GradientsReady).
+  virtual void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads,
+                        const GradientsReady& ready) = 0;
   /// The kernels and layouts each stage runs, one "stage: ..." entry per stage, joined by "; ":
   /// which fast path a machine took (oneDNN picks layouts by the CPU's instructions, and our
   /// direct kernels run only on the layouts they are written for).

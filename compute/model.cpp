@@ -40,10 +40,12 @@ Result<void> Model::build(const Shape& sample_shape, uint64_t seed) {
                                                       out.error().message));
     e.output = shape = *out;
     specs.push_back(e.layer->parameter_specs());
+    e.params_begin = total;
     for (const auto& p : specs.back()) {
       named_.push_back({e.name + "." + p.name, p.shape, total});
       total += p.shape.elements();
     }
+    e.params_end = total;
   }
   if (shape.rank() != 2)
     return fail(Errc::invalid_argument,
@@ -110,6 +112,8 @@ std::vector<PlannedLayer> Model::planned_layers(int64_t batch) const {
       p.bias_offset = named_[next_param + 1].offset;
     }
     next_param += count;
+    p.params_begin = e.params_begin;
+    p.params_end = e.params_end;
     p.name = e.name;
     layers.push_back(p);
   }
@@ -139,10 +143,10 @@ Result<ConstTensorView> Model::forward(Backend& backend, ConstTensorView x, bool
   return in;
 }
 
-void Model::backward(Backend& backend, ConstTensorView dlogits) {
+void Model::backward(Backend& backend, ConstTensorView dlogits, const GradientsReady& ready) {
   TEPDIST_CHECK(built_ && forwarded_);
   if (last_plan_) {
-    last_plan_->backward(dlogits, params_, grads_);
+    last_plan_->backward(dlogits, params_, grads_, ready);
     return;
   }
   TEPDIST_CHECK(dlogits.shape == activations_.back().shape());
@@ -157,6 +161,8 @@ void Model::backward(Backend& backend, ConstTensorView dlogits) {
       dx = *dx_buffer;
     }
     layers_[i].layer->backward(ctx, x, activations_[i], dy, dx);
+    if (ready && layers_[i].params_end > layers_[i].params_begin)
+      ready(static_cast<size_t>(layers_[i].params_begin), static_cast<size_t>(layers_[i].params_end));
     dy = dx;
     dx_buffer = dx_buffer == &grad_ping_ ? &grad_pong_ : &grad_ping_;
   }

@@ -66,8 +66,9 @@ class Model {
   /// with the model's shapes, so this is the one place they are checked.
   Result<ConstTensorView> forward(Backend& backend, ConstTensorView x, bool training);
   /// Back-propagates dlogits (the loss gradient with respect to the last forward's result) through
-  /// every layer, overwriting gradients().
-  void backward(Backend& backend, ConstTensorView dlogits);
+  /// every layer, overwriting gradients(); tells `ready`, when set, of each layer's range of them
+  /// as soon as it is final (see GradientsReady in backend.hpp).
+  void backward(Backend& backend, ConstTensorView dlogits, const GradientsReady& ready = {});
 
   std::span<float> parameters() { return params_; }
   std::span<const float> parameters() const { return params_; }
@@ -96,6 +97,7 @@ class Model {
     std::string name;
     std::unique_ptr<Layer> layer;
     Shape output;  // for a batch of one
+    int64_t params_begin = 0, params_end = 0;  // the layer's parameters in the flat buffers
   };
 
   std::vector<Entry> layers_;

@@ -11,7 +11,7 @@
 namespace tepdist::compute {
 
 Result<float> try_compute_gradients(Model& model, Backend& backend, ConstTensorView x, std::span<const int32_t> labels,
-                                    LossScratch& scratch) {
+                                    LossScratch& scratch, const GradientsReady& ready) {
   const auto logits = model.forward(backend, x, true);
   if (!logits) return std::unexpected(logits.error());
   scratch.probs.resize(logits->shape);
@@ -20,7 +20,8 @@ Result<float> try_compute_gradients(Model& model, Backend& backend, ConstTensorV
   if (!loss) return loss;
   const auto dlogits = backend.softmax_cross_entropy_backward(scratch.probs, labels, scratch.dlogits);
   TEPDIST_CHECK(dlogits.has_value());  // the labels the forward accepted
-  model.backward(backend, scratch.dlogits);
+  static const GradientsReady none;
+  model.backward(backend, scratch.dlogits, std::isfinite(*loss) ? ready : none);
   return loss;
 }
 

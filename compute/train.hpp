@@ -22,9 +22,11 @@ struct LossScratch {
 /// the gradient of the mean softmax cross-entropy and returns that loss (NaN when the forward
 /// met a NaN: see backend.hpp). Refuses, before touching the gradients, an x that is not a batch
 /// of the model's samples and labels that are not n values in [0, model.classes()); the error
-/// names the shapes or the label, its index and the number of classes.
+/// names the shapes or the label, its index and the number of classes. `ready`, when set, hears of
+/// each layer's gradients as they become final (GradientsReady), unless the loss is not finite:
+/// such a step's gradients are going nowhere.
 Result<float> try_compute_gradients(Model& model, Backend& backend, ConstTensorView x, std::span<const int32_t> labels,
-                                    LossScratch& scratch);
+                                    LossScratch& scratch, const GradientsReady& ready = {});
 
 /// The divergence rule, every trainer alike (`tepdist train`, and the workers of every cluster
 /// mode): step `step`, whose loss and gradient these are, is refused (Errc::diverged, naming the

@@ -447,7 +447,9 @@ class CudaPlan final : public NetworkPlan {
     ctx_.download(logits_.data(), logits, static_cast<size_t>(logits_.elements()));
     return logits_;
   }
-  void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads) override {
+  // The gradients reach the host in one copy at the end: one range for all of them.
+  void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads,
+                const GradientsReady& ready) override {
     TEPDIST_CHECK(dlogits.shape == logits_shape() && params.size() == params_.size() && grads.size() == params.size());
     ctx_.activate();
     dlogits_.resize(static_cast<size_t>(dlogits.elements()));
@@ -456,6 +458,7 @@ class CudaPlan final : public NetworkPlan {
     grads_pin_.ensure(grads.data(), grads.size_bytes());
     backward_device(x_.get(), dlogits_.get(), params_.get(), grads_.get());
     ctx_.download(grads.data(), grads_.get(), grads.size());
+    if (ready && !grads.empty()) ready(0, grads.size());
   }
   std::string path() const override {
     std::string s;

@@ -135,11 +135,22 @@ std::string layout_name(const md& d) {
   return "blocked";
 }
 
+/// A layer's parameters in the flat buffers.
+struct ParamRange {
+  size_t begin, end;
+};
+ParamRange range_of(const PlannedLayer& l) {
+  TEPDIST_CHECK(0 <= l.params_begin && l.params_begin < l.params_end);
+  return {static_cast<size_t>(l.params_begin), static_cast<size_t>(l.params_end)};
+}
+
 class Stage {
  public:
   virtual ~Stage() = default;
   virtual void forward(dnnl::stream& s, const float* params) = 0;
-  virtual void backward(dnnl::stream& s, const float* params, float* grads) = 0;
+  /// Writes the stage's parameter gradients, if it has any, into grads and tells `ready` of them
+  /// (see GradientsReady) before it goes on to its input gradient.
+  virtual void backward(dnnl::stream& s, const float* params, float* grads, const GradientsReady& ready) = 0;
   /// What runs this stage, forward and backward, and the layout of its output.
   virtual std::string path() const = 0;
   Activation out;
@@ -178,7 +189,7 @@ class WeightedStage : public Stage {
     }
   }
 
-  void backward(dnnl::stream& s, const float* params, float* grads) override {
+  void backward(dnnl::stream& s, const float* params, float* grads, const GradientsReady& ready) override {
     if (relu_) relu_from_output(s, out);
     if (direct_bww_) {
       s.wait();  // out.grad is written
@@ -190,6 +201,10 @@ class WeightedStage : public Stage {
                        {DNNL_ARG_DIFF_WEIGHTS, dw_->out(grads + w_off_)},
                        {DNNL_ARG_DIFF_BIAS, dbias_}});
       dw_->finish(s);
+    }
+    if (ready) {
+      s.wait();  // the gradients are in the plain buffer
+      ready(params_.begin, params_.end);
     }
     if (!input_grad_) return;
     if (direct_bwd_) {
@@ -207,7 +222,7 @@ class WeightedStage : public Stage {
 
  protected:
   WeightedStage(const PlannedLayer& l, bool input_grad)
-      : w_off_(l.weight_offset), b_off_(l.bias_offset), input_grad_(input_grad) {}
+      : w_off_(l.weight_offset), b_off_(l.bias_offset), params_(range_of(l)), input_grad_(input_grad) {}
 
   /// Creates the primitives and the memories and bridges between them and the plain buffers.
   /// bww_pd, when given, computes the weight gradient (else direct_bww_ does); bwd_pd the input
@@ -246,6 +261,7 @@ class WeightedStage : public Stage {
   }
 
   int64_t w_off_, b_off_;
+  ParamRange params_;
   bool input_grad_;
   std::optional<ConvBackwardWeights> direct_bww_;  // a convolution's gradients by our own kernels
   std::optional<ConvBackwardData> direct_bwd_;
@@ -350,7 +366,7 @@ class PoolStage final : public Stage {
     if (relu_) relu(data(out.value), data(out.value), floats(out.value));
   }
 
-  void backward(dnnl::stream& s, const float*, float*) override {
+  void backward(dnnl::stream& s, const float*, float*, const GradientsReady&) override {
     if (!input_grad_) return;
     s.wait();  // the next stage's primitives have written out.grad
     if (relu_) relu_from_output(s, out);
@@ -383,7 +399,7 @@ class PoolStage final : public Stage {
 class FirstConvPoolStage final : public Stage {
  public:
   FirstConvPoolStage(Context& ctx, const PlannedLayer& conv, Activation& in)
-      : in_(in), kernel_(conv.conv), w_off_(conv.weight_offset), b_off_(conv.bias_offset) {
+      : in_(in), kernel_(conv.conv), w_off_(conv.weight_offset), b_off_(conv.bias_offset), params_(range_of(conv)) {
     const Conv2dGeometry& g = conv.conv;
     allocate_output(ctx, md({g.n, g.k, kernel_.pooled_h(), kernel_.pooled_w()}, dt::f32, tag::nChw8c));
   }
@@ -393,9 +409,10 @@ class FirstConvPoolStage final : public Stage {
     kernel_.forward(input(), params + w_off_, params + b_off_, data(out.value));
   }
 
-  void backward(dnnl::stream& s, const float*, float* grads) override {
+  void backward(dnnl::stream& s, const float*, float* grads, const GradientsReady& ready) override {
     s.wait();  // the next stage's primitives have written out.grad
     kernel_.backward(input(), data(out.value), data(out.grad), grads + w_off_, grads + b_off_);
+    if (ready) ready(params_.begin, params_.end);
   }
 
   std::string path() const override {
@@ -408,6 +425,7 @@ class FirstConvPoolStage final : public Stage {
   Activation& in_;
   FirstConvPool kernel_;
   int64_t w_off_, b_off_;
+  ParamRange params_;
 };
 
 class ReluStage final : public Stage {
@@ -421,7 +439,7 @@ class ReluStage final : public Stage {
     relu(data(in_.value), data(out.value), floats(out.value));
   }
 
-  void backward(dnnl::stream& s, const float*, float*) override {
+  void backward(dnnl::stream& s, const float*, float*, const GradientsReady&) override {
     if (!input_grad_) return;
     s.wait();  // the next stage's primitives have written out.grad
     relu_backward(data(out.value), data(out.grad), data(in_.grad), floats(out.grad));  // one layout
@@ -490,13 +508,14 @@ class Plan final : public NetworkPlan {
     return {static_cast<const float*>(stages_.back()->out.value.get_data_handle()), {logits[0], logits[1]}};
   }
 
-  void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads) override {
+  void backward(ConstTensorView dlogits, std::span<const float> params, std::span<float> grads,
+                const GradientsReady& ready) override {
     const SignalsHeld held;  // see signals.hpp
     auto& s = ctx_.stream;
     Activation& last = stages_.back()->out;
     TEPDIST_CHECK(static_cast<size_t>(dlogits.elements()) * sizeof(float) == last.grad.get_desc().get_size());
     std::memcpy(last.grad.get_data_handle(), dlogits.data, static_cast<size_t>(dlogits.elements()) * sizeof(float));
-    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) (*it)->backward(s, params.data(), grads.data());
+    for (auto it = stages_.rbegin(); it != stages_.rend(); ++it) (*it)->backward(s, params.data(), grads.data(), ready);
     s.wait();
   }
 

@@ -157,3 +157,67 @@ TEST_CASE("a model refuses an input that is not a batch of its samples, naming b
   REQUIRE(ok.has_value());
   CHECK(ok->shape == Shape{2, 10});
 }
+
+namespace {
+
+/// A small network with a layer oneDNN's plans do not take (dropout, here at p = 0).
+std::unique_ptr<Model> with_dropout() {
+  auto m = make_model({{"conv2d", "", {{"out_channels", 6}, {"kernel", 5}}},
+                       {"relu", "", {}},
+                       {"flatten", "", {}},
+                       {"dropout", "", {{"p", 0.0}}},
+                       {"linear", "", {{"out_features", 32}}},
+                       {"relu", "", {}},
+                       {"linear", "", {{"out_features", 10}}}});
+  REQUIRE(m.has_value());
+  return std::move(*m);
+}
+
+}  // namespace
+
+TEST_CASE("the backward pass hands on each layer's gradients once they are final, last layer first, in every backend",
+          "[compute][model][ready]") {
+  const std::string name = GENERATE("ref", "onednn");
+  const bool dropout = GENERATE(false, true);  // a layer oneDNN does not plan: layer by layer there too
+  CAPTURE(name, dropout);
+  auto backend = std::move(*make_backend(name));
+  auto made = dropout ? with_dropout() : make_lenet();
+  auto& m = *made;
+  REQUIRE(m.build({1, 28, 28}, 3).has_value());
+  Tensor x({8, 1, 28, 28});
+  Rng r(8);
+  for (float& v : x.span()) v = r.uniform();
+  Tensor dlogits({8, 10});
+  for (float& v : dlogits.span()) v = r.uniform(-1.0f, 1.0f);
+
+  REQUIRE(m.forward(*backend, x, true).has_value());
+  m.backward(*backend, dlogits);
+  const std::vector<float> plain(m.gradients().begin(), m.gradients().end());
+
+  struct Handed {
+    size_t begin, end;
+    std::vector<float> values;  // as they were when handed on
+  };
+  std::vector<Handed> handed;
+  std::fill(m.gradients().begin(), m.gradients().end(), std::nanf(""));
+  REQUIRE(m.forward(*backend, x, true).has_value());
+  m.backward(*backend, dlogits, [&](size_t begin, size_t end) {
+    handed.push_back({begin, end, {m.gradients().begin() + static_cast<ptrdiff_t>(begin),
+                                   m.gradients().begin() + static_cast<ptrdiff_t>(end)}});
+  });
+  // One range per layer with parameters, the last layer's first, together the whole buffer once.
+  const size_t layers_with_parameters = m.named_parameters().size() / 2;
+  REQUIRE(handed.size() == layers_with_parameters);
+  size_t expected_end = m.gradients().size();
+  for (const auto& h : handed) {
+    CHECK(h.end == expected_end);
+    REQUIRE(h.begin < h.end);
+    expected_end = h.begin;
+    // Final when handed on: what the whole backward leaves there, and what it computes without a hook.
+    for (size_t i = h.begin; i < h.end; ++i) {
+      REQUIRE(h.values[i - h.begin] == m.gradients()[i]);
+      REQUIRE(plain[i] == m.gradients()[i]);
+    }
+  }
+  CHECK(expected_end == 0);
+}

@@ -1,6 +1,7 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 #include "compute/backends.hpp"
@@ -133,6 +134,31 @@ TEST_CASE("a model with a NaN parameter evaluates to a NaN loss and no right ans
   REQUIRE(e.has_value());
   CHECK(std::isnan(e->loss));
   CHECK(e->accuracy == 0.0);
+}
+
+TEST_CASE("a step whose loss is not finite hands no gradients on, in every backend", "[compute][train][nan]") {
+  const std::string name = GENERATE("ref", "onednn");
+  CAPTURE(name);
+  auto backend = std::move(*make_backend(name));
+  const Dataset data = make_synthetic(16, 3);
+  auto model = make_lenet();
+  REQUIRE(model->build(data.sample_shape(), 0).has_value());
+  LossScratch scratch;
+  Tensor x;
+  std::vector<int32_t> y;
+  std::vector<int64_t> idx(16);
+  std::iota(idx.begin(), idx.end(), 0);
+  gather_batch(data, idx, x, y);
+  size_t handed = 0;
+  const GradientsReady ready = [&](size_t begin, size_t end) { handed += end - begin; };
+  REQUIRE(try_compute_gradients(*model, *backend, x, y, scratch, ready).has_value());
+  CHECK(handed == model->gradients().size());
+  handed = 0;
+  model->parameters()[model->named_parameters().back().offset] = NAN;  // fc2.bias[0]: a NaN loss
+  const auto loss = try_compute_gradients(*model, *backend, x, y, scratch, ready);
+  REQUIRE(loss.has_value());
+  CHECK(std::isnan(*loss));
+  CHECK(handed == 0);
 }
 
 TEST_CASE("the host backends' resident state is the model's own buffers: a step through it is the plain step",
