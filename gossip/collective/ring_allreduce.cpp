@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <memory>
+
+#include "base/check.hpp"
 
 namespace tepdist::gossip::collective {
 
@@ -53,26 +56,66 @@ std::expected<size_t, std::string> RingAllReduce::slot_of(const RingChunk& c) co
   return slot_base_[static_cast<size_t>(c.phase) * (o_.world - 1) + c.round] + (offset - s.begin) / o_.chunk_elements;
 }
 
+RingAllReduce::Range RingAllReduce::own() const {
+  if (o_.world < 2) return {0, 0};
+  return pair() ? Range{0, o_.elements} : segment(o_.rank);
+}
+
 void RingAllReduce::emit(uint8_t phase, uint32_t round, size_t begin, size_t end, std::vector<RingChunk>& out) {
+  emit(step_, buffer_, phase, round, begin, end, out);
+}
+
+void RingAllReduce::emit(uint64_t step, std::span<const float> buffer, uint8_t phase, uint32_t round, size_t begin,
+                         size_t end, std::vector<RingChunk>& out) {
   // The transport may hold a frame for seconds (link emulation) while this buffer changes: send an
   // immutable copy.
-  auto copy = std::make_shared<const std::vector<float>>(buffer_.begin() + static_cast<ptrdiff_t>(begin),
-                                                         buffer_.begin() + static_cast<ptrdiff_t>(end));
+  auto copy = std::make_shared<const std::vector<float>>(buffer.begin() + static_cast<ptrdiff_t>(begin),
+                                                         buffer.begin() + static_cast<ptrdiff_t>(end));
   bytes_sent_ += (end - begin) * sizeof(float);
-  out.push_back({o_.job_id, phase, round, TensorChunk{step_, 0, begin, o_.elements, *copy, copy}});
+  out.push_back({o_.job_id, phase, round, TensorChunk{step, 0, begin, o_.elements, *copy, copy}});
+}
+
+void RingAllReduce::offer(uint64_t step, std::span<const float> buffer, size_t begin, size_t end,
+                          std::vector<RingChunk>& out) {
+  TEPDIST_CHECK(can_offer(step));
+  TEPDIST_CHECK(buffer.size() == o_.elements && begin <= end && end <= o_.elements);
+  const Range mine = own();
+  const size_t chunks = (mine.end - mine.begin + o_.chunk_elements - 1) / o_.chunk_elements;
+  if (offered_step_ != step) {
+    offered_step_ = step;
+    offered_.assign(chunks, 0);
+  }
+  begin = std::max(begin, mine.begin);
+  end = std::min(end, mine.end);
+  // Chunk by chunk of own() that [begin, end) touches: count what is offered, send what is whole.
+  for (size_t b = begin; b < end;) {
+    const size_t k = (b - mine.begin) / o_.chunk_elements;
+    const size_t chunk_begin = mine.begin + k * o_.chunk_elements;
+    const size_t chunk_end = std::min(mine.end, chunk_begin + o_.chunk_elements);
+    const size_t upto = std::min(end, chunk_end);
+    TEPDIST_CHECK(offered_[k] != SIZE_MAX && offered_[k] + (upto - b) <= chunk_end - chunk_begin &&
+                  "offer(): an element offered twice");
+    offered_[k] += upto - b;
+    if (offered_[k] == chunk_end - chunk_begin) {
+      emit(step, buffer, 0, 0, chunk_begin, chunk_end, out);
+      bytes_early_ += (chunk_end - chunk_begin) * sizeof(float);
+      offered_[k] = SIZE_MAX;
+    }
+    b = upto;
+  }
 }
 
 void RingAllReduce::start(uint64_t step, std::span<float> buffer, std::vector<RingChunk>& out) {
+  const bool offered = offered_step_ == step;
+  offered_step_ = 0;
   step_ = step;
   buffer_ = buffer;
   active_ = true;
   seen_.assign(expected_, 0);
   received_ = 0;
-  if (o_.world > 1) {
-    const Range own = pair() ? Range{0, o_.elements} : segment(o_.rank);
-    for (size_t b = own.begin; b < own.end; b += o_.chunk_elements)
-      emit(0, 0, b, std::min(own.end, b + o_.chunk_elements), out);
-  }
+  const Range mine = own();
+  for (size_t b = mine.begin, k = 0; b < mine.end; b += o_.chunk_elements, ++k)
+    if (!offered || offered_[k] != SIZE_MAX) emit(0, 0, b, std::min(mine.end, b + o_.chunk_elements), out);
   std::vector<RingChunk> early;
   early.swap(early_);
   for (auto& c : early) {

@@ -20,6 +20,12 @@
 // the later rank, whose partner's buffer is already in when it starts, and one for the earlier
 // (measured on two local nodes of a sync job: see the README's load-balancing figures).
 //
+// A rank's first sends (its own segment in round 0; its whole buffer for two ranks) depend on
+// nothing received, so they may go before start(): offer() takes the parts of the next step's
+// buffer that are final (a layer's gradients, as the backward pass finishes them) and sends each
+// chunk wholly covered, while the rest of the buffer is still being computed. start() sends what
+// is left. The chunks are the same, whenever they go.
+//
 // The class owns no socket, thread or clock: start() and on_chunk() return the chunks to send
 // (always to the next rank), and done() says when the buffer holds the sum. Chunks of the next
 // step that arrive before start() (a faster neighbour) are kept until then; anything else that
@@ -53,6 +59,14 @@ class RingAllReduce {
   /// send to the next rank, including what chunks that arrived early now allow.
   void start(uint64_t step, std::span<float> buffer, std::vector<RingChunk>& out);
 
+  /// Before start(step), after the previous step is done: elements [begin, end) of the buffer step
+  /// `step` will sum hold their final values (each element is offered at most once per step). Appends
+  /// to `out` this rank's first-round chunks that offered ranges now cover wholly; they are copied,
+  /// and the rest of `buffer` may still change until start().
+  void offer(uint64_t step, std::span<const float> buffer, size_t begin, size_t end, std::vector<RingChunk>& out);
+  /// Whether offer(step, ...) may be called now: the step after the ring's, the ring's done.
+  bool can_offer(uint64_t step) const { return step == step_ + 1 && (!active_ || done()); }
+
   /// A chunk from the previous rank. Appends to `out` what to send on. An error names what is
   /// wrong with the chunk; the state is then unchanged.
   std::expected<void, std::string> on_chunk(const RingChunk& chunk, std::vector<RingChunk>& out);
@@ -62,6 +76,8 @@ class RingAllReduce {
   uint64_t step() const { return step_; }
   /// Tensor payload bytes this rank has sent so far, over all steps.
   uint64_t bytes_sent() const { return bytes_sent_; }
+  /// Of those, the bytes offer() sent (before their step started).
+  uint64_t bytes_sent_early() const { return bytes_early_; }
   /// Chunks expected from the previous rank per step: 2 (N - 1) segments' worth (the whole buffer
   /// for two ranks).
   size_t chunks_per_step() const { return expected_; }
@@ -80,6 +96,10 @@ class RingAllReduce {
   std::expected<size_t, std::string> slot_of(const RingChunk& c) const;
   void apply(const RingChunk& c, std::vector<RingChunk>& out);
   void emit(uint8_t phase, uint32_t round, size_t begin, size_t end, std::vector<RingChunk>& out);
+  void emit(uint64_t step, std::span<const float> buffer, uint8_t phase, uint32_t round, size_t begin, size_t end,
+            std::vector<RingChunk>& out);
+  /// This rank's round-0 range (its segment; the whole buffer for two ranks).
+  Range own() const;
 
   Options o_;
   std::vector<size_t> slot_base_;  // first slot of each (phase, round)
@@ -90,7 +110,9 @@ class RingAllReduce {
   std::vector<uint8_t> seen_;     // per slot of the current step
   size_t received_ = 0;
   std::vector<RingChunk> early_;  // chunks of step_ + 1, from a neighbour that is ahead
-  uint64_t bytes_sent_ = 0;
+  uint64_t offered_step_ = 0;     // the step offer() has sent chunks of (0: none)
+  std::vector<size_t> offered_;   // per chunk of own(): elements offered; SIZE_MAX once sent
+  uint64_t bytes_sent_ = 0, bytes_early_ = 0;
 };
 
 }  // namespace tepdist::gossip::collective

@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <deque>
@@ -19,6 +20,9 @@ namespace {
 struct Ring {
   uint32_t n;
   size_t elements;
+  /// Ranks offer their buffers piece by piece before they start (a backward pass finishing its
+  /// layers), in random pieces and order; a rank may start before it offered everything.
+  bool overlap = false;
   std::vector<RingAllReduce> ranks;
   std::vector<std::vector<float>> buffers;
   std::vector<std::pair<uint32_t, RingChunk>> in_flight;  // (to, chunk)
@@ -39,10 +43,26 @@ struct Ring {
   std::vector<double> step(uint64_t s) {
     std::vector<double> sum(elements, 0.0);
     std::uniform_real_distribution<float> value(-1, 1);
+    // A rank's values are written into its buffer as they are offered, or at its start: until
+    // then the buffer holds NaN, which a chunk sent too early would carry into every sum.
+    std::vector<std::vector<float>> values(n);
+    std::vector<std::vector<std::pair<size_t, size_t>>> pieces(n);
     for (uint32_t r = 0; r < n; ++r) {
-      buffers[r].resize(elements);
-      for (size_t i = 0; i < elements; ++i) sum[i] += buffers[r][i] = value(random);
+      values[r].resize(elements);
+      for (size_t i = 0; i < elements; ++i) sum[i] += values[r][i] = value(random);
+      buffers[r].assign(elements, overlap ? std::nanf("") : 0.0f);
+      if (!overlap) continue;
+      std::vector<size_t> cuts{0, elements};
+      for (size_t k = random() % 8; k-- > 0;) cuts.push_back(random() % (elements + 1));
+      std::sort(cuts.begin(), cuts.end());
+      for (size_t k = 0; k + 1 < cuts.size(); ++k)
+        if (cuts[k] < cuts[k + 1]) pieces[r].emplace_back(cuts[k], cuts[k + 1]);
+      std::shuffle(pieces[r].begin(), pieces[r].end(), random);
     }
+    const auto write = [&](uint32_t r, size_t begin, size_t end) {
+      std::copy(values[r].begin() + static_cast<ptrdiff_t>(begin), values[r].begin() + static_cast<ptrdiff_t>(end),
+                buffers[r].begin() + static_cast<ptrdiff_t>(begin));
+    };
     std::vector<uint32_t> waiting(n);
     std::iota(waiting.begin(), waiting.end(), 0u);
     std::vector<RingChunk> out;
@@ -50,7 +70,18 @@ struct Ring {
       if (!waiting.empty() && (in_flight.empty() || random() % 3 == 0)) {
         const size_t i = random() % waiting.size();
         const uint32_t r = waiting[i];
+        if (!pieces[r].empty() && random() % 4 != 0) {
+          const auto [begin, end] = pieces[r].back();
+          pieces[r].pop_back();
+          write(r, begin, end);
+          REQUIRE(ranks[r].can_offer(s));
+          ranks[r].offer(s, buffers[r], begin, end, out);
+          send_from(r, out);
+          continue;
+        }
         waiting.erase(waiting.begin() + static_cast<ptrdiff_t>(i));
+        for (const auto& [begin, end] : pieces[r]) write(r, begin, end);
+        if (!overlap) write(r, 0, elements);
         ranks[r].start(s, buffers[r], out);
         send_from(r, out);
         continue;
@@ -71,8 +102,10 @@ TEST_CASE("ring all-reduce sums over every rank, identically on all, for any geo
   const auto [world, elements, chunk] = GENERATE(table<uint32_t, size_t, size_t>({
       {1, 100, 16}, {2, 1000, 64}, {3, 1000, 64}, {4, 10007, 128}, {5, 3, 1}, {7, 1000, 1000}, {4, 431080, 65536},
   }));
-  INFO("world " << world << ", elements " << elements << ", chunk " << chunk);
+  const bool overlap = GENERATE(false, true);
+  INFO("world " << world << ", elements " << elements << ", chunk " << chunk << (overlap ? ", offered early" : ""));
   Ring ring(world, elements, chunk);
+  ring.overlap = overlap;
   for (uint64_t s = 1; s <= 3; ++s) {
     const auto sum = ring.step(s);
     for (uint32_t r = 0; r < world; ++r) {
@@ -85,9 +118,11 @@ TEST_CASE("ring all-reduce sums over every rank, identically on all, for any geo
 }
 
 TEST_CASE("each rank sends 2(N-1)/N of the buffer per step, none much more than another", "[gossip][ring]") {
+  const bool overlap = GENERATE(false, true);
   for (uint32_t world : {2u, 3u, 4u, 8u}) {
     const size_t elements = 100003;
     Ring ring(world, elements, 4096);
+    ring.overlap = overlap;  // the same chunks, whenever they go
     const int steps = 2;
     for (int s = 1; s <= steps; ++s) ring.step(static_cast<uint64_t>(s));
     const double ideal = 2.0 * (world - 1) / world * elements * sizeof(float) * steps;
@@ -140,6 +175,63 @@ TEST_CASE("two ranks exchange whole buffers: the later one is done the moment it
   REQUIRE(r0.done());
   for (float v : c0) REQUIRE(v == 30.0f);
   REQUIRE(c0 == c1);
+}
+
+TEST_CASE("a rank's finished parts go before it starts, each chunk once wholly offered", "[gossip][ring]") {
+  RingAllReduce r0({1, 0, 2, 10, 4}), r1({1, 1, 2, 10, 4});
+  std::vector<float> b0(10, std::nanf("")), b1(10, 2.0f);
+  std::vector<RingChunk> to1, to0;
+  // Rank 0's backward finishes the end of its buffer first: [6, 10) completes no chunk of [0, 4),
+  // [4, 8), [8, 10) but the last.
+  REQUIRE(r0.can_offer(1));
+  std::fill(b0.begin() + 6, b0.end(), 1.0f);
+  r0.offer(1, b0, 6, 10, to1);
+  REQUIRE(to1.size() == 1);
+  CHECK(to1[0].chunk.offset == 8);
+  CHECK(to1[0].chunk.step == 1);
+  std::fill(b0.begin() + 3, b0.begin() + 6, 1.0f);
+  r0.offer(1, b0, 3, 6, to1);
+  REQUIRE(to1.size() == 2);
+  CHECK(to1[1].chunk.offset == 4);
+  for (const auto& c : to1)
+    for (float v : c.chunk.data) REQUIRE(v == 1.0f);
+  // They reach rank 1, already done with the step before (none here): kept for its start.
+  for (auto& c : to1) REQUIRE(r1.on_chunk(c, to0));
+  to1.clear();
+  REQUIRE(to0.empty());
+  // Rank 0 starts with the rest: only the chunk not sent yet goes.
+  std::fill(b0.begin(), b0.begin() + 3, 1.0f);
+  r0.start(1, b0, to1);
+  REQUIRE(to1.size() == 1);
+  CHECK(to1[0].chunk.offset == 0);
+  r1.start(1, b1, to0);
+  REQUIRE_FALSE(r1.done());
+  for (auto& c : to1) REQUIRE(r1.on_chunk(c, to0));
+  REQUIRE(r1.done());
+  for (auto& c : to0) REQUIRE(r0.on_chunk(c, to1));
+  REQUIRE(r0.done());
+  for (float v : b0) REQUIRE(v == 3.0f);
+  REQUIRE(b0 == b1);
+  // Offers are for the step after the ring's, once it is summed; one of step 1 is not.
+  CHECK_FALSE(r0.can_offer(1));
+  CHECK(r0.can_offer(2));
+  CHECK_FALSE(r0.can_offer(3));
+  // A ring of three: only the rank's own segment goes in round 0 ([3, 6) for rank 1 of 3 over 10,
+  // in chunks [3, 5) and [5, 6)).
+  RingAllReduce mid({1, 1, 3, 10, 2});
+  std::vector<float> b(10, 1.0f);
+  std::vector<RingChunk> out;
+  mid.offer(1, b, 0, 4, out);
+  REQUIRE(out.empty());
+  mid.offer(1, b, 4, 10, out);
+  REQUIRE(out.size() == 2);
+  CHECK(out[0].chunk.offset == 3);
+  CHECK(out[0].chunk.data.size() == 2);
+  CHECK(out[1].chunk.offset == 5);
+  CHECK(out[1].chunk.data.size() == 1);
+  out.clear();
+  mid.start(1, b, out);
+  CHECK(out.empty());
 }
 
 TEST_CASE("chunks that do not fit the ring are refused with a reason and change nothing", "[gossip][ring]") {
