@@ -20,7 +20,9 @@
 #   bench/balance.sh [BUILD_DIR] [SEEDS] [EPOCHS]    (defaults: build 3 2; MODE=sync, SLOWDOWN=2, REAL=0,
 #                                                     BATCH=64: each node's batch; sync's ring moves the
 #                                                     same bytes a step whatever it is, so a larger one
-#                                                     shows the split with less of the ring in the way)
+#                                                     shows the split with less of the ring in the way;
+#                                                     SETS="KEY=VALUE ...": more settings for every run,
+#                                                     job.ring_overlap=false, say)
 #
 # Figures depend on the machine; the script prints what it ran on. It is a benchmark, not a test.
 set -uo pipefail
@@ -32,6 +34,8 @@ slowdown=${SLOWDOWN:-2}
 real=${REAL:-0}
 mode=${MODE:-sync}
 batch=${BATCH:-64}
+sets=()
+for kv in ${SETS:-}; do sets+=(--set "$kv"); done
 tepdist="$(pwd)/$build/cli/tepdist"
 [[ -x $tepdist ]] || { echo "balance: $tepdist not built" >&2; exit 2; }
 dir=$(mktemp -d /tmp/tepdist-balance.XXXXXX)
@@ -86,7 +90,7 @@ alone() {
       busy+=($!)
     fi
   fi
-  "${pin[@]}" "$tepdist" run "$out/job.toml" --set job.max_steps=300 --out "$out/run" >"$out/launcher.log" 2>&1
+  "${pin[@]}" "$tepdist" run "$out/job.toml" "${sets[@]}" --set job.max_steps=300 --out "$out/run" >"$out/launcher.log" 2>&1
   echo $? >"$out/status"
   for p in "${busy[@]}"; do kill "$p" 2>/dev/null; done
   busy=()
@@ -98,7 +102,7 @@ run() {
   local out=$1
   mkdir -p "$out"
   job "$out/job.toml" "$2" "$3"
-  "$tepdist" run "$out/job.toml" --out "$out/run" >"$out/launcher.log" 2>&1 &
+  "$tepdist" run "$out/job.toml" "${sets[@]}" --out "$out/run" >"$out/launcher.log" 2>&1 &
   local launcher=$!
   if [[ $real == 1 ]]; then
     local pids=()
@@ -143,7 +147,7 @@ PY
 }
 
 echo "machine: $(nproc) cores, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //')"
-echo "batch: $batch per node"
+echo "batch: $batch per node${SETS:+; settings: $SETS}"
 echo "slower node: $([[ $real == 1 ]] && echo 'node-01 beside a busy loop on its core (taskset)' || echo "node-01 at slowdown $slowdown (emulated)")"
 for seed in $(seq 1 "$seeds"); do
   own=0

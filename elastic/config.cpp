@@ -103,6 +103,11 @@ const std::vector<Key>& keys() {
         "state, and an async shard larger than one piece, which a new holder pulls striped over the shard's "
         "holders. 1 to 65536."},
        1, 65536, false, false, {}, assign<&J::job, &J::Job::ring_chunk_kb>},
+      {{"job", "ring_overlap", KeyType::boolean, "true",
+        "sync: each layer's gradient starts on its way round the ring as soon as the backward pass has "
+        "finished it, while the layers before it are still being differentiated (the sums are the same); "
+        "false sends everything once the step's whole gradient is computed."},
+       -inf, inf, false, false, {}, assign<&J::job, &J::Job::ring_overlap>},
       {{"job", "step_timeout_s", KeyType::number, "60",
         "A step that waits this long for what it needs: in sync (and in gossip's final average, once the "
         "previous worker has started it) the previous worker in the ring, which membership still holds live, "

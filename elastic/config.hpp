@@ -38,6 +38,7 @@ struct JobConfig {
     bool pause_between_epochs = false;
     int64_t log_every_steps = 50;
     int64_t ring_chunk_kb = 256;
+    bool ring_overlap = true;
     double step_timeout_s = 60;
     int64_t max_staleness = 16;
     int64_t gossip_every = 4;

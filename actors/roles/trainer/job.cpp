@@ -129,15 +129,21 @@ void fail(Trainer* self, const std::string& why) {
   drop_job(self);
 }
 
-bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out) {
+std::optional<std::string> try_send_ring(Trainer* self, std::vector<gossip::RingChunk>& out) {
   auto& j = *self->state.job;
   for (auto& c : out) {
     c.generation = j.generation;
-    if (!send_to(self, j.next_address, std::move(c))) {
-      fail(self, fmt::format("the next worker ({}) took nothing for {} ms: its send queue stayed full",
-                             j.next_address, send_wait(self->state).count()));
-      return false;
-    }
+    if (!send_to(self, j.next_address, std::move(c)))
+      return fmt::format("the next worker ({}) took nothing for {} ms: its send queue stayed full", j.next_address,
+                         send_wait(self->state).count());
+  }
+  return std::nullopt;
+}
+
+bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out) {
+  if (auto why = try_send_ring(self, out)) {
+    fail(self, *why);
+    return false;
   }
   return true;
 }
@@ -305,9 +311,9 @@ void complete_rank0(Trainer* self) {
         if (told.insert(record->workers[i]).second) send_to(self, record->addresses[i], complete);
   const std::string saved = j.detached ? save_detached(self->state, j, r) : std::string("-");
   node_events().info("job_done job={} mode={} rank=0 steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f} "
-                     "test_accuracy={:.4f} saved=\"{}\"",
+                     "ring_early={:.2f} test_accuracy={:.4f} saved=\"{}\"",
                      j.start.job_id, j.driver->name(), j.step, r.checksum, j.compute_seconds, j.ring_seconds,
-                     r.test_accuracy, saved);
+                     j.ring_early(), r.test_accuracy, saved);
   drop_job(self);
 }
 
@@ -327,8 +333,10 @@ void finish_job(Trainer* self) {
   r.checksum = checksum(j.model->parameters());
   j.driver->add_counters(j, r);
   to_submitter(self, j, r);
-  node_events().info("job_done job={} mode={} rank={} steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f}",
-                     j.start.job_id, j.driver->name(), j.rank, j.step, r.checksum, j.compute_seconds, j.ring_seconds);
+  node_events().info("job_done job={} mode={} rank={} steps={} checksum={:016x} compute_s={:.2f} wait_s={:.2f} "
+                     "ring_early={:.2f}",
+                     j.start.job_id, j.driver->name(), j.rank, j.step, r.checksum, j.compute_seconds, j.ring_seconds,
+                     j.ring_early());
   // Kept until rank 0 completes: should it die first, job control makes a generation of the rest
   // (and of its restart), whose rank 0 ends the job again from the state they hold.
   j.done_at = Clock::now();
@@ -365,15 +373,33 @@ void order_for_epoch(Job& j, int64_t epoch) {
 
 
 /// The gradient of samples `idx` (at least one) into the model's gradients, its loss into `loss`;
-/// the samples, or why the step cannot go on, naming it.
-std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t> idx, int64_t step, float& loss) {
+/// the samples, or why the step cannot go on, naming it. `ready`: as compute::try_compute_gradients.
+std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t> idx, int64_t step, float& loss,
+                                                const compute::GradientsReady& ready = {}) {
   const auto began = Clock::now();
+  // [compute] slowdown, the emulated slower node: this thread is held as a slower CPU would hold
+  // it, the computing so far taking `slowdown` times as long. Held before each layer's gradients
+  // are handed on, and at the end, so what leaves the worker leaves when a slower CPU's would.
+  double held = 0;
+  const auto hold = [&] {
+    if (j.slowdown <= 1) return;
+    const double elapsed = seconds_between(began, Clock::now());
+    const double wait = j.slowdown * (elapsed - held) - elapsed;
+    if (wait <= 0) return;
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+    held += wait;
+  };
+  compute::GradientsReady paced;
+  if (ready) {
+    paced = [&](size_t begin, size_t end) {
+      hold();
+      ready(begin, end);
+    };
+  }
   compute::gather_batch(j.data.train, idx, j.x, j.y);
-  const auto computed = compute::try_compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch);
+  const auto computed = compute::try_compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch, paced);
   if (!computed) return std::unexpected(fmt::format("step {}: {}", step, computed.error().message));
-  // [compute] slowdown, the emulated slower node: this thread is held as a slower CPU would hold it.
-  if (j.slowdown > 1)
-    std::this_thread::sleep_for(std::chrono::duration<double>((j.slowdown - 1) * seconds_between(began, Clock::now())));
+  hold();
   j.speed.add(static_cast<int64_t>(idx.size()), seconds_between(began, Clock::now()));
   loss = *computed;
   // The divergence rule, every mode alike: nothing of a step that is not finite leaves the worker
@@ -386,10 +412,11 @@ std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t>
 }  // namespace
 
 std::expected<int64_t, std::string> compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, int64_t step,
-                                                      float& loss) {
+                                                      float& loss, const compute::GradientsReady& ready) {
   order_for_epoch(j, epoch);
   if (end <= begin) return 0;
-  return gradient_of(j, std::span<const int64_t>(j.order.data() + begin, static_cast<size_t>(end - begin)), step, loss);
+  return gradient_of(j, std::span<const int64_t>(j.order.data() + begin, static_cast<size_t>(end - begin)), step, loss,
+                     ready);
 }
 
 void init_position_lists(Job& j) {

@@ -288,6 +288,11 @@ struct Job {
   double train_seconds() const { return first_step ? seconds_between(*first_step, last_step_end) : 0.0; }
   size_t elements() const { return model->parameters().size(); }
   uint64_t bytes_sent() const { return (ring ? ring->bytes_sent() : 0) + tensor_bytes; }
+  /// The fraction of the ring's bytes (this generation's) that went while their step was still
+  /// being computed (job.ring_overlap); 0 without a ring.
+  double ring_early() const {
+    return ring && ring->bytes_sent() ? static_cast<double>(ring->bytes_sent_early()) / static_cast<double>(ring->bytes_sent()) : 0.0;
+  }
 };
 
 inline uint64_t Driver::samples_trained(const Job& j) const { return j.own_samples; }
@@ -403,6 +408,9 @@ void fail_everywhere(Trainer* self, const std::string& why);
 
 /// Sends ring chunks to the next worker; false (the job failed) if its send queue is full.
 bool send_ring(Trainer* self, std::vector<gossip::RingChunk>& out);
+/// The same, for a caller that cannot let the job go now (in the middle of computing a step): why
+/// the chunks did not all go, or nothing when they did.
+std::optional<std::string> try_send_ring(Trainer* self, std::vector<gossip::RingChunk>& out);
 
 /// A ring chunk: fed to the job's ring (or kept for a job or generation not started here yet).
 void on_chunk(Trainer* self, const std::string& peer, const gossip::RingChunk& c);
@@ -443,9 +451,11 @@ void note_first_step(Job& j);
 /// gradients; returns the samples (0: none) and sets their loss. An error, naming `step` (the step
 /// this gradient is for), fails the job: the batch refused (compute::try_compute_gradients: a
 /// label or a sample the model does not take), or a loss or gradient that is not finite (the
-/// model diverged; the rule of every mode, job.cpp).
+/// model diverged; the rule of every mode, job.cpp). `ready`, when set, hears of each layer's
+/// gradients as the backward pass finishes them (compute::GradientsReady; only when the loss is
+/// finite), after the emulated slowdown has held the thread for the computing so far.
 std::expected<int64_t, std::string> compute_positions(Job& j, int64_t epoch, int64_t begin, int64_t end, int64_t step,
-                                                      float& loss);
+                                                      float& loss, const compute::GradientsReady& ready = {});
 
 /// Gossip and async: each worker trains through its own list of positions. The first
 /// generation's lists (each worker the r-th equal part of every epoch), set up once; the job runs

@@ -29,14 +29,24 @@ class SyncDriver final : public Driver {
     const auto now = Clock::now();
     if (!j.first_step) j.first_step = j.window_start = now;
     float loss = 0;
+    const uint64_t step = progress_.step + 1;
     const auto [begin, end] = elastic::sync_slice(progress_, j.data.train.size(), j.shares, j.rank);
+    Overlap overlap{self, j, step, static_cast<float>(end - begin)};
+    const bool overlapping = j.config.job.ring_overlap && j.ring->can_offer(step);
     const auto computed = compute_positions(j, static_cast<int64_t>(progress_.epoch), begin, end,
-                                            static_cast<int64_t>(progress_.step) + 1, loss);
+                                            static_cast<int64_t>(step), loss,
+                                            overlapping ? compute::GradientsReady(std::ref(overlap)) : nullptr);
     if (!computed) return fail_everywhere(self, computed.error());
+    if (overlap.send_failed) return fail(self, *overlap.send_failed);
     if (const int64_t samples = *computed; samples > 0) {
       const auto count = static_cast<float>(samples);
-      const auto grads = j.model->gradients();
-      for (size_t i = 0; i < e; ++i) j.buffer[i] = grads[i] * count;
+      TEPDIST_CHECK(overlap.count == count);
+      // What the backward pass handed to the ring is in the buffer already.
+      if (overlap.written != e) {
+        TEPDIST_CHECK(overlap.written == 0);
+        const auto grads = j.model->gradients();
+        for (size_t i = 0; i < e; ++i) j.buffer[i] = grads[i] * count;
+      }
       j.buffer[e] = loss * count;
       j.buffer[e + 1] = count;
       j.own_samples += static_cast<uint64_t>(samples);
@@ -48,7 +58,7 @@ class SyncDriver final : public Driver {
     std::fill(j.buffer.begin() + static_cast<ptrdiff_t>(e + 3), j.buffer.end(), 0.0f);
     j.buffer[e + 3 + j.rank] = static_cast<float>(j.speed.speed());
     std::vector<gossip::RingChunk> out;
-    j.ring->start(progress_.step + 1, j.buffer, out);
+    j.ring->start(step, j.buffer, out);
     if (!send_ring(self, out)) return;
     j.waiting_since = j.progress_at = Clock::now();
     j.compute_seconds += seconds_between(now, j.waiting_since);
@@ -122,6 +132,42 @@ class SyncDriver final : public Driver {
   }
 
  private:
+  /// Overlapping the ring with the backward pass: each layer's gradients, as the backward finishes
+  /// them, are weighted into the buffer and offered to the ring, which sends every chunk they
+  /// complete (gossip/collective/ring_allreduce.hpp). The divergence rule holds range by range:
+  /// after a range that is not finite nothing more is offered, and the step fails once the compute
+  /// returns (check_finite_step over the whole gradient). A send that fails is kept for then too:
+  /// the job cannot be let go from inside the compute.
+  struct Overlap {
+    Trainer* self;
+    Job& j;
+    uint64_t step;
+    float count;  // this rank's samples in the step
+    size_t written = 0;
+    bool stopped = false;
+    std::optional<std::string> send_failed{};
+    std::vector<gossip::RingChunk> out{};
+
+    void operator()(size_t begin, size_t end) {
+      const auto grads = j.model->gradients();
+      bool finite = true;
+      for (size_t i = begin; i < end; ++i) {
+        j.buffer[i] = grads[i] * count;
+        finite = finite && std::isfinite(grads[i]);
+      }
+      written += end - begin;
+      if (stopped || !finite) {
+        stopped = true;
+        return;
+      }
+      j.ring->offer(step, j.buffer, begin, end, out);
+      if (out.empty()) return;
+      send_failed = try_send_ring(self, out);
+      stopped = send_failed.has_value();
+      out.clear();
+    }
+  };
+
   static int64_t global_batch(const Job& j) { return static_cast<int64_t>(j.world) * j.config.data.batch_size; }
 
   /// Whether the job is over at the progress every member shares (or a stop vote was summed).
