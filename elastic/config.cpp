@@ -104,9 +104,10 @@ const std::vector<Key>& keys() {
         "holders. 1 to 65536."},
        1, 65536, false, false, {}, assign<&J::job, &J::Job::ring_chunk_kb>},
       {{"job", "ring_overlap", KeyType::boolean, "true",
-        "sync: each layer's gradient starts on its way round the ring as soon as the backward pass has "
-        "finished it, while the layers before it are still being differentiated (the sums are the same); "
-        "false sends everything once the step's whole gradient is computed."},
+        "sync: each chunk of the gradient starts on its way round the ring as soon as the backward pass has "
+        "finished the layers it holds, while the layers before them are still being differentiated (with "
+        "three or more workers, only this worker's own segment of the ring; the sums are the same, bit for "
+        "bit); false sends everything once the step's whole gradient is computed."},
        -inf, inf, false, false, {}, assign<&J::job, &J::Job::ring_overlap>},
       {{"job", "step_timeout_s", KeyType::number, "60",
         "A step that waits this long for what it needs: in sync (and in gossip's final average, once the "

@@ -98,7 +98,6 @@ void RingAllReduce::offer(uint64_t step, std::span<const float> buffer, size_t b
     offered_[k] += upto - b;
     if (offered_[k] == chunk_end - chunk_begin) {
       emit(step, buffer, 0, 0, chunk_begin, chunk_end, out);
-      bytes_early_ += (chunk_end - chunk_begin) * sizeof(float);
       offered_[k] = SIZE_MAX;
     }
     b = upto;

@@ -76,8 +76,6 @@ class RingAllReduce {
   uint64_t step() const { return step_; }
   /// Tensor payload bytes this rank has sent so far, over all steps.
   uint64_t bytes_sent() const { return bytes_sent_; }
-  /// Of those, the bytes offer() sent (before their step started).
-  uint64_t bytes_sent_early() const { return bytes_early_; }
   /// Chunks expected from the previous rank per step: 2 (N - 1) segments' worth (the whole buffer
   /// for two ranks).
   size_t chunks_per_step() const { return expected_; }
@@ -112,7 +110,7 @@ class RingAllReduce {
   std::vector<RingChunk> early_;  // chunks of step_ + 1, from a neighbour that is ahead
   uint64_t offered_step_ = 0;     // the step offer() has sent chunks of (0: none)
   std::vector<size_t> offered_;   // per chunk of own(): elements offered; SIZE_MAX once sent
-  uint64_t bytes_sent_ = 0, bytes_early_ = 0;
+  uint64_t bytes_sent_ = 0;
 };
 
 }  // namespace tepdist::gossip::collective

@@ -152,9 +152,10 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
                             dir.path / "sync-short" / "model.safetensors") < 1e-5);
 
   // Resumed from it (the newest: step 6) with the same --out and node count, the job runs to its
-  // end (64 steps) and ends bit-equal to the run that was never stopped.
+  // end (64 steps) and ends bit-equal to the run that was never stopped. The rest of it runs with
+  // the ring after the whole backward pass instead of overlapped with it: the same sums, bit for bit.
   Child resumed({TEPDIST_BINARY, "run", job, "--mode", "sync", "--nodes", "3", "--resume", "--set",
-                 "elastic.balance=false", "--out", (dir.path / "sync-short").string()});
+                 "elastic.balance=false", "--set", "job.ring_overlap=false", "--out", (dir.path / "sync-short").string()});
   INFO(resumed.all());
   REQUIRE(resumed.wait() == 0);
   CHECK_THAT(resumed.all(), Catch::Contains("resuming from") && Catch::Contains("step-00000006.ckpt"));

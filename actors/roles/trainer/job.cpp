@@ -380,20 +380,25 @@ std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t>
   // [compute] slowdown, the emulated slower node: this thread is held as a slower CPU would hold
   // it, the computing so far taking `slowdown` times as long. Held before each layer's gradients
   // are handed on, and at the end, so what leaves the worker leaves when a slower CPU's would.
-  double held = 0;
+  // What `ready` does with them (sending, which may wait on a full queue) is not computing: it is
+  // not stretched.
+  double held = 0, handing = 0;  // seconds slept, and spent in `ready`
   const auto hold = [&] {
     if (j.slowdown <= 1) return;
-    const double elapsed = seconds_between(began, Clock::now());
-    const double wait = j.slowdown * (elapsed - held) - elapsed;
+    const auto now = Clock::now();
+    const double computing = seconds_between(began, now) - held - handing;
+    const double wait = (j.slowdown - 1) * computing - held;
     if (wait <= 0) return;
     std::this_thread::sleep_for(std::chrono::duration<double>(wait));
-    held += wait;
+    held += seconds_between(now, Clock::now());  // what was slept, oversleeping included
   };
   compute::GradientsReady paced;
   if (ready) {
     paced = [&](size_t begin, size_t end) {
       hold();
+      const auto from = Clock::now();
       ready(begin, end);
+      handing += seconds_between(from, Clock::now());
     };
   }
   compute::gather_batch(j.data.train, idx, j.x, j.y);

@@ -199,6 +199,7 @@ struct Job {
   std::vector<int64_t> order;  // the shuffled sample indices of epoch order_epoch
   int64_t order_epoch = -1;
   uint64_t tensor_bytes = 0;   // async and gossip: payload bytes sent outside the ring
+  uint64_t ring_bytes_early = 0;  // sync: ring bytes sent during the backward pass (ring_early())
   int64_t step = 0, epoch = 0, steps_per_epoch = 0, total_steps = 0;
   uint64_t own_samples = 0, window_samples = 0;
   double loss = 0;
@@ -288,10 +289,10 @@ struct Job {
   double train_seconds() const { return first_step ? seconds_between(*first_step, last_step_end) : 0.0; }
   size_t elements() const { return model->parameters().size(); }
   uint64_t bytes_sent() const { return (ring ? ring->bytes_sent() : 0) + tensor_bytes; }
-  /// The fraction of the ring's bytes (this generation's) that went while their step was still
-  /// being computed (job.ring_overlap); 0 without a ring.
+  /// The fraction of the ring's bytes (this generation's) that left while the backward pass of
+  /// their step went on (job.ring_overlap, sync); 0 without a ring.
   double ring_early() const {
-    return ring && ring->bytes_sent() ? static_cast<double>(ring->bytes_sent_early()) / static_cast<double>(ring->bytes_sent()) : 0.0;
+    return ring && ring->bytes_sent() ? static_cast<double>(ring_bytes_early) / static_cast<double>(ring->bytes_sent()) : 0.0;
   }
 };
 

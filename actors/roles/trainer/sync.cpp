@@ -1,5 +1,6 @@
-// The sync driver: every step one ring all-reduce of [gradient x samples, loss x samples, samples,
-// stop votes, each rank's speed] over the generation's workers; every worker divides the same sum
+// The sync driver: every step one ring all-reduce of [loss x samples, samples, stop votes, each
+// rank's speed, gradient x samples] over the generation's workers, sent while the backward pass
+// is still computing it where it can (job.ring_overlap); every worker divides the same sum
 // the same way and steps its optimiser, so the replicas stay bit-identical. Progress is the job's,
 // alike on every member: a position in the epoch's permutation, each step covering the next run
 // of it, cut into the ranks' shares. The shares start equal in every generation and then follow
@@ -25,7 +26,6 @@ class SyncDriver final : public Driver {
     if (mid_step(j)) return;
     // Between epochs of a job that pauses there: until a generation releases the next.
     if (hold_between_epochs(self, j, progress_.epoch)) return;
-    const size_t e = j.elements();
     const auto now = Clock::now();
     if (!j.first_step) j.first_step = j.window_start = now;
     float loss = 0;
@@ -42,21 +42,20 @@ class SyncDriver final : public Driver {
       const auto count = static_cast<float>(samples);
       TEPDIST_CHECK(overlap.count == count);
       // What the backward pass handed to the ring is in the buffer already.
-      if (overlap.written != e) {
+      if (overlap.written != j.elements()) {
         TEPDIST_CHECK(overlap.written == 0);
-        const auto grads = j.model->gradients();
-        for (size_t i = 0; i < e; ++i) j.buffer[i] = grads[i] * count;
+        overlap.weigh(0, j.elements());
       }
-      j.buffer[e] = loss * count;
-      j.buffer[e + 1] = count;
+      j.buffer[loss_at] = loss * count;
+      j.buffer[samples_at] = count;
       j.own_samples += static_cast<uint64_t>(samples);
     } else {
       std::fill(j.buffer.begin(), j.buffer.end(), 0.0f);  // a short last step: nothing for this rank
     }
-    j.buffer[e + 2] = j.target_reached ? 1.0f : 0.0f;
+    j.buffer[vote_at] = j.target_reached ? 1.0f : 0.0f;
     // This rank's speed in its own slot (the others' are zero, so the sum is exact everywhere).
-    std::fill(j.buffer.begin() + static_cast<ptrdiff_t>(e + 3), j.buffer.end(), 0.0f);
-    j.buffer[e + 3 + j.rank] = static_cast<float>(j.speed.speed());
+    std::fill_n(j.buffer.begin() + static_cast<ptrdiff_t>(speeds_at), j.world, 0.0f);
+    j.buffer[speeds_at + j.rank] = static_cast<float>(j.speed.speed());
     std::vector<gossip::RingChunk> out;
     j.ring->start(step, j.buffer, out);
     if (!send_ring(self, out)) return;
@@ -89,7 +88,8 @@ class SyncDriver final : public Driver {
     if (j.has_state && progress_.step > r.resume.step)
       return std::unexpected(fmt::format("this worker is at step {}, past generation {}'s resume step {}",
                                          progress_.step, r.generation, r.resume.step));
-    j.buffer.assign(j.elements() + 3 + j.world, 0.0f);
+    j.buffer.assign(gradient_at(j) + j.elements(), 0.0f);
+    j.ring_bytes_early = 0;
     j.ring.emplace(gossip::collective::RingAllReduce::Options{r.job_id, j.rank, j.world, j.buffer.size(),
                                                               chunk_elements(j), r.resume.step});
     // Every generation starts from equal shares; the first sum's speeds move them.
@@ -132,12 +132,19 @@ class SyncDriver final : public Driver {
   }
 
  private:
+  // The ring's buffer: the step's own numbers first, then the weighted gradient. The gradient's
+  // end (the last layers', which the backward pass finishes first) then fills whole chunks that
+  // hold nothing else, and those go before the compute ends; the chunk with these numbers goes
+  // with the first layers' gradients, which the backward finishes last anyway.
+  static constexpr size_t loss_at = 0, samples_at = 1, vote_at = 2, speeds_at = 3;
+  static size_t gradient_at(const Job& j) { return speeds_at + j.world; }
+
   /// Overlapping the ring with the backward pass: each layer's gradients, as the backward finishes
   /// them, are weighted into the buffer and offered to the ring, which sends every chunk they
   /// complete (gossip/collective/ring_allreduce.hpp). The divergence rule holds range by range:
-  /// after a range that is not finite nothing more is offered, and the step fails once the compute
-  /// returns (check_finite_step over the whole gradient). A send that fails is kept for then too:
-  /// the job cannot be let go from inside the compute.
+  /// after a range that is not finite (weighted: what would be sent) nothing more is offered, and
+  /// the step fails once the compute returns (check_finite_step over the whole gradient). A send
+  /// that fails is kept for then too: the job cannot be let go from inside the compute.
   struct Overlap {
     Trainer* self;
     Job& j;
@@ -148,20 +155,31 @@ class SyncDriver final : public Driver {
     std::optional<std::string> send_failed{};
     std::vector<gossip::RingChunk> out{};
 
-    void operator()(size_t begin, size_t end) {
+    /// Gradient elements [begin, end), times the samples, into the buffer; whether all are finite.
+    bool weigh(size_t begin, size_t end) {
       const auto grads = j.model->gradients();
+      float* to = j.buffer.data() + gradient_at(j);
       bool finite = true;
       for (size_t i = begin; i < end; ++i) {
-        j.buffer[i] = grads[i] * count;
-        finite = finite && std::isfinite(grads[i]);
+        to[i] = grads[i] * count;
+        finite &= std::isfinite(to[i]);
       }
       written += end - begin;
+      return finite;
+    }
+
+    void operator()(size_t begin, size_t end) {
+      const bool finite = weigh(begin, end);
       if (stopped || !finite) {
         stopped = true;
         return;
       }
-      j.ring->offer(step, j.buffer, begin, end, out);
+      const size_t at = gradient_at(j);
+      j.ring->offer(step, j.buffer, at + begin, at + end, out);
       if (out.empty()) return;
+      // Early only if the compute goes on after it: the last range's chunks leave as it ends.
+      if (written < j.elements())
+        for (const auto& c : out) j.ring_bytes_early += c.chunk.data.size_bytes();
       send_failed = try_send_ring(self, out);
       stopped = send_failed.has_value();
       out.clear();
@@ -177,19 +195,19 @@ class SyncDriver final : public Driver {
 
   /// The ring summed everything: divide by the samples, step the optimiser, move on.
   void finish_step(Trainer* self, Job& j) {
-    const size_t e = j.elements();
-    const double total = j.buffer[e + 1];
+    const double total = j.buffer[samples_at];
     const float inv = static_cast<float>(1.0 / total);
     auto grads = j.model->gradients();
-    for (size_t i = 0; i < e; ++i) grads[i] = j.buffer[i] * inv;
-    j.loss = j.buffer[e] / total;
+    const float* sum = j.buffer.data() + gradient_at(j);
+    for (size_t i = 0; i < grads.size(); ++i) grads[i] = sum[i] * inv;
+    j.loss = j.buffer[loss_at] / total;
     j.optimizer->step(j.model->parameters(), grads, j.rate->at(progress_));
     progress_ = elastic::after_sync_step(progress_, j.data.train.size(), j.world, j.config.data.batch_size);
     j.step = static_cast<int64_t>(progress_.step);
     // A stop vote in the sum: every worker ends after this same step.
-    if (j.buffer[e + 2] > 0) stop_voted_ = true;
+    if (j.buffer[vote_at] > 0) stop_voted_ = true;
     // The next step's shares, from the speeds every member now holds alike.
-    j.speeds.assign(j.buffer.begin() + static_cast<ptrdiff_t>(e + 3), j.buffer.end());
+    j.speeds.assign(j.buffer.begin() + static_cast<ptrdiff_t>(speeds_at), j.buffer.begin() + static_cast<ptrdiff_t>(gradient_at(j)));
     if (j.config.elastic.balance)
       j.shares = elastic::sync_shares(j.shares, j.speeds, global_batch(j), j.config.elastic.balance_quantum);
     samples_ += static_cast<uint64_t>(total);
