@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "actors/router.hpp"  // node_events()
+#include "base/thread_name.hpp"
 
 namespace tepdist::actors {
 namespace {
@@ -310,6 +311,7 @@ std::expected<std::string, std::string> MonitorHttp::start() {
   if (bound < 0) return std::unexpected(fmt::format("monitor.http: cannot listen on {}", i.options.listen));
   i.port = bound;
   i.thread = std::thread([&i] {
+    base::name_this_thread("http");
     i.server.listen_after_bind();
     i.ended = true;
     if (!i.stopping)
@@ -317,7 +319,10 @@ std::expected<std::string, std::string> MonitorHttp::start() {
   });
   // stop() only reaches a server that runs: wait for it (a thread's start, not a peer).
   while (!server.is_running() && !i.ended) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  i.watchdog = std::thread([&i] { i.watch(); });
+  i.watchdog = std::thread([&i] {
+    base::name_this_thread("http-watchdog");
+    i.watch();
+  });
   return host.find(':') != std::string::npos ? fmt::format("[{}]:{}", host, bound) : fmt::format("{}:{}", host, bound);
 }
 

@@ -11,6 +11,7 @@
 #include <algorithm>
 
 #include "actors/atoms.hpp"
+#include "base/thread_name.hpp"
 #include "elastic/coordination.hpp"
 
 namespace tepdist::actors {
@@ -210,6 +211,7 @@ bool node_events_to_file(const std::string& path) {
 }
 
 caf::behavior router(caf::stateful_actor<RouterState>* self, gossip::Transport* transport, std::string cluster_id) {
+  base::name_this_thread("router");  // detached: this is its own thread
   self->state.transport = transport;
   self->state.cluster_id = std::move(cluster_id);
   self->state.start = std::chrono::steady_clock::now();

@@ -13,6 +13,7 @@
 
 #include "actors/atoms.hpp"
 #include "actors/router.hpp"
+#include "base/thread_name.hpp"
 #include "elastic/state_transfer.hpp"
 
 namespace tepdist::actors {
@@ -832,6 +833,7 @@ struct Host {
 };
 
 caf::behavior shard_host(caf::event_based_actor* self, std::shared_ptr<ShardHostInit> init) {
+  base::name_this_thread("shard-host");  // detached: this is its own thread
   auto host = std::make_shared<Host>();
   host->self = self;
   host->init = std::move(init);

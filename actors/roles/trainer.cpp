@@ -3,6 +3,7 @@
 
 #include "actors/node.hpp"
 #include "actors/roles/trainer/job.hpp"
+#include "base/thread_name.hpp"
 
 #include <thread>
 
@@ -412,6 +413,7 @@ void on_control(Trainer* self, const std::string& peer, const gossip::Control& c
 }
 
 caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) {
+  base::name_this_thread("trainer");  // detached: this is its own thread
   self->state.o = std::move(options);
   self->state.router = router;
   caf::anon_send(router, job_atom::value, caf::actor_cast<caf::actor>(self));

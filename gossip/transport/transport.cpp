@@ -23,6 +23,7 @@
 
 #include "gossip/log.hpp"
 #include "base/check.hpp"
+#include "base/thread_name.hpp"
 
 namespace tepdist::gossip {
 namespace {
@@ -789,6 +790,8 @@ struct Transport::Impl {
         &loop, &w->work,
         [](uv_work_t* r) {  // on a pool thread: touches only its WriteReq's frame, ticket and buffers
           auto* w = static_cast<WriteReq*>(r->data);
+          thread_local const bool named = (base::name_this_thread("uv-seal"), true);
+          (void)named;
           try {
             w->sealed = FrameSealer::seal(*w->ticket, w->frame, std::move(w->reuse));
           } catch (const std::exception& e) {
@@ -1087,7 +1090,10 @@ std::expected<std::string, std::string> Transport::start() {
   i.unix_offset_ms = unix_ms_now() - static_cast<double>(uv_now(&i.loop));
   i.epoch_unix_ms = i.opt.epoch_unix_ms;
   i.started = true;
-  i.thread = std::thread([&i] { uv_run(&i.loop, UV_RUN_DEFAULT); });
+  i.thread = std::thread([&i] {
+    base::name_this_thread("uv-loop");
+    uv_run(&i.loop, UV_RUN_DEFAULT);
+  });
   return address;
 }
 

@@ -3,9 +3,13 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <set>
+#include <thread>
 
 #include "tests/support/process.hpp"
 
@@ -40,6 +44,18 @@ struct Cluster {
   }
 };
 
+/// The names of process `pid`'s threads.
+std::set<std::string> thread_names(pid_t pid) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& task : fs::directory_iterator(fs::path("/proc") / std::to_string(pid) / "task", ec)) {
+    std::string name;
+    std::getline(std::ifstream(task.path() / "comm"), name);
+    if (!name.empty()) names.insert(name);
+  }
+  return names;
+}
+
 }  // namespace
 
 TEST_CASE("three nodes connect, authenticate and agree on the coordinator, then stop cleanly", "[integration][node]") {
@@ -62,6 +78,21 @@ TEST_CASE("three nodes connect, authenticate and agree on the coordinator, then 
     CHECK(field(*coordinator, "coordinator") == "n1");
   }
   CHECK_THAT(n3.all(), Catch::Contains("member_joined id=n2"));  // learned through the seed
+  // Each role's thread says what it is (top -H, ps -L): the detached actors name their threads as
+  // they start, which may be a moment after the view settles, so the names are polled for.
+  const std::set<std::string> roles{"trainer", "router", "uv-loop"};
+  std::set<std::string> named;
+  for (const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);;) {
+    named = thread_names(n1.pid());
+    if (std::includes(named.begin(), named.end(), roles.begin(), roles.end()) ||
+        std::chrono::steady_clock::now() > until)
+      break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  for (const auto& role : roles) {
+    INFO("threads of n1: " << Catch::Detail::stringify(std::vector<std::string>(named.begin(), named.end())));
+    CHECK(named.count(role) == 1);
+  }
   for (Child* n : {&n1, &n2, &n3}) n->signal(SIGTERM);
   for (Child* n : {&n1, &n2, &n3}) CHECK(n->wait() == 0);
 }

@@ -1,5 +1,7 @@
 #include "actors/roles/trainer/job.hpp"
 
+#include "base/thread_name.hpp"
+
 namespace tepdist::actors::trainer_detail {
 
 namespace {
@@ -15,6 +17,7 @@ struct EvalKit {
 /// runtime_error holding the refusal's message (a test set the model does not take: a label
 /// outside its classes, a sample of another shape).
 caf::behavior evaluator(caf::event_based_actor*, std::shared_ptr<EvalKit> kit) {
+  base::name_this_thread("evaluator");  // detached: this is its own thread
   return {[kit](eval_atom, const std::vector<float>& params) -> caf::result<double, double, double> {
     const auto t0 = Clock::now();
     std::copy(params.begin(), params.end(), kit->model->parameters().begin());
