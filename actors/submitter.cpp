@@ -94,6 +94,29 @@ std::string state_gone(const SubmitterState& s) {
   return gone;
 }
 
+/// The newest generation known here, worker by worker as this node's view has it ("generation 3:
+/// node-00 (rank 0) dead, node-01 alive"), for a job whose reports stopped: whether rank 0 died,
+/// and whether enough of the workers are left to install the next generation (a majority of them).
+std::string workers_as_seen(const SubmitterState& s) {
+  if (!s.assigned || s.assigned->workers.empty()) return "no generation of it known here";
+  const auto& r = *s.assigned;
+  std::string out = fmt::format("generation {}'s workers as this node sees them:", r.generation);
+  for (size_t i = 0; i < r.workers.size(); ++i) {
+    const auto it = std::find_if(s.view.begin(), s.view.end(), [&](const gossip::Member& m) { return m.id == r.workers[i]; });
+    std::string what = "not in this node's view";
+    if (it != s.view.end()) {
+      switch (it->state) {
+        case gossip::Member::State::alive: what = "alive"; break;
+        case gossip::Member::State::suspect: what = "suspect"; break;
+        case gossip::Member::State::dead: what = "dead"; break;
+        case gossip::Member::State::left: what = "left"; break;
+      }
+    }
+    out += fmt::format("{} {}{} {}", i ? "," : "", r.workers[i], i == 0 ? " (rank 0)" : "", what);
+  }
+  return out;
+}
+
 void on_view(Submitter* self, std::vector<gossip::Member> view) {
   auto& s = self->state;
   s.view = std::move(view);
@@ -295,7 +318,10 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
           // Reports stopped: rank 0 is gone or cannot reach this node.
           const double quiet = std::chrono::duration<double>(std::chrono::steady_clock::now() - s.last_report).count();
           if (quiet > s.submission->report_timeout_s)
-            return end(self, 1, fmt::format("no report on job {} for {:.0f} s", s.sent.job_id, quiet));
+            return end(self, 1,
+                       fmt::format("no report on job {} for {:.0f} s; {} (`tepdist status` says whether job control "
+                                   "is waiting for a majority of them)",
+                                   s.sent.job_id, quiet, workers_as_seen(s)));
           self->delayed_send(self, std::chrono::seconds(1), tick_atom::value);
           return;
         }

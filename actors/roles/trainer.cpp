@@ -277,7 +277,10 @@ void on_tick(Trainer* self) {
     if (auto ok = elastic::check_assignment(start, s.view); !ok)
       fail_start(self, start, fmt::format("{}, still after {:.0f} s", ok.error(), TrainerState::held_limit_s));
   }
-  if (s.job && s.job->done_at != Clock::time_point{} &&
+  // A done worker waits for rank 0's word, but not while a generation it acked is being voted
+  // on (rank 0 may have died at the end: the survivors, this worker among them, end the job under
+  // a new one, and its state may be needed). An install restarts the wait (enter_generation).
+  if (s.job && s.job->done_at != Clock::time_point{} && !(s.job->control && s.job->control->paused()) &&
       seconds_between(s.job->done_at, Clock::now()) > s.job->config.job.step_timeout_s)
     release_done_job(self, "no word from rank 0 within step_timeout_s of this worker's done");
   else if (s.job && s.job->completed_at != Clock::time_point{} &&

@@ -171,6 +171,7 @@ void enter_generation(Trainer* self) {
   if (j.done_at != Clock::time_point{}) {
     const auto& next = j.control->record();
     if (elastic::same_rank0(next, j.start)) {
+      j.done_at = Clock::now();  // the wait for rank 0's word starts again, from this install
       node_events().info("job_kept job={} generation={} reason=\"done; rank 0 {} completes the job\"", j.start.job_id,
                          next.generation, next.workers[0]);
     } else {
