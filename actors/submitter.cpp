@@ -17,6 +17,7 @@
 #include "elastic/coordination.hpp"
 #include "elastic/job_files.hpp"
 #include "elastic/job_control.hpp"
+#include "elastic/status.hpp"
 
 namespace tepdist::actors {
 namespace {
@@ -77,13 +78,19 @@ void send_release(Submitter* self) {
 /// generation known here has left, or runs again in another run (a restart loses the state).
 /// Empty: one may hold it. A dead worker may be across a partition from this node, so it is not
 /// counted gone; a job whose last holders die for good ends at the report timeout instead.
+/// Member `id` as this node's view has it (null: not in it).
+const gossip::Member* in_view(const SubmitterState& s, const std::string& id) {
+  const auto it = std::find_if(s.view.begin(), s.view.end(), [&](const gossip::Member& m) { return m.id == id; });
+  return it == s.view.end() ? nullptr : &*it;
+}
+
 std::string state_gone(const SubmitterState& s) {
   if (!s.assigned || s.assigned->workers.empty()) return {};
   const auto& r = *s.assigned;
   std::string gone;
   for (size_t i = 0; i < r.workers.size(); ++i) {
-    const auto it = std::find_if(s.view.begin(), s.view.end(), [&](const gossip::Member& m) { return m.id == r.workers[i]; });
-    if (it == s.view.end()) return {};
+    const gossip::Member* it = in_view(s, r.workers[i]);
+    if (!it) return {};
     const uint64_t boot = i < r.worker_boot_ids.size() ? r.worker_boot_ids[i] : 0;
     std::string what;
     if (it->state == gossip::Member::State::left) what = "left";
@@ -102,17 +109,9 @@ std::string workers_as_seen(const SubmitterState& s) {
   const auto& r = *s.assigned;
   std::string out = fmt::format("generation {}'s workers as this node sees them:", r.generation);
   for (size_t i = 0; i < r.workers.size(); ++i) {
-    const auto it = std::find_if(s.view.begin(), s.view.end(), [&](const gossip::Member& m) { return m.id == r.workers[i]; });
-    std::string what = "not in this node's view";
-    if (it != s.view.end()) {
-      switch (it->state) {
-        case gossip::Member::State::alive: what = "alive"; break;
-        case gossip::Member::State::suspect: what = "suspect"; break;
-        case gossip::Member::State::dead: what = "dead"; break;
-        case gossip::Member::State::left: what = "left"; break;
-      }
-    }
-    out += fmt::format("{} {}{} {}", i ? "," : "", r.workers[i], i == 0 ? " (rank 0)" : "", what);
+    const gossip::Member* m = in_view(s, r.workers[i]);
+    out += fmt::format("{} {}{} {}", i ? "," : "", r.workers[i], i == 0 ? " (rank 0)" : "",
+                       m ? elastic::state_name(m->state) : "not in this node's view");
   }
   return out;
 }

@@ -8,7 +8,6 @@
 #include <cmath>
 
 namespace tepdist::elastic {
-namespace {
 
 using gossip::Member;
 
@@ -21,6 +20,8 @@ const char* state_name(Member::State s) {
   }
   return "?";
 }
+
+namespace {
 
 /// The shards `id` holds: (shard, primary?), primary first in each shard's holder list.
 std::vector<std::pair<uint32_t, bool>> shards_of(const StatusDocument& doc, const std::string& id) {

@@ -70,6 +70,9 @@ std::vector<gossip::Member> shard_primaries(const StatusDocument& doc);
 /// lr}], generations: [{generation, resume_step, workers, installed_unix_ms}]}}.
 std::string status_json(const StatusDocument& doc);
 
+/// A member's state as the status and error messages write it: "alive", "suspect", "dead", "left".
+const char* state_name(gossip::Member::State s);
+
 /// The table `tepdist status` prints: one row per member, then the job's generation and each
 /// worker's position.
 std::string status_table(const StatusDocument& doc);
