@@ -60,7 +60,7 @@ StatePuller::StatePuller(Options options) : o_(std::move(options)) {
 }
 
 gossip::StatePull StatePuller::pull(const Request& r) const {
-  return gossip::StatePull{o_.job_id, o_.step, r.offset, r.count, o_.of_shard, o_.shard, o_.digest};
+  return gossip::StatePull{o_.job_id, o_.step, r.offset, r.count, o_.of_shard, o_.shard, o_.digest, o_.generation};
 }
 
 void StatePuller::start(double now, std::vector<std::pair<std::string, gossip::StatePull>>& out) {
@@ -76,6 +76,9 @@ std::expected<void, std::string> StatePuller::on_piece(const gossip::StatePiece&
   if (piece.of_shard != o_.of_shard || (o_.of_shard && piece.chunk.shard != o_.shard))
     return std::unexpected(piece.of_shard ? fmt::format("a piece of shard {}'s state", piece.chunk.shard)
                                           : std::string("a piece of the job's state, not a shard's"));
+  if (piece.generation != o_.generation)
+    return std::unexpected(
+        fmt::format("a piece of generation {}'s state, not generation {}'s", piece.generation, o_.generation));
   if (piece.chunk.step != o_.step)
     return std::unexpected(fmt::format("a piece of the state at step {}, not {}", piece.chunk.step, o_.step));
   if (piece.chunk.total != o_.total)
@@ -113,10 +116,14 @@ void StatePuller::refused(const std::string& donor, double now, std::vector<std:
   }
 }
 
-std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const gossip::StatePull& pull, uint64_t job_id,
-                                                                       uint64_t step, const StateView& state,
+std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const gossip::StatePull& pull,
+                                                                       const ServedState& of, const StateView& state,
                                                                        size_t piece) {
+  const auto [job_id, generation, step] = of;
   if (pull.job_id != job_id) return std::unexpected(fmt::format("job {} is not running here", pull.job_id));
+  if (pull.generation != generation)
+    return std::unexpected(
+        fmt::format("the state here is generation {}'s, not generation {}'s", generation, pull.generation));
   if (pull.step != step)
     return std::unexpected(fmt::format("the state here is at step {}, not {}", step, pull.step));
   const size_t total = state.size();
@@ -130,7 +137,7 @@ std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const go
     state.read(at, *copy);
     std::shared_ptr<const std::vector<float>> snapshot = copy;
     out.push_back({job_id, gossip::TensorChunk{step, pull.of_shard ? pull.shard : 0, at, total, *snapshot, snapshot},
-                   pull.of_shard});
+                   pull.of_shard, generation});
   }
   return out;
 }

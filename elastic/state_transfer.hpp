@@ -10,6 +10,10 @@
 //   loss        a piece not received `retry_ms` after it was asked for is asked again from the
 //               next donor in turn; a donor that answers for another step is refused (sync
 //               donors hold the state of exactly one step).
+//   generation  the job's state is asked for, and served, as of the generation the puller
+//               installed: a donor that has not installed it yet holds its pulls until it does, and
+//               a piece of another generation's state is refused, even at the same step (a
+//               program may set the parameters anew at a between-epochs hold).
 //   done        when every element has arrived once (pieces are placed by offset; a duplicate
 //               changes nothing).
 
@@ -52,6 +56,8 @@ class StatePuller {
     bool of_shard = false;
     uint32_t shard = 0;
     uint64_t digest = 0;
+    /// The job's state: of the generation the puller installed (0: a shard's state).
+    uint64_t generation = 0;
   };
   explicit StatePuller(Options options);
   /// The first requests: (donor address, request).
@@ -79,11 +85,18 @@ class StatePuller {
   size_t received_ = 0;
 };
 
-/// A donor's answer to `pull` from `state`, whose step is `step`: pieces of at most `piece`
-/// elements, each an immutable snapshot (of a shard's state: marked so, naming the shard). An
-/// error (another job, another step, out of range) says why.
-std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const gossip::StatePull& pull, uint64_t job_id,
-                                                                       uint64_t step, const StateView& state,
+/// What a donor serves: the job (or shard) and the generation and step its state is of.
+struct ServedState {
+  uint64_t job_id = 0;
+  uint64_t generation = 0;  ///< 0: a shard's state (StatePull::generation)
+  uint64_t step = 0;
+};
+
+/// A donor's answer to `pull` from `state`, which is `of`: pieces of at most `piece` elements,
+/// each an immutable snapshot (of a shard's state: marked so, naming the shard). An error
+/// (another job, generation or step, out of range) says why.
+std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const gossip::StatePull& pull,
+                                                                       const ServedState& of, const StateView& state,
                                                                        size_t piece);
 
 }  // namespace tepdist::elastic

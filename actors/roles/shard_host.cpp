@@ -585,7 +585,7 @@ struct Host {
       return send(address, gossip::StatePiece{init->job_id, gossip::TensorChunk{pull.step, pull.shard, pull.offset, 0, {}, nullptr}, true});
     }
     frozen_until = std::chrono::steady_clock::now() + frozen_keep;
-    auto pieces = elastic::serve_state(pull, init->job_id, f->second.version,
+    auto pieces = elastic::serve_state(pull, {init->job_id, 0, f->second.version},
                                        elastic::StateView({std::span<float>(*f->second.flat)}), init->piece);
     if (!pieces)
       return node_events().warn("shard_pull_refused job={} from={} shard={} reason=\"{}\"", pull.job_id, peer,

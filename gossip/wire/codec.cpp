@@ -273,11 +273,13 @@ struct Encoder {
             b.setOfShard(m.of_shard);
             b.setShard(m.shard);
             b.setDigest(m.digest);
+            b.setGeneration(m.generation);
           } else if constexpr (std::is_same_v<T, StatePiece>) {
             auto b = e.initStatePiece();
             b.setJobId(m.job_id);
             put_chunk(b.initChunk(), m.chunk);
             b.setOfShard(m.of_shard);
+            b.setGeneration(m.generation);
           } else if constexpr (std::is_same_v<T, ShardTransfer>) {
             auto b = e.initShardTransfer();
             b.setJobId(m.job_id);
@@ -701,11 +703,12 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
     }
     case wire::Envelope::STATE_PULL: {
       auto r = e.getStatePull();
-      return StatePull{r.getJobId(), r.getStep(), r.getOffset(), r.getCount(), r.getOfShard(), r.getShard(), r.getDigest()};
+      return StatePull{r.getJobId(), r.getStep(),  r.getOffset(), r.getCount(),
+                       r.getOfShard(), r.getShard(), r.getDigest(), r.getGeneration()};
     }
     case wire::Envelope::STATE_PIECE: {
       auto r = e.getStatePiece();
-      return StatePiece{r.getJobId(), get_chunk(r.getChunk(), owner), r.getOfShard()};
+      return StatePiece{r.getJobId(), get_chunk(r.getChunk(), owner), r.getOfShard(), r.getGeneration()};
     }
     case wire::Envelope::SHARD_TRANSFER: {
       auto r = e.getShardTransfer();

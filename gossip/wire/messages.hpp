@@ -328,6 +328,10 @@ struct StatePull {
   bool of_shard = false;
   uint32_t shard = 0;
   uint64_t digest = 0;
+  /// The job's state: the generation the puller installed (a donor serves only the state of that
+  /// one: at a between-epochs hold a program may set the parameters anew at the same step). 0 for
+  /// a shard's state, which its version and digest name.
+  uint64_t generation = 0;
   friend bool operator==(const StatePull&, const StatePull&) = default;
 };
 
@@ -337,6 +341,7 @@ struct StatePiece {
   /// A piece of shard chunk.shard's state (StatePull::of_shard); with chunk.total 0 and no values,
   /// the donor's refusal: it does not hold that state.
   bool of_shard = false;
+  uint64_t generation = 0;  ///< the generation of the state it is a piece of (StatePull::generation)
   friend bool operator==(const StatePiece&, const StatePiece&) = default;
 };
 

@@ -359,6 +359,7 @@ struct StatePull {
   ofShard @4 :Bool;          # async: of shard `shard`'s state (values, then each optimiser buffer)
   shard @5 :UInt32;          # at version `step`, whose digest is `digest` (a striped shard fetch)
   digest @6 :UInt64;
+  generation @7 :UInt64;     # the job's state: of the generation the puller installed (0: a shard's)
 }
 
 struct StatePiece {
@@ -366,6 +367,7 @@ struct StatePiece {
   chunk @1 :TensorChunk;     # step: the state's step; offset and total place it in the state vector
   ofShard @2 :Bool;          # a piece of shard chunk.shard's state (StatePull.ofShard); with
                              # chunk.total 0 and no values: the donor does not hold that state
+  generation @3 :UInt64;     # the generation of the state (StatePull.generation)
 }
 
 struct LeaveRequest {

@@ -54,7 +54,7 @@ TEST_CASE("a state pulled from three donors, striped, with lost pieces asked aga
   auto serve = [&](const std::vector<std::pair<std::string, gossip::StatePull>>& list) {
     for (const auto& [to, ask] : list) {
       if (to == "b") continue;
-      auto pieces = elastic::serve_state(ask, 7, 42, donor.view(), 64);
+      auto pieces = elastic::serve_state(ask, {7, 0, 42}, donor.view(), 64);
       REQUIRE(pieces);
       for (const auto& piece : *pieces) REQUIRE(p.on_piece(piece, puller.view()));
     }
@@ -76,19 +76,53 @@ TEST_CASE("a state pulled from three donors, striped, with lost pieces asked aga
 TEST_CASE("a donor refuses another step or job and ranges outside its state, a puller refuses what it did not ask for",
           "[elastic][state]") {
   Holder donor = filled(100, 1);
-  CHECK_FALSE(elastic::serve_state({7, 41, 0, 10}, 7, 42, donor.view(), 64));
-  CHECK_FALSE(elastic::serve_state({8, 42, 0, 10}, 7, 42, donor.view(), 64));
-  CHECK_FALSE(elastic::serve_state({7, 42, 190, 20}, 7, 42, donor.view(), 64));
-  CHECK_FALSE(elastic::serve_state({7, 42, 0, 0}, 7, 42, donor.view(), 64));
+  CHECK_FALSE(elastic::serve_state({7, 41, 0, 10}, {7, 0, 42}, donor.view(), 64));
+  CHECK_FALSE(elastic::serve_state({8, 42, 0, 10}, {7, 0, 42}, donor.view(), 64));
+  CHECK_FALSE(elastic::serve_state({7, 42, 190, 20}, {7, 0, 42}, donor.view(), 64));
+  CHECK_FALSE(elastic::serve_state({7, 42, 0, 0}, {7, 0, 42}, donor.view(), 64));
   Holder puller{std::vector<float>(100), std::vector<float>(100)};
   elastic::StatePuller p({7, 42, 200, 64, 5000, {"a"}});
-  const auto odd = elastic::serve_state({7, 42, 3, 10}, 7, 42, donor.view(), 64);
+  const auto odd = elastic::serve_state({7, 42, 3, 10}, {7, 0, 42}, donor.view(), 64);
   REQUIRE(odd);
   CHECK_FALSE(p.on_piece(odd->front(), puller.view()));
-  const auto other_step = elastic::serve_state({7, 43, 0, 64}, 7, 43, donor.view(), 64);
+  const auto other_step = elastic::serve_state({7, 43, 0, 64}, {7, 0, 43}, donor.view(), 64);
   REQUIRE(other_step);
   CHECK_FALSE(p.on_piece(other_step->front(), puller.view()));
   CHECK(std::all_of(puller.params.begin(), puller.params.end(), [](float x) { return x == 0; }));
+}
+
+TEST_CASE("the job's state is served and taken only as of the puller's generation, even at the same step",
+          "[elastic][state]") {
+  // At a between-epochs hold a program may set the parameters anew: generation 4's state at step
+  // 42 is not generation 3's at step 42.
+  Holder old_state = filled(100, 1), new_state = filled(100, 9);
+  Holder puller{std::vector<float>(100), std::vector<float>(100)};
+  elastic::StatePuller::Options o{7, 42, 200, 64, 5000, {"a"}};
+  o.generation = 4;
+  elastic::StatePuller p(o);
+  std::vector<std::pair<std::string, gossip::StatePull>> asks;
+  p.start(0, asks);
+  REQUIRE_FALSE(asks.empty());
+  for (const auto& [to, ask] : asks) CHECK(ask.generation == 4);
+  // A donor still in generation 3 does not serve generation 4's pull...
+  const auto refused = elastic::serve_state(asks.front().second, {7, 3, 42}, old_state.view(), 64);
+  REQUIRE_FALSE(refused);
+  CHECK(refused.error() == "the state here is generation 3's, not generation 4's");
+  // ...and a piece of generation 3's state that reaches the puller anyway is refused.
+  const auto stale = elastic::serve_state({7, 42, 0, 64, false, 0, 0, 3}, {7, 3, 42}, old_state.view(), 64);
+  REQUIRE(stale);
+  CHECK(stale->front().generation == 3);
+  const auto taken = p.on_piece(stale->front(), puller.view());
+  REQUIRE_FALSE(taken);
+  CHECK(taken.error() == "a piece of generation 3's state, not generation 4's");
+  CHECK(std::all_of(puller.params.begin(), puller.params.end(), [](float x) { return x == 0; }));
+  for (const auto& [to, ask] : asks) {
+    auto pieces = elastic::serve_state(ask, {7, 4, 42}, new_state.view(), 64);
+    REQUIRE(pieces);
+    for (const auto& piece : *pieces) REQUIRE(p.on_piece(piece, puller.view()));
+  }
+  CHECK(p.done());
+  CHECK(puller.params == new_state.params);
 }
 
 TEST_CASE("a shard's state pulled striped: the pulls and pieces name the shard, and a piece of another is refused",
@@ -106,15 +140,15 @@ TEST_CASE("a shard's state pulled striped: the pulls and pieces name the shard, 
     CHECK(ask.digest == 0xd16e57);
   }
   // The job's state, or another shard's, at the same step is not this shard's.
-  auto job_state = elastic::serve_state({7, 42, 0, 64}, 7, 42, donor.view(), 64);
+  auto job_state = elastic::serve_state({7, 42, 0, 64}, {7, 0, 42}, donor.view(), 64);
   REQUIRE(job_state);
   CHECK_FALSE(job_state->front().of_shard);
   CHECK_FALSE(p.on_piece(job_state->front(), puller.view()));
-  auto other = elastic::serve_state({7, 42, 0, 64, true, 4, 0xd16e57}, 7, 42, donor.view(), 64);
+  auto other = elastic::serve_state({7, 42, 0, 64, true, 4, 0xd16e57}, {7, 0, 42}, donor.view(), 64);
   REQUIRE(other);
   CHECK_FALSE(p.on_piece(other->front(), puller.view()));
   for (const auto& [to, ask] : asks) {
-    auto pieces = elastic::serve_state(ask, 7, 42, donor.view(), 64);
+    auto pieces = elastic::serve_state(ask, {7, 0, 42}, donor.view(), 64);
     REQUIRE(pieces);
     for (const auto& piece : *pieces) {
       CHECK(piece.of_shard);
@@ -140,7 +174,7 @@ TEST_CASE("a donor's refusal moves what it was asked for to the next donor at on
   for (const auto* list : {&asks, &again})
     for (const auto& [to, ask] : *list) {
       if (to == "a") continue;
-      auto pieces = elastic::serve_state(ask, 7, 42, donor.view(), 64);
+      auto pieces = elastic::serve_state(ask, {7, 0, 42}, donor.view(), 64);
       REQUIRE(pieces);
       for (const auto& piece : *pieces) REQUIRE(p.on_piece(piece, puller.view()));
     }

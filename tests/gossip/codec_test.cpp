@@ -129,10 +129,10 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       GenerationVote{9, GenerationVote::Kind::ack, 4, 3, {}, JobProgress{41, 1, 384, 6528}, true, 77, "", {{"b", 640}}},
       GenerationVote{9, GenerationVote::Kind::refuse, 6, 3, {}, {}, false, 0, "promised generation 6"},
       GenerationVote{9, GenerationVote::Kind::evict, 3, 3, {"b"}},
-      StatePull{9, 41, 1000, 4096},
+      StatePull{9, 41, 1000, 4096, false, 0, 0, 12},  // the job's state, as of generation 12
       StatePull{9, 34, 16384, 16384, true, 2, 0x1234abcd5678ef90ull},  // of shard 2's state at version 34
       LeaveRequest{"node-02", LeaveRequest::Kind::done, "after step 41"},
-      StatePiece{9, chunk},
+      StatePiece{9, chunk, false, 12},
       StatePiece{9, chunk, true},
   };
   for (const auto& body : bodies) {

@@ -76,7 +76,9 @@ void start_pull(Trainer* self) {
   const uint64_t at = j.driver->pull_step(j);
   // A piece not received is asked for again well inside the step timeout, which ends the pull.
   const double retry_ms = std::min(5000.0, j.config.job.step_timeout_s * 1000 / 4);
-  j.pulling.emplace(elastic::StatePuller::Options{r.job_id, at, view.size(), chunk_elements(j), retry_ms, donors});
+  elastic::StatePuller::Options pull{r.job_id, at, view.size(), chunk_elements(j), retry_ms, donors};
+  pull.generation = j.generation;
+  j.pulling.emplace(std::move(pull));
   std::vector<std::pair<std::string, gossip::StatePull>> out;
   j.pulling->start(now_ms(s), out);
   node_events().info("state_pull job={} generation={} step={} elements={} donors={} pieces={}", r.job_id, r.generation,
@@ -89,9 +91,11 @@ void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePu
   if (!s.job || s.job->start.job_id != p.job_id || !s.job->control) return;
   auto& j = *s.job;
   const auto* address = elastic::worker_address(j.start, peer);
-  if (!address && j.control->paused()) {
+  if (p.generation > j.generation || (!address && j.control->paused())) {
     // A donor of the next generation has acked it and waits for its install, which may reach the
-    // puller first: the pull waits here for the install (enter_generation serves it).
+    // puller first: the pull waits here for the install (enter_generation serves it, or refuses it
+    // if another generation was installed instead). Served now, it would get this generation's
+    // state, which at the same step need not be the next one's (a program's parameters).
     constexpr size_t early_limit = 1024;
     if (j.early_pulls.size() < early_limit) j.early_pulls.emplace_back(peer, p);
     return;
@@ -105,7 +109,7 @@ void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePu
     return;
   }
   const uint64_t at = j.driver->serve_step(j, p.step);
-  auto pieces = elastic::serve_state(p, j.start.job_id, at, state_view(j), chunk_elements(j));
+  auto pieces = elastic::serve_state(p, {j.start.job_id, j.generation, at}, state_view(j), chunk_elements(j));
   if (!pieces) {
     node_events().warn("state_pull_refused from={} reason=\"{}\"", peer, pieces.error());
     return;
