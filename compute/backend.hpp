@@ -167,8 +167,15 @@ class Backend {
 
   /// Training state for model kept in this backend's own memory (see resident.hpp), or null when
   /// the backend computes on the host's buffers (the default: make_resident then keeps the state
-  /// in the model). An error names a layer the backend cannot run.
+  /// in the model). An error names a layer the backend cannot run. A host backend told to
+  /// emulate a device keeps it apart (resident.hpp, EmulatedDevice).
   virtual Result<std::unique_ptr<ResidentState>> make_resident(Model& model, const OptimizerOptions& options);
+
+  /// [compute] emulate_device, for the host backends: make_resident keeps the state in memory of
+  /// its own and leaves the model's copy NaN while it is out of date, as a device's would be
+  /// stale, so tests on a machine without a device exercise every sync point.
+  void emulate_device(bool on) { emulate_device_ = on; }
+  bool emulates_device() const { return emulate_device_; }
 
   /// y = max(x, 0), any shape, NaN where x is NaN; x and y may alias.
   virtual void relu_forward(ConstTensorView x, TensorView y) = 0;
@@ -198,6 +205,7 @@ class Backend {
     return ++counter;
   }
   uint64_t id_;
+  bool emulate_device_ = false;
 };
 
 }  // namespace tepdist::compute

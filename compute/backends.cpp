@@ -19,9 +19,16 @@ bool cuda_built() {
 }
 
 Result<std::unique_ptr<Backend>> make_backend(std::string_view name, const BackendOptions& options) {
-  if (name == "onednn") return make_onednn_backend();
-  if (name == "ref") return make_ref_backend();
+  if (name == "onednn" || name == "ref") {
+    std::unique_ptr<Backend> backend = name == "onednn" ? make_onednn_backend() : make_ref_backend();
+    backend->emulate_device(options.emulate_device);
+    return backend;
+  }
   if (name == "cuda") {
+    if (options.emulate_device)
+      return fail(Errc::invalid_argument,
+                  "compute.emulate_device emulates, on a host backend (onednn, ref), the state a device keeps; "
+                  "backend 'cuda' keeps it on its device already");
 #ifdef TEPDIST_HAVE_CUDA
     return make_cuda_backend(options.device, options.deterministic);
 #else

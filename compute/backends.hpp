@@ -9,11 +9,12 @@
 
 namespace tepdist::compute {
 
-/// What a config says of the backend besides its name ([compute] device and deterministic; both
-/// for cuda only).
+/// What a config says of the backend besides its name ([compute] device and deterministic, both
+/// for cuda only; emulate_device, for the host backends only: Backend::emulate_device).
 struct BackendOptions {
   int device = 0;
   bool deterministic = true;
+  bool emulate_device = false;
 };
 
 /// "onednn" (fast, the default), "ref" (the readable reference) or "cuda" (CUDA device

@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
+
+#include "base/check.hpp"
 
 #include "compute/train.hpp"
 
@@ -39,12 +42,89 @@ class HostResident final : public ResidentState {
   LossScratch scratch_;
 };
 
+/// [compute] emulate_device: a host backend's state kept apart from the model's buffers, as a
+/// device keeps it, and the host's copy made NaN whenever it is out of date (the parameters and the
+/// optimiser's buffers after a step, the gradient after a compute), so a read that misses its pull
+/// sees NaN and a write that misses its push is lost at the next step. Emulation, for tests on a
+/// machine without a device; the backend computes on the model's buffers, so each compute copies
+/// the parameters in and the gradient out.
+class EmulatedDevice final : public ResidentState {
+ public:
+  EmulatedDevice(Model& model, Backend& backend, std::unique_ptr<Optimizer> host, std::unique_ptr<Optimizer> device)
+      : model_(model),
+        backend_(backend),
+        host_(std::move(host)),
+        device_(std::move(device)),
+        params_(model.parameters().begin(), model.parameters().end()),
+        grads_(params_.size(), 0.0f) {}
+
+  Result<float> compute_gradients(ConstTensorView x, std::span<const int32_t> labels) override {
+    const auto host = model_.parameters();
+    std::copy(params_.begin(), params_.end(), host.begin());
+    auto loss = try_compute_gradients(model_, backend_, x, labels, scratch_);
+    if (!params_current_) poison(host);
+    if (!loss) return loss;  // refused before the gradient was touched
+    const auto g = model_.gradients();
+    std::copy(g.begin(), g.end(), grads_.begin());
+    poison(g);
+    return loss;
+  }
+  bool gradient_finite() override {
+    return std::all_of(grads_.begin(), grads_.end(), [](float v) { return std::isfinite(v); });
+  }
+  void step(float lr) override {
+    device_->set_steps(host_->steps());  // as a device's step reads the host's count
+    device_->step(params_, grads_, lr);
+    host_->set_steps(device_->steps());
+    params_current_ = false;
+    poison(model_.parameters());
+    for (auto& [name, buffer] : host_->state()) poison(buffer);
+  }
+  Optimizer& optimizer() override { return *host_; }
+  std::string where() const override { return "host memory kept apart from the model's (compute.emulate_device)"; }
+
+  void pull_parameters() override {
+    std::copy(params_.begin(), params_.end(), model_.parameters().begin());
+    params_current_ = true;
+  }
+  void push_parameters() override {
+    const auto host = model_.parameters();
+    std::copy(host.begin(), host.end(), params_.begin());
+    params_current_ = true;
+  }
+  void pull_gradients() override { std::copy(grads_.begin(), grads_.end(), model_.gradients().begin()); }
+  void push_gradients() override {
+    const auto host = model_.gradients();
+    std::copy(host.begin(), host.end(), grads_.begin());
+  }
+  void pull_optimizer() override { copy_state(*device_, *host_); }
+  void push_optimizer() override { copy_state(*host_, *device_); }
+
+ private:
+  static void poison(std::span<float> host) { std::fill(host.begin(), host.end(), std::numeric_limits<float>::quiet_NaN()); }
+  static void copy_state(Optimizer& from, Optimizer& to) {
+    const auto a = from.state(), b = to.state();
+    TEPDIST_CHECK(a.size() == b.size());
+    for (size_t k = 0; k < a.size(); ++k) std::copy(a[k].second.begin(), a[k].second.end(), b[k].second.begin());
+  }
+
+  Model& model_;
+  Backend& backend_;
+  std::unique_ptr<Optimizer> host_, device_;  // the host's copy (name, steps, buffers after a pull), the state
+  std::vector<float> params_, grads_;
+  bool params_current_ = true;  // the model's parameters are the state's (not NaN)
+  LossScratch scratch_;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<ResidentState>> Backend::make_resident(Model& model, const OptimizerOptions& options) {
-  (void)model;
-  (void)options;
-  return nullptr;
+  if (!emulates_device()) return nullptr;
+  auto host = make_optimizer(options, model.parameters().size());
+  if (!host) return std::unexpected(host.error());
+  auto device = make_optimizer(options, model.parameters().size());
+  if (!device) return std::unexpected(device.error());
+  return std::make_unique<EmulatedDevice>(model, *this, std::move(*host), std::move(*device));
 }
 
 Result<std::unique_ptr<ResidentState>> make_resident(Model& model, Backend& backend, const OptimizerOptions& options) {

@@ -14,6 +14,11 @@
 //                     is sent
 //   push_gradients    resident <- model.gradients(): the averaged gradient back
 //   pull_optimizer / push_optimizer: optimizer().state() <-> resident, for checkpoints
+//
+// Between a change of the resident state and its pull, the host's copy is stale (on a device) or
+// NaN ([compute] emulate_device: a host backend keeping the state apart, for tests on machines
+// without a device): the parameters and optimiser buffers after step(), the gradient after
+// compute_gradients(). optimizer().steps() is always current.
 
 #include <cstdint>
 #include <memory>

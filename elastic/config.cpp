@@ -425,6 +425,13 @@ const std::vector<Key>& keys() {
         "runs the fastest, atomics included (1.47 times the samples/s for the widecnn preset at batch 512 on an "
         "H200), and reruns differ in the last bits. Every other backend is deterministic."},
        -inf, inf, false, false, {}, assign<&J::compute, &J::Compute::deterministic>},
+      {{"compute", "emulate_device", KeyType::boolean, "false",
+        "Emulation, for tests on machines without a GPU: backends \"onednn\" and \"ref\" keep the training "
+        "state (parameters, gradient, optimiser buffers) in memory of their own, as \"cuda\" keeps it on its "
+        "device, and the host's copy reads as NaN whenever it is out of date, so a code path that reads or "
+        "writes the state without its sync point fails visibly. Sync jobs and `tepdist train` use it (as they "
+        "use a device's); costs two copies of the model a step. Refused with backend \"cuda\"."},
+       -inf, inf, false, false, {}, assign<&J::compute, &J::Compute::emulate_device>},
       {{"compute", "threads", KeyType::integer, "0", "Threads for the kernels; 0: every core (`tepdist run`'s local nodes: each its share of the cores). "
         "--threads overrides."},
        0, 1024, false, false, {}, assign<&J::compute, &J::Compute::threads>},

@@ -82,6 +82,9 @@ struct JobConfig {
     int64_t threads = 0;  ///< 0: every core
     int64_t device = 0;   ///< backend cuda: the CUDA device
     bool deterministic = true;  ///< backend cuda: reproducible convolution algorithms
+    /// Emulation (tests): a host backend keeps the training state apart from the model's buffers,
+    /// as the cuda backend keeps it on its device (compute/resident.hpp).
+    bool emulate_device = false;
     /// Emulation of a slower node: each step takes this many times its compute time. A node
     /// setting ([nodes.NAME] slowdown overrides it); the load balancer never reads it.
     double slowdown = 1;

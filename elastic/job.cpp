@@ -107,7 +107,9 @@ compute::Result<std::unique_ptr<compute::Model>> build_job_model(const JobConfig
 }
 
 compute::BackendOptions backend_options(const JobConfig& config) {
-  return {.device = static_cast<int>(config.compute.device), .deterministic = config.compute.deterministic};
+  return {.device = static_cast<int>(config.compute.device),
+          .deterministic = config.compute.deterministic,
+          .emulate_device = config.compute.emulate_device};
 }
 
 }  // namespace tepdist::elastic

@@ -198,6 +198,69 @@ TEST_CASE("the host backends' resident state is the model's own buffers: a step 
   CHECK_FALSE(check_finite_step(3, 0.5f, resident->gradient_finite()).has_value());
 }
 
+TEST_CASE("an emulated device keeps the state apart: the same steps, and the host's copy NaN until it is pulled",
+          "[compute][train][resident]") {
+  auto plain = make_backend("ref").value();
+  auto emulating = make_backend("ref", {.emulate_device = true}).value();
+  CHECK(plain->make_resident(*make_lenet(), {}).value() == nullptr);  // a host backend: the model's buffers
+  auto direct = make_lenet(), through = make_lenet();
+  REQUIRE(direct->build({1, 28, 28}, 4).has_value());
+  REQUIRE(through->build({1, 28, 28}, 4).has_value());
+  OptimizerOptions o;
+  o.name = "adam";
+  auto resident = std::move(make_resident(*through, *emulating, o).value());
+  CHECK_THAT(resident->where(), Catch::Contains("emulate_device"));
+  auto optimizer = std::move(make_optimizer(o, direct->parameters().size()).value());
+  Tensor x({6, 1, 28, 28});
+  Rng r(3);
+  for (float& v : x.span()) v = r.uniform();
+  const std::vector<int32_t> y{0, 1, 2, 3, 4, 5};
+  LossScratch scratch;
+  const auto all_nan = [](std::span<const float> s) { return std::ranges::all_of(s, [](float v) { return std::isnan(v); }); };
+  for (int step = 0; step < 2; ++step) {
+    const float want = try_compute_gradients(*direct, *plain, x, y, scratch).value();
+    CHECK(resident->compute_gradients(x, y).value() == want);
+    CHECK(all_nan(through->gradients()));  // the gradient is the state's, not yet pulled
+    resident->pull_gradients();
+    CHECK(std::ranges::equal(direct->gradients(), through->gradients()));
+    optimizer->step(direct->parameters(), direct->gradients(), 0.01f);
+    resident->step(0.01f);
+    CHECK(all_nan(through->parameters()));
+    for (auto& [name, buffer] : resident->optimizer().state()) CHECK(all_nan(buffer));
+  }
+  CHECK(resident->optimizer().steps() == 2);
+  resident->pull_parameters();
+  resident->pull_optimizer();
+  CHECK(std::ranges::equal(direct->parameters(), through->parameters()));
+  const auto want_state = optimizer->state();
+  const auto got_state = resident->optimizer().state();
+  REQUIRE(want_state.size() == got_state.size());
+  for (size_t k = 0; k < want_state.size(); ++k) CHECK(std::ranges::equal(want_state[k].second, got_state[k].second));
+  // A write to the host's copy without its push is not the state: the next step leaves it behind.
+  through->parameters()[0] += 1.0f;
+  (void)resident->compute_gradients(x, y).value();
+  resident->step(0.01f);
+  resident->pull_parameters();
+  (void)try_compute_gradients(*direct, *plain, x, y, scratch).value();
+  optimizer->step(direct->parameters(), direct->gradients(), 0.01f);
+  CHECK(std::ranges::equal(direct->parameters(), through->parameters()));
+  // A pushed one is: both take the same change.
+  direct->parameters()[0] += 1.0f;
+  through->parameters()[0] += 1.0f;
+  resident->push_parameters();
+  (void)resident->compute_gradients(x, y).value();
+  resident->step(0.01f);
+  resident->pull_parameters();
+  (void)try_compute_gradients(*direct, *plain, x, y, scratch).value();
+  optimizer->step(direct->parameters(), direct->gradients(), 0.01f);
+  CHECK(std::ranges::equal(direct->parameters(), through->parameters()));
+  // The refusals are the host's.
+  const std::vector<int32_t> bad{0, 1, 2, 3, 4, 10};
+  CHECK_FALSE(resident->compute_gradients(x, bad).has_value());
+  CHECK_THAT(make_backend("cuda", {.emulate_device = true}).error().message,
+             Catch::Contains("keeps it on its device already"));
+}
+
 TEST_CASE("asking for the cuda backend where it cannot run says why", "[compute][backend]") {
   auto made = make_backend("cuda");
   if (made) {

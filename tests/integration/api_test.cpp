@@ -235,9 +235,11 @@ TEST_CASE("Trainer: an optimiser the program changes between epochs is the next 
   // A rate of 1e-30 after the first epoch: every step's change falls below the parameters'
   // precision, so the second epoch ends where the first did, bit for bit (gossip: its replicas
   // were averaged at the hold, so they agree). With the old rate it would move them. Async in
-  // gradients mode changes to Adam: the shards step it, and its state is of another layout.
-  for (const auto& [mode, actions] : {std::pair{"sync", "slow-after-first"}, {"gossip", "slow-after-first"},
-                                      {"async", "slow-after-first"}, {"async", "gradients,adam-after-first"}}) {
+  // gradients mode changes to Adam: the shards step it, and its state is of another layout. Sync
+  // with its state kept apart (emulate-device) makes that state anew for the new optimiser.
+  for (const auto& [mode, actions] :
+       {std::pair{"sync", "slow-after-first"}, {"gossip", "slow-after-first"}, {"async", "slow-after-first"},
+        {"async", "gradients,adam-after-first"}, {"sync", "emulate-device,adam-after-first"}}) {
     DYNAMIC_SECTION(mode << " " << actions) {
       TempDir dir;
       const auto output = run_probe_twice(dir, mode, actions);
@@ -415,9 +417,11 @@ TEST_CASE("Trainer: parameters the program sets between epochs are where the nex
   // Every parameter 0 after the first epoch: plain SGD from there moves only the last layer's
   // bias (each other gradient has a zero weight or a zero activation in it). Async: the shards
   // hold the parameters; in updates mode (the default) the workers step and the shards add their
-  // changes, in gradients mode the shards step.
-  for (const auto& [mode, actions] : {std::pair{"sync", "zero-after-first"}, {"gossip", "zero-after-first"},
-                                      {"async", "zero-after-first"}, {"async", "gradients,zero-after-first"}}) {
+  // changes, in gradients mode the shards step. Sync with its state kept apart (emulate-device):
+  // the program's parameters are pushed to it.
+  for (const auto& [mode, actions] :
+       {std::pair{"sync", "zero-after-first"}, {"gossip", "zero-after-first"}, {"async", "zero-after-first"},
+        {"async", "gradients,zero-after-first"}, {"sync", "emulate-device,zero-after-first"}}) {
     DYNAMIC_SECTION(mode << " " << actions) {
       TempDir dir;
       const auto output = run_probe_twice(dir, mode, actions);

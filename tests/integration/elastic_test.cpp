@@ -220,6 +220,21 @@ TEST_CASE("sync: kill -9 of a worker, then of the coordinator's node, the launch
   CHECK(result["generations"].size() >= 3);
 }
 
+TEST_CASE("sync with its state kept apart, as on a device: the donors pull it to serve it, the restarted worker "
+          "pushes what it pulled, and the replicas stay bit-identical",
+          "[integration][elastic]") {
+  // [compute] emulate_device: the host's copy of the state is NaN while it is out of date, so a
+  // donor serving it without its pull, or a puller stepping without its push, ends apart.
+  TempDir dir;
+  ElasticRun r(dir, "sync", {"--set", "compute.emulate_device=true"});
+  ::kill(r.pid_of("node-01"), SIGKILL);
+  r.expect_generation_saying({"restarted node-01", "joined node-01"});
+  const auto result = r.finish();
+  check_result(result, "sync", 3, result["generations"].size(), 1);
+  CHECK(logs_contain(dir.path / "out", "state_pulled"));
+  CHECK(logs_contain(dir.path / "out", "emulate_device"));
+}
+
 TEST_CASE("gossip with restart = never: kill -9 of a worker, then of the coordinator's node, the last one finishes",
           "[integration][elastic]") {
   TempDir dir;

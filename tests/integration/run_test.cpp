@@ -170,6 +170,57 @@ TEST_CASE("sync: three nodes learn what one process at three times the batch lea
         fs::perms::none);
 }
 
+TEST_CASE("sync with its state kept apart, as on a device: evaluations, checkpoints and a resume read and write it "
+          "at their sync points, and the job ends bit for bit where the plain one does",
+          "[integration][run][fashion]") {
+  // [compute] emulate_device keeps the parameters, gradient and Adam's moments apart from the
+  // host's buffers and leaves those NaN while they are out of date: a path that reads them
+  // without its pull (an evaluation, a checkpoint, the model sent, the checksums) or writes them
+  // without its push (a resumed checkpoint) would show here as NaN or as another model.
+  TempDir dir;
+  const std::string job = job_file(dir);
+  const std::vector<std::string> common{"--mode", "sync", "--nodes", "3", "--set", "elastic.balance=false", "--set",
+                                        "optimizer.name=\"adam\"", "--set", "optimizer.lr=0.002", "--set",
+                                        "job.eval_every_steps=16"};
+  const auto run = [&](const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> args{TEPDIST_BINARY, "run", job};
+    args.insert(args.end(), common.begin(), common.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    args.insert(args.end(), {"--out", (dir.path / out).string()});
+    Child c(args);
+    const int status = c.wait();
+    INFO(c.all());
+    REQUIRE(status == 0);
+    return c.all();
+  };
+  run("plain", {});
+  // Stopped after 20 steps with a checkpoint there, resumed to the end (64 steps).
+  run("apart", {"--set", "compute.emulate_device=true", "--set", "job.max_steps=20", "--set",
+                "elastic.checkpoint_every_steps=10"});
+  const auto resumed = run("apart", {"--set", "compute.emulate_device=true", "--resume"});
+  CHECK_THAT(resumed, Catch::Contains("step-00000020.ckpt"));
+  const auto plain = read_json(dir.path / "plain" / "result.json");
+  const auto apart = read_json(dir.path / "apart" / "result.json");
+  INFO(apart.dump(1));
+  CHECK(apart["steps"] == 64);
+  CHECK(apart["test_accuracy"] == plain["test_accuracy"]);
+  CHECK(apart["test_accuracy"].get<double>() > 0.6);
+  for (const auto& w : apart["workers"]) CHECK(w["parameter_checksum"] == plain["workers"][0]["parameter_checksum"]);
+  CHECK(read_bytes(dir.path / "apart" / "model.safetensors") == read_bytes(dir.path / "plain" / "model.safetensors"));
+  // The evaluations the resumed part made (rank 0's snapshots) are the plain run's.
+  const auto& evaluations = apart["evaluations"];
+  REQUIRE_FALSE(evaluations.empty());
+  for (const auto& e : evaluations) {
+    bool same = false;
+    for (const auto& p : plain["evaluations"])
+      same |= p["step"] == e["step"] && p["test_accuracy"] == e["test_accuracy"] && p["test_loss"] == e["test_loss"];
+    CHECK(same);
+  }
+  const std::string log = read_bytes(dir.path / "apart" / "logs" / "node-0.log");
+  CHECK_THAT(log, Catch::Contains("training_state") && Catch::Contains("emulate_device"));
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
 TEST_CASE("sync, balanced: a slower node trains a smaller share, and the update is still one process's at the "
           "global batch",
           "[integration][run][fashion]") {

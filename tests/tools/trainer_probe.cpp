@@ -12,7 +12,8 @@
 // program sets the optimiser's rate to 1e-30 after the first epoch (every change then falls below
 // the parameters' precision: they stay as they are, bit for bit); adam-after-first: it changes
 // the optimiser to Adam at the rate 1e-30 (another layout of state); gradients: an async job
-// pushes gradients for the shards' optimisers ([elastic] local_steps = 0). Each epoch also prints "probe
+// pushes gradients for the shards' optimisers ([elastic] local_steps = 0); emulate-device: a sync
+// job keeps its state apart from the host's buffers ([compute] emulate_device). Each epoch also prints "probe
 // params E CHECKSUM" (compute::checksum of the parameters). SEED and SECRET_FILE: a running cluster
 // instead of two local nodes.
 
@@ -68,6 +69,7 @@ int main(int argc, char** argv) {
   options.batch_size = 16;
   options.out = argv[1];
   if (asked("gradients")) options.overrides.push_back("elastic.local_steps=0");
+  if (asked("emulate-device")) options.overrides.push_back("compute.emulate_device=true");
   if (argc == 8) {
     options.seeds = {argv[6]};
     options.secret_file = argv[7];

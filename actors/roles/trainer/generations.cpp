@@ -4,8 +4,22 @@ namespace tepdist::actors::trainer_detail {
 
 elastic::StateView state_view(Job& j) {
   std::vector<std::span<float>> parts{j.model->parameters()};
-  for (auto& [name, buffer] : j.optimizer->state()) parts.push_back(buffer);
+  for (auto& [name, buffer] : j.opt().state()) parts.push_back(buffer);
   return elastic::StateView(std::move(parts));
+}
+
+void state_to_host(Job& j) {
+  if (!j.resident || j.host_current) return;
+  j.resident->pull_parameters();
+  j.resident->pull_optimizer();
+  j.host_current = true;
+}
+
+void state_from_host(Job& j) {
+  if (!j.resident) return;
+  j.resident->push_parameters();
+  j.resident->push_optimizer();
+  j.host_current = true;
 }
 
 std::unique_ptr<elastic::JobControl> make_control(const TrainerState& s, const elastic::JobConfig* config) {
@@ -109,6 +123,7 @@ void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePu
     return;
   }
   const uint64_t at = j.driver->serve_step(j, p.step);
+  state_to_host(j);
   auto pieces = elastic::serve_state(p, {j.start.job_id, j.generation, at}, state_view(j), chunk_elements(j));
   if (!pieces) {
     node_events().warn("state_pull_refused from={} reason=\"{}\"", peer, pieces.error());
@@ -132,7 +147,8 @@ void on_state_piece(Trainer* self, const std::string& peer, const gossip::StateP
   const auto& resume = j.start.resume;
   j.driver->pulled(j);
   j.step = std::max(j.step, static_cast<int64_t>(resume.step));
-  j.optimizer->set_steps(static_cast<int64_t>(resume.step));
+  j.opt().set_steps(static_cast<int64_t>(resume.step));
+  state_from_host(j);
   j.waiting_since = j.progress_at = Clock::now();
   node_events().info("state_pulled job={} generation={} step={}", j.start.job_id, j.generation, j.step);
   resume_training(self);
@@ -146,6 +162,7 @@ bool takes_reset(const Job& j, const gossip::JobStart& r) {
 
 std::expected<void, std::string> take_reset(Job& j, const std::string& path) {
   const auto& r = j.start;
+  state_to_host(j);  // both parts: the pushed state after it is the host's whole copy
   const auto params = j.model->parameters();
   const std::vector<float> before(params.begin(), params.end());
   auto loaded = compute::import_safetensors(path, *j.model);
@@ -153,6 +170,7 @@ std::expected<void, std::string> take_reset(Job& j, const std::string& path) {
   if (loaded && got == r.reset_checksum) {
     node_events().info("parameters_taken job={} epochs={} file=\"{}\" checksum={:016x}", r.job_id, r.reset_epochs,
                        r.reset_file, got);
+    state_from_host(j);
     return {};
   }
   std::copy(before.begin(), before.end(), params.begin());

@@ -220,6 +220,7 @@ std::string save_detached(const TrainerState& s, const Job& j, const JobReport& 
 
 bool send_model(Trainer* self) {
   auto& j = *self->state.job;
+  state_to_host(j);
   const auto params = j.model->parameters();
   auto copy = std::make_shared<const std::vector<float>>(params.begin(), params.end());
   constexpr size_t piece = 1u << 20;  // elements per frame: 4 MiB, well inside the frame limit
@@ -287,6 +288,7 @@ void complete_rank0(Trainer* self) {
     std::raise(SIGKILL);
   }
   if (!send_model(self)) return;
+  state_to_host(j);
   const auto params = j.model->parameters();
   JobReport r = report_of(j, JobReport::Kind::done);
   r.samples = j.own_samples;
@@ -330,6 +332,7 @@ void finish_job(Trainer* self) {
   JobReport r = report_of(j, JobReport::Kind::done);
   r.samples = j.own_samples;
   r.bytes_sent = j.bytes_sent();
+  state_to_host(j);
   r.checksum = checksum(j.model->parameters());
   j.driver->add_counters(j, r);
   to_submitter(self, j, r);
@@ -402,8 +405,13 @@ std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t>
     };
   }
   compute::gather_batch(j.data.train, idx, j.x, j.y);
-  const auto computed = compute::try_compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch, paced);
+  // A resident state computes where it lives and hands the whole gradient over at the end (no
+  // `ready`: the ring gets it from the host's copy, pulled here).
+  TEPDIST_CHECK(!j.resident || !ready);
+  const auto computed = j.resident ? j.resident->compute_gradients(j.x, j.y)
+                                   : compute::try_compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch, paced);
   if (!computed) return std::unexpected(fmt::format("step {}: {}", step, computed.error().message));
+  if (j.resident) j.resident->pull_gradients();
   hold();
   j.speed.add(static_cast<int64_t>(idx.size()), seconds_between(began, Clock::now()));
   loss = *computed;
@@ -587,17 +595,32 @@ std::expected<void, std::string> change_optimizer(Job& j) {
   auto made = compute::make_optimizer(config->optimizer.options, j.elements());
   if (!made) return std::unexpected(made.error().message);
   // The same buffers keep their state (momentum, Adam's moments) and step count; others start afresh.
-  compute::carry_state(*j.optimizer, **made);
+  state_to_host(j);
+  compute::carry_state(j.opt(), **made);
+  // A resident state is made anew for the new optimiser, from the host's copy.
+  std::unique_ptr<compute::ResidentState> resident;
+  if (j.resident) {
+    auto remade = j.backend->make_resident(*j.model, config->optimizer.options);
+    if (!remade) return std::unexpected(remade.error().message);
+    TEPDIST_CHECK(*remade != nullptr);
+    resident = std::move(*remade);
+    compute::carry_state(**made, resident->optimizer());
+  }
   const auto old_config = j.config.optimizer;
   j.config.optimizer = config->optimizer;
   if (auto ok = make_rate(j); !ok) {
     j.config.optimizer = old_config;
     return ok;
   }
-  j.optimizer = std::move(*made);
+  if (resident) {
+    j.resident = std::move(resident);
+    state_from_host(j);
+  } else {
+    j.optimizer = std::move(*made);
+  }
   j.optimizer_applied = r.optimizer;
   node_events().info("optimizer_changed job={} generation={} optimizer={} lr={}", r.job_id, r.generation,
-                     j.optimizer->name(), j.config.optimizer.schedule.base_lr);
+                     j.opt().name(), j.config.optimizer.schedule.base_lr);
   return {};
 }
 
@@ -690,6 +713,21 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
                                          "computed on and its apply",
                                          {0, 1, 2, 4, 8, 16, 32, 64, 128});
       j.figures.metrics = &m;  // the recent mean's gauge is made at the first answer: none is none yet
+    }
+  }
+  // Sync keeps the training state where the backend keeps it (a device's memory; or emulated,
+  // [compute] emulate_device): each step the ring needs only the gradient on the host. Gossip and
+  // async read and write the parameters every step (mixing, shard pulls), so theirs stays on the
+  // host, the backend computing on it.
+  if (j.config.job.mode == "sync") {
+    auto resident = j.backend->make_resident(*j.model, j.config.optimizer.options);
+    if (!resident) return std::unexpected(resident.error().message);
+    if (*resident) {
+      compute::carry_state(*j.optimizer, (*resident)->optimizer());  // a checkpoint's, resumed above
+      j.resident = std::move(*resident);
+      j.optimizer.reset();
+      state_from_host(j);
+      node_events().info("training_state job={} where=\"{}\"", j.start.job_id, j.resident->where());
     }
   }
   // The mode's own set-up comes last: async's registers its shard host, which takes updates from then on.

@@ -30,6 +30,7 @@
 #include "compute/io/checkpoint.hpp"
 #include "compute/io/files.hpp"
 #include "compute/optimizer.hpp"
+#include "compute/resident.hpp"
 #include "compute/train.hpp"
 #include "elastic/balance.hpp"
 #include "elastic/checkpoints.hpp"
@@ -193,7 +194,14 @@ struct Job {
   elastic::JobData data;
   std::unique_ptr<compute::Model> model;
   std::unique_ptr<compute::Backend> backend;
-  std::unique_ptr<compute::Optimizer> optimizer;
+  std::unique_ptr<compute::Optimizer> optimizer;  // null while `resident` holds the state
+  // Sync on a backend that keeps the training state itself (cuda; [compute] emulate_device): the
+  // parameters, gradient and optimiser state live there, and the model's buffers and
+  // resident->optimizer()'s are the host's copy, the state only after state_to_host(). Null: the
+  // host's buffers are the state (gossip and async always: they read and write it every step).
+  std::unique_ptr<compute::ResidentState> resident;
+  bool host_current = true;  // with `resident`: the host's copy is the state as it is now
+  compute::Optimizer& opt() { return resident ? resident->optimizer() : *optimizer; }
   std::optional<compute::LrSchedule> schedule;
   std::string optimizer_applied;  // JobStart::optimizer as applied here (empty: the config's own)
   std::vector<int64_t> order;  // the shuffled sample indices of epoch order_epoch
@@ -529,6 +537,13 @@ std::expected<void, std::string> ensure_evaluator(Trainer* self, Job& j);
 
 /// The job's state as one vector: the parameters, then each optimiser state buffer.
 elastic::StateView state_view(Job& j);
+/// The sync points of a resident state (Job::resident; nothing to do without one), each where the
+/// host's copy is read or was written: the wire (state transfer, the model to the submitter),
+/// files (checkpoints, a program's parameters), the evaluation's snapshot and the checksums.
+/// state_to_host: the parameters and the optimiser's buffers to the host, once after each change.
+void state_to_host(Job& j);
+/// The host's copy, written (a pulled state, a program's parameters), to the resident state.
+void state_from_host(Job& j);
 
 std::unique_ptr<elastic::JobControl> make_control(const TrainerState& s, const elastic::JobConfig* config);
 

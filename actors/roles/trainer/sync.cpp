@@ -32,7 +32,8 @@ class SyncDriver final : public Driver {
     const uint64_t step = progress_.step + 1;
     const auto [begin, end] = elastic::sync_slice(progress_, j.data.train.size(), j.shares, j.rank);
     Overlap overlap{self, j, step, static_cast<float>(end - begin)};
-    const bool overlapping = j.config.job.ring_overlap && j.ring->can_offer(step);
+    // A resident state (a device's) hands its gradient over whole: nothing to overlap.
+    const bool overlapping = j.config.job.ring_overlap && j.ring->can_offer(step) && !j.resident;
     const auto computed = compute_positions(j, static_cast<int64_t>(progress_.epoch), begin, end,
                                             static_cast<int64_t>(step), loss,
                                             overlapping ? compute::GradientsReady(std::ref(overlap)) : nullptr);
@@ -201,7 +202,13 @@ class SyncDriver final : public Driver {
     const float* sum = j.buffer.data() + gradient_at(j);
     for (size_t i = 0; i < grads.size(); ++i) grads[i] = sum[i] * inv;
     j.loss = j.buffer[loss_at] / total;
-    j.optimizer->step(j.model->parameters(), grads, j.rate->at(progress_));
+    if (j.resident) {
+      j.resident->push_gradients();
+      j.resident->step(j.rate->at(progress_));
+      j.host_current = false;
+    } else {
+      j.optimizer->step(j.model->parameters(), grads, j.rate->at(progress_));
+    }
     progress_ = elastic::after_sync_step(progress_, j.data.train.size(), j.world, j.config.data.batch_size);
     j.step = static_cast<int64_t>(progress_.step);
     // A stop vote in the sum: every worker ends after this same step.
@@ -248,7 +255,8 @@ class SyncDriver final : public Driver {
     state.job = compute::TrainingState::Job{j.start.job_id,  j.generation,      "sync", progress_.position,
                                             progress_.samples, j.start.reference_batch};
     state.job->lr_factor = j.lr_factor();
-    j.checkpoints.write(j, *j.model, *j.optimizer, state, now);
+    state_to_host(j);
+    j.checkpoints.write(j, *j.model, j.opt(), state, now);
   }
 
   gossip::JobProgress progress_;  // the job's, alike on every member
