@@ -65,8 +65,9 @@ LD_LIBRARY_PATH=$plain_path PYTHONUNBUFFERED=1 timeout 90 python3 -W ignore benc
 tail -3 "$out/torch.err"
 set -e
 
-# The product on the GPU: `tepdist train` (state on the device) and a two-node sync `tepdist run`
-# (each worker through the plan's host-level path), on synthetic data (no data set is carried).
+# The product on the GPU: `tepdist train` and a two-node sync `tepdist run` (each worker's state on
+# the device: the gradient comes down for the ring and the average goes back up), on synthetic data
+# (no data set is carried).
 if [[ -f .gpu/tepdist.tar.xz ]]; then
   td=$(mktemp -d)
   tar -C "$td" -xJf .gpu/tepdist.tar.xz
@@ -85,6 +86,10 @@ if [[ -f .gpu/tepdist.tar.xz ]]; then
     --set compute.backend=cuda --set data.dataset=synthetic --set job.max_steps=150 --set job.eval_every_steps=0 \
     --out "$out/run" > "$out/run.log" 2>&1
   echo "tepdist run (2 nodes, sync, cuda, synthetic): exit $?; $(tail -2 "$out/run.log" | cut -c1-300)"
+  echo "  where each worker kept its state: $(grep -h -o 'training_state .*' "$out"/run/logs/node-*.log | sort -u | cut -c1-200)"
+  python3 -c "import json, sys; r = json.load(open(sys.argv[1])); c = {w['parameter_checksum'] for w in r['workers']}; \
+print('  replicas:', 'bit-identical' if len(c) == 1 else 'DIFFER', sorted(c), 'test accuracy', r['test_accuracy'])" \
+    "$out/run/result.json" || echo "  no result.json"
   rm -rf "$td"
 fi
 
