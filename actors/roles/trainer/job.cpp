@@ -384,14 +384,20 @@ std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t>
   // it, the computing so far taking `slowdown` times as long. Held before each layer's gradients
   // are handed on, and at the end, so what leaves the worker leaves when a slower CPU's would.
   // What `ready` does with them (sending, which may wait on a full queue) is not computing: it is
-  // not stretched.
-  double held = 0, handing = 0;  // seconds slept, and spent in `ready`
+  // not stretched. Computing is counted in this thread's CPU time where the kernels run on it
+  // alone (compute.threads = 1): time it spent off its core, while other threads ran (another
+  // node's compute, the transports), would not grow on a slower CPU, so it is not stretched
+  // either. With more kernel threads their time is not this thread's: wall time is counted.
+  const bool cpu_clock = j.config.compute.threads == 1;
+  const double clock0 = cpu_clock ? thread_cpu_seconds() : 0.0;
+  const auto clock = [&] { return cpu_clock ? thread_cpu_seconds() - clock0 : seconds_between(began, Clock::now()); };
+  double held = 0, handing = 0;  // seconds slept; the clock's seconds spent in `ready`
   const auto hold = [&] {
     if (j.slowdown <= 1) return;
-    const auto now = Clock::now();
-    const double computing = seconds_between(began, now) - held - handing;
+    const double computing = clock() - handing - (cpu_clock ? 0.0 : held);
     const double wait = (j.slowdown - 1) * computing - held;
     if (wait <= 0) return;
+    const auto now = Clock::now();
     std::this_thread::sleep_for(std::chrono::duration<double>(wait));
     held += seconds_between(now, Clock::now());  // what was slept, oversleeping included
   };
@@ -399,9 +405,9 @@ std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t>
   if (ready) {
     paced = [&](size_t begin, size_t end) {
       hold();
-      const auto from = Clock::now();
+      const double from = clock();
       ready(begin, end);
-      handing += seconds_between(from, Clock::now());
+      handing += clock() - from;
     };
   }
   compute::gather_batch(j.data.train, idx, j.x, j.y);

@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 #include <algorithm>
 #include <chrono>
+#include <ctime>
 #include <deque>
 #include <cmath>
 #include <filesystem>
@@ -55,6 +56,12 @@ using retire_atom = caf::atom_constant<caf::atom("retire")>;  ///< frees the job
 using gossip::JobReport;
 
 inline double seconds_between(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); }
+/// The calling thread's CPU time, seconds (CLOCK_THREAD_CPUTIME_ID).
+inline double thread_cpu_seconds() {
+  timespec t{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
 
 struct Job;
 struct TrainerState;
