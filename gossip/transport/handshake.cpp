@@ -16,7 +16,9 @@
 namespace tepdist::gossip {
 namespace {
 
-constexpr uint32_t protocol_version = 2;  // 2: ephemeral keys and sealed frames
+// 2: ephemeral keys and sealed frames; 3: state pulls and pieces name the generation (a donor of
+// version 2 would send generation 0, which a puller refuses piece by piece: say so at the handshake)
+constexpr uint32_t protocol_version = 3;
 constexpr size_t proof_bytes = 32;
 
 void append(std::vector<uint8_t>& out, const void* data, size_t n) {

@@ -65,7 +65,7 @@ void evaluate_snapshot(Trainer* self) {
   if (j.last_eval_step == j.step) return;
   j.last_eval_step = j.step;
   ++j.pending_evals;
-  state_to_host(j);
+  parameters_to_host(j);
   const auto params = j.model->parameters();
   JobReport r = report_of(j, JobReport::Kind::evaluation);
   const uint64_t job_id = j.start.job_id;

@@ -8,18 +8,24 @@ elastic::StateView state_view(Job& j) {
   return elastic::StateView(std::move(parts));
 }
 
-void state_to_host(Job& j) {
-  if (!j.resident || j.host_current) return;
+void parameters_to_host(Job& j) {
+  if (!j.resident || j.host_parameters) return;
   j.resident->pull_parameters();
+  j.host_parameters = true;
+}
+
+void state_to_host(Job& j) {
+  parameters_to_host(j);
+  if (!j.resident || j.host_optimizer) return;
   j.resident->pull_optimizer();
-  j.host_current = true;
+  j.host_optimizer = true;
 }
 
 void state_from_host(Job& j) {
   if (!j.resident) return;
   j.resident->push_parameters();
   j.resident->push_optimizer();
-  j.host_current = true;
+  j.host_parameters = j.host_optimizer = true;
 }
 
 std::unique_ptr<elastic::JobControl> make_control(const TrainerState& s, const elastic::JobConfig* config) {
@@ -316,8 +322,10 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
   node_events().info("job_started job={} mode={} rank={} workers={} steps={} steps_per_epoch={} generation={}",
                      record.job_id, job->driver->name(), job->rank, job->world, job->total_steps,
                      job->steps_per_epoch, job->generation);
-  node_events().info("compute_path job={} path=\"{}\"", record.job_id,
-                     job->model->compute_path(*job->backend, job->config.data.batch_size));
+  // With a resident state the model's own plan never runs (and on a device would hold memory).
+  if (!job->resident)
+    node_events().info("compute_path job={} path=\"{}\"", record.job_id,
+                       job->model->compute_path(*job->backend, job->config.data.batch_size));
   const bool elastic_mode = job->driver->elastic();
   s.job = std::move(job);
   s.joining.reset();

@@ -220,7 +220,7 @@ std::string save_detached(const TrainerState& s, const Job& j, const JobReport& 
 
 bool send_model(Trainer* self) {
   auto& j = *self->state.job;
-  state_to_host(j);
+  parameters_to_host(j);
   const auto params = j.model->parameters();
   auto copy = std::make_shared<const std::vector<float>>(params.begin(), params.end());
   constexpr size_t piece = 1u << 20;  // elements per frame: 4 MiB, well inside the frame limit
@@ -288,7 +288,7 @@ void complete_rank0(Trainer* self) {
     std::raise(SIGKILL);
   }
   if (!send_model(self)) return;
-  state_to_host(j);
+  parameters_to_host(j);
   const auto params = j.model->parameters();
   JobReport r = report_of(j, JobReport::Kind::done);
   r.samples = j.own_samples;
@@ -332,7 +332,7 @@ void finish_job(Trainer* self) {
   JobReport r = report_of(j, JobReport::Kind::done);
   r.samples = j.own_samples;
   r.bytes_sent = j.bytes_sent();
-  state_to_host(j);
+  parameters_to_host(j);
   r.checksum = checksum(j.model->parameters());
   j.driver->add_counters(j, r);
   to_submitter(self, j, r);
@@ -385,10 +385,11 @@ std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t>
   // are handed on, and at the end, so what leaves the worker leaves when a slower CPU's would.
   // What `ready` does with them (sending, which may wait on a full queue) is not computing: it is
   // not stretched. Computing is counted in this thread's CPU time where the kernels run on it
-  // alone (compute.threads = 1): time it spent off its core, while other threads ran (another
-  // node's compute, the transports), would not grow on a slower CPU, so it is not stretched
-  // either. With more kernel threads their time is not this thread's: wall time is counted.
-  const bool cpu_clock = j.config.compute.threads == 1;
+  // alone (compute.threads = 1, a host backend): time it spent off its core, while other threads
+  // ran (another node's compute, the transports), would not grow on a slower CPU, so it is not
+  // stretched either. With more kernel threads, or a device's, their time is not this thread's:
+  // wall time is counted.
+  const bool cpu_clock = j.config.compute.threads == 1 && j.backend->name() != "cuda";
   const double clock0 = cpu_clock ? thread_cpu_seconds() : 0.0;
   const auto clock = [&] { return cpu_clock ? thread_cpu_seconds() - clock0 : seconds_between(began, Clock::now()); };
   double held = 0, handing = 0;  // seconds slept; the clock's seconds spent in `ready`
@@ -603,26 +604,28 @@ std::expected<void, std::string> change_optimizer(Job& j) {
   // The same buffers keep their state (momentum, Adam's moments) and step count; others start afresh.
   state_to_host(j);
   compute::carry_state(j.opt(), **made);
-  // A resident state is made anew for the new optimiser, from the host's copy.
-  std::unique_ptr<compute::ResidentState> resident;
-  if (j.resident) {
-    auto remade = j.backend->make_resident(*j.model, config->optimizer.options);
-    if (!remade) return std::unexpected(remade.error().message);
-    TEPDIST_CHECK(*remade != nullptr);
-    resident = std::move(*remade);
-    compute::carry_state(**made, resident->optimizer());
-  }
   const auto old_config = j.config.optimizer;
   j.config.optimizer = config->optimizer;
   if (auto ok = make_rate(j); !ok) {
     j.config.optimizer = old_config;
     return ok;
   }
-  if (resident) {
-    j.resident = std::move(resident);
-    state_from_host(j);
-  } else {
-    j.optimizer = std::move(*made);
+  j.optimizer = std::move(*made);
+  if (j.resident) {
+    // A resident state is made anew for the new optimiser from the host's copy, the old one freed
+    // first (a device need not hold both). Should that fail, the job goes on with its state on
+    // the host, the backend computing on it, as gossip and async do.
+    j.resident.reset();
+    auto remade = j.backend->make_resident(*j.model, j.config.optimizer.options);
+    if (remade && *remade) {
+      compute::carry_state(*j.optimizer, (*remade)->optimizer());
+      j.resident = std::move(*remade);
+      j.optimizer.reset();
+      state_from_host(j);
+    } else {
+      node_events().warn("training_state job={} where=\"host memory\" reason=\"{}\"", r.job_id,
+                         remade ? "the backend made no state of its own" : remade.error().message);
+    }
   }
   j.optimizer_applied = r.optimizer;
   node_events().info("optimizer_changed job={} generation={} optimizer={} lr={}", r.job_id, r.generation,

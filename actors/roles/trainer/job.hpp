@@ -207,7 +207,9 @@ struct Job {
   // resident->optimizer()'s are the host's copy, the state only after state_to_host(). Null: the
   // host's buffers are the state (gossip and async always: they read and write it every step).
   std::unique_ptr<compute::ResidentState> resident;
-  bool host_current = true;  // with `resident`: the host's copy is the state as it is now
+  // With `resident`: the host's copy of the parameters, and of the optimiser's buffers, is the
+  // state as it is now.
+  bool host_parameters = true, host_optimizer = true;
   compute::Optimizer& opt() { return resident ? resident->optimizer() : *optimizer; }
   std::optional<compute::LrSchedule> schedule;
   std::string optimizer_applied;  // JobStart::optimizer as applied here (empty: the config's own)
@@ -547,8 +549,10 @@ elastic::StateView state_view(Job& j);
 /// The sync points of a resident state (Job::resident; nothing to do without one), each where the
 /// host's copy is read or was written: the wire (state transfer, the model to the submitter),
 /// files (checkpoints, a program's parameters), the evaluation's snapshot and the checksums.
-/// state_to_host: the parameters and the optimiser's buffers to the host, once after each change.
+/// state_to_host: the parameters and the optimiser's buffers to the host, once after each change;
+/// parameters_to_host: the parameters only (evaluation, the model sent, checksums).
 void state_to_host(Job& j);
+void parameters_to_host(Job& j);
 /// The host's copy, written (a pulled state, a program's parameters), to the resident state.
 void state_from_host(Job& j);
 

@@ -205,7 +205,7 @@ class SyncDriver final : public Driver {
     if (j.resident) {
       j.resident->push_gradients();
       j.resident->step(j.rate->at(progress_));
-      j.host_current = false;
+      j.host_parameters = j.host_optimizer = false;
     } else {
       j.optimizer->step(j.model->parameters(), grads, j.rate->at(progress_));
     }
