@@ -161,21 +161,34 @@ TEST_CASE("a step whose loss is not finite hands no gradients on, in every backe
   CHECK(handed == 0);
 }
 
+namespace {
+
+/// Two LeNets built alike (one stepped directly, one through a resident state), Adam's options,
+/// and a batch of six random samples with labels 0 to 5.
+struct ResidentCase {
+  std::unique_ptr<Model> direct = make_lenet(), through = make_lenet();
+  OptimizerOptions options;
+  Tensor x{{6, 1, 28, 28}};
+  std::vector<int32_t> y{0, 1, 2, 3, 4, 5};
+  ResidentCase() {
+    REQUIRE(direct->build({1, 28, 28}, 4).has_value());
+    REQUIRE(through->build({1, 28, 28}, 4).has_value());
+    options.name = "adam";
+    Rng r(3);
+    for (float& v : x.span()) v = r.uniform();
+  }
+};
+
+}  // namespace
+
 TEST_CASE("the host backends' resident state is the model's own buffers: a step through it is the plain step",
           "[compute][train][resident]") {
   auto backend = make_ref_backend();
-  auto direct = make_lenet(), through = make_lenet();
-  REQUIRE(direct->build({1, 28, 28}, 4).has_value());
-  REQUIRE(through->build({1, 28, 28}, 4).has_value());
-  OptimizerOptions o;
-  o.name = "adam";
+  ResidentCase c;
+  auto& [direct, through, o, x, y] = c;
   auto resident = std::move(make_resident(*through, *backend, o).value());
   CHECK(resident->where() == "host memory");
   auto optimizer = std::move(make_optimizer(o, direct->parameters().size()).value());
-  Tensor x({6, 1, 28, 28});
-  Rng r(3);
-  for (float& v : x.span()) v = r.uniform();
-  const std::vector<int32_t> y{0, 1, 2, 3, 4, 5};
   LossScratch scratch;
   for (int step = 0; step < 2; ++step) {
     const float want = try_compute_gradients(*direct, *backend, x, y, scratch).value();
@@ -203,18 +216,11 @@ TEST_CASE("an emulated device keeps the state apart: the same steps, and the hos
   auto plain = make_backend("ref").value();
   auto emulating = make_backend("ref", {.emulate_device = true}).value();
   CHECK(plain->make_resident(*make_lenet(), {}).value() == nullptr);  // a host backend: the model's buffers
-  auto direct = make_lenet(), through = make_lenet();
-  REQUIRE(direct->build({1, 28, 28}, 4).has_value());
-  REQUIRE(through->build({1, 28, 28}, 4).has_value());
-  OptimizerOptions o;
-  o.name = "adam";
+  ResidentCase c;
+  auto& [direct, through, o, x, y] = c;
   auto resident = std::move(make_resident(*through, *emulating, o).value());
   CHECK_THAT(resident->where(), Catch::Contains("emulate_device"));
   auto optimizer = std::move(make_optimizer(o, direct->parameters().size()).value());
-  Tensor x({6, 1, 28, 28});
-  Rng r(3);
-  for (float& v : x.span()) v = r.uniform();
-  const std::vector<int32_t> y{0, 1, 2, 3, 4, 5};
   LossScratch scratch;
   const auto all_nan = [](std::span<const float> s) { return std::ranges::all_of(s, [](float v) { return std::isnan(v); }); };
   for (int step = 0; step < 2; ++step) {
