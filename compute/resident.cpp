@@ -97,16 +97,18 @@ class EmulatedDevice final : public ResidentState {
     const auto host = model_.gradients();
     std::copy(host.begin(), host.end(), grads_.begin());
   }
-  void pull_optimizer() override { copy_state(*device_, *host_); }
-  void push_optimizer() override { copy_state(*host_, *device_); }
+  // Both made from the same options: the same layout, so the buffers (and the count) always carry.
+  void pull_optimizer() override {
+    const bool carried = carry_state(*device_, *host_);
+    TEPDIST_CHECK(carried);
+  }
+  void push_optimizer() override {
+    const bool carried = carry_state(*host_, *device_);
+    TEPDIST_CHECK(carried);
+  }
 
  private:
   static void poison(std::span<float> host) { std::fill(host.begin(), host.end(), std::numeric_limits<float>::quiet_NaN()); }
-  static void copy_state(Optimizer& from, Optimizer& to) {
-    const auto a = from.state(), b = to.state();
-    TEPDIST_CHECK(a.size() == b.size());
-    for (size_t k = 0; k < a.size(); ++k) std::copy(a[k].second.begin(), a[k].second.end(), b[k].second.begin());
-  }
 
   Model& model_;
   Backend& backend_;

@@ -438,9 +438,8 @@ const std::vector<Key>& keys() {
       {{"compute", "slowdown", KeyType::number, "1.0",
         "Emulation (for trying load balancing on one machine): every training step of a node takes this many "
         "times its compute time (it sleeps for the rest); the compute time is the training thread's CPU time "
-        "when compute.threads = 1 (time waiting for a core is not stretched), else wall time. A node's own "
-        "setting, read from the file the node "
-        "was started with: [nodes.NAME] slowdown for one local node, or `tepdist node --set "
+        "when compute.threads = 1 on a host backend (time waiting for a core is not stretched), else wall time. "
+        "A node's own setting, read from the file the node was started with: [nodes.NAME] slowdown for one local node, or `tepdist node --set "
         "compute.slowdown=2`. The load balancer never reads it: it measures. 1 to 100."},
        1, 100, false, false, {}, assign<&J::compute, &J::Compute::slowdown>},
       // [monitor]

@@ -593,6 +593,17 @@ std::expected<void, std::string> make_rate(Job& j) {
 
 }  // namespace
 
+/// Makes `resident` (made for the model and the optimiser the config now names) the job's state:
+/// it takes the host optimiser's buffers and count, and the host's copy, which must be current.
+void adopt_resident(Job& j, std::unique_ptr<compute::ResidentState> resident) {
+  TEPDIST_CHECK(resident && j.optimizer);
+  const bool carried = compute::carry_state(*j.optimizer, resident->optimizer());  // the same options
+  TEPDIST_CHECK(carried);
+  j.resident = std::move(resident);
+  j.optimizer.reset();
+  state_from_host(j);
+}
+
 std::expected<void, std::string> change_optimizer(Job& j) {
   const auto& r = j.start;
   auto lines = optimizer_lines(r.optimizer);
@@ -618,10 +629,7 @@ std::expected<void, std::string> change_optimizer(Job& j) {
     j.resident.reset();
     auto remade = j.backend->make_resident(*j.model, j.config.optimizer.options);
     if (remade && *remade) {
-      compute::carry_state(*j.optimizer, (*remade)->optimizer());
-      j.resident = std::move(*remade);
-      j.optimizer.reset();
-      state_from_host(j);
+      adopt_resident(j, std::move(*remade));
     } else {
       node_events().warn("training_state job={} where=\"host memory\" reason=\"{}\"", r.job_id,
                          remade ? "the backend made no state of its own" : remade.error().message);
@@ -732,10 +740,7 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
     auto resident = j.backend->make_resident(*j.model, j.config.optimizer.options);
     if (!resident) return std::unexpected(resident.error().message);
     if (*resident) {
-      compute::carry_state(*j.optimizer, (*resident)->optimizer());  // a checkpoint's, resumed above
-      j.resident = std::move(*resident);
-      j.optimizer.reset();
-      state_from_host(j);
+      adopt_resident(j, std::move(*resident));  // with a checkpoint's state, resumed above
       node_events().info("training_state job={} where=\"{}\"", j.start.job_id, j.resident->where());
     }
   }
