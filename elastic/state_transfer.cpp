@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <memory>
 
+#include "base/check.hpp"
+
 namespace tepdist::elastic {
 
 size_t StateView::size() const {
@@ -71,16 +73,26 @@ void StatePuller::start(double now, std::vector<std::pair<std::string, gossip::S
   }
 }
 
-std::expected<void, std::string> StatePuller::on_piece(const gossip::StatePiece& piece, const StateView& state) {
-  if (piece.job_id != o_.job_id) return std::unexpected(fmt::format("a piece of job {}, not {}", piece.job_id, o_.job_id));
-  if (piece.of_shard != o_.of_shard || (o_.of_shard && piece.chunk.shard != o_.shard))
+namespace {
+
+/// Why `piece` is not an answer to this pull (job, shard or not, generation, step), if it is not.
+std::expected<void, std::string> answers(const StatePuller::Options& o, const gossip::StatePiece& piece) {
+  if (piece.job_id != o.job_id) return std::unexpected(fmt::format("a piece of job {}, not {}", piece.job_id, o.job_id));
+  if (piece.of_shard != o.of_shard || (o.of_shard && piece.chunk.shard != o.shard))
     return std::unexpected(piece.of_shard ? fmt::format("a piece of shard {}'s state", piece.chunk.shard)
                                           : std::string("a piece of the job's state, not a shard's"));
-  if (piece.generation != o_.generation)
+  if (piece.generation != o.generation)
     return std::unexpected(
-        fmt::format("a piece of generation {}'s state, not generation {}'s", piece.generation, o_.generation));
-  if (piece.chunk.step != o_.step)
-    return std::unexpected(fmt::format("a piece of the state at step {}, not {}", piece.chunk.step, o_.step));
+        fmt::format("a piece of generation {}'s state, not generation {}'s", piece.generation, o.generation));
+  if (piece.chunk.step != o.step)
+    return std::unexpected(fmt::format("a piece of the state at step {}, not {}", piece.chunk.step, o.step));
+  return {};
+}
+
+}  // namespace
+
+std::expected<void, std::string> StatePuller::on_piece(const gossip::StatePiece& piece, const StateView& state) {
+  if (auto ok = answers(o_, piece); !ok) return ok;
   if (piece.chunk.total != o_.total)
     return std::unexpected(fmt::format("a piece of a state of {} elements, not {}", piece.chunk.total, o_.total));
   const auto it = std::find_if(requests_.begin(), requests_.end(), [&](const Request& r) {
@@ -114,6 +126,20 @@ void StatePuller::refused(const std::string& donor, double now, std::vector<std:
     r.asked_at = now;
     out.emplace_back(o_.donors[r.donor], pull(r));
   }
+}
+
+std::expected<void, std::string> StatePuller::on_refusal(const gossip::StatePiece& refusal, const std::string& donor,
+                                                         double now,
+                                                         std::vector<std::pair<std::string, gossip::StatePull>>& out) {
+  TEPDIST_CHECK(is_refusal(refusal));
+  if (auto ok = answers(o_, refusal); !ok) return ok;
+  refused(donor, now, out);
+  return {};
+}
+
+gossip::StatePiece refusal_of(const gossip::StatePull& pull) {
+  return {pull.job_id, gossip::TensorChunk{pull.step, pull.of_shard ? pull.shard : 0, pull.offset, 0, {}, nullptr},
+          pull.of_shard, pull.generation};
 }
 
 std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const gossip::StatePull& pull,

@@ -14,6 +14,9 @@
 //               installed: a donor that has not installed it yet holds its pulls until it does, and
 //               a piece of another generation's state is refused, even at the same step (a
 //               program may set the parameters anew at a between-epochs hold).
+//   refusal     a donor that does not hold the state asked for says so at once, with a piece of
+//               nothing (refusal_of); the puller asks its next donor for that stripe without
+//               waiting for the retry.
 //   done        when every element has arrived once (pieces are placed by offset; a duplicate
 //               changes nothing).
 
@@ -68,6 +71,10 @@ class StatePuller {
   void on_tick(double now, std::vector<std::pair<std::string, gossip::StatePull>>& out);
   /// `donor` (an address) does not hold the state: what it was asked for is asked of the next now.
   void refused(const std::string& donor, double now, std::vector<std::pair<std::string, gossip::StatePull>>& out);
+  /// `refusal` (is_refusal) came from `donor`: if it answers this pull (its job, shard,
+  /// generation and step), as refused(); otherwise why it is not this pull's, and nothing moves.
+  std::expected<void, std::string> on_refusal(const gossip::StatePiece& refusal, const std::string& donor, double now,
+                                              std::vector<std::pair<std::string, gossip::StatePull>>& out);
   bool done() const { return received_ == requests_.size(); }
   size_t pieces() const { return requests_.size(); }
 
@@ -91,6 +98,12 @@ struct ServedState {
   uint64_t generation = 0;  ///< 0: a shard's state (StatePull::generation)
   uint64_t step = 0;
 };
+
+/// A donor's answer that it does not hold the state `pull` asks for: a piece of nothing (no
+/// values, a total of 0) naming the pull's job, shard, generation, step and offset.
+gossip::StatePiece refusal_of(const gossip::StatePull& pull);
+/// Whether `piece` is a donor's refusal (refusal_of), not a piece of a state.
+inline bool is_refusal(const gossip::StatePiece& piece) { return piece.chunk.total == 0 && piece.chunk.data.empty(); }
 
 /// A donor's answer to `pull` from `state`, which is `of`: pieces of at most `piece` elements,
 /// each an immutable snapshot (of a shard's state: marked so, naming the shard). An error

@@ -537,9 +537,11 @@ struct Host {
                          init->job_id, peer, p.chunk.shard);
       return;
     }
-    if (p.chunk.total == 0 && p.chunk.data.empty()) {  // the donor does not hold that state: the next one is asked
+    if (elastic::is_refusal(p)) {  // the donor does not hold that state: the next one is asked
       std::vector<std::pair<std::string, gossip::StatePull>> again;
-      st.puller->refused(address, now_ms(), again);
+      if (auto ok = st.puller->on_refusal(p, address, now_ms(), again); !ok)
+        node_events().debug("shard_piece_refused job={} from={} shard={} reason=\"a refusal of another pull: {}\"",
+                            init->job_id, peer, p.chunk.shard, ok.error());
       for (auto& [to, pull] : again) send(to, std::move(pull));
       return;
     }
@@ -582,7 +584,7 @@ struct Host {
       // Said at once (a piece of nothing), so the asker asks the next holder without waiting.
       node_events().debug("shard_pull_refused job={} from={} shard={} version={} reason=\"{}\"", pull.job_id, peer,
                           pull.shard, pull.step, f == frozen.end() ? "no frozen copy here" : "another state here");
-      return send(address, gossip::StatePiece{init->job_id, gossip::TensorChunk{pull.step, pull.shard, pull.offset, 0, {}, nullptr}, true});
+      return send(address, elastic::refusal_of(pull));
     }
     frozen_until = std::chrono::steady_clock::now() + frozen_keep;
     auto pieces = elastic::serve_state(pull, {init->job_id, 0, f->second.version},

@@ -426,7 +426,7 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
   caf::anon_send(router, shards_atom::value, caf::actor(), std::vector<gossip::ShardHolders>());
   return {
       [self](view_atom, std::vector<gossip::Member> view) { on_view(self, std::move(view)); },
-      [self](wire_atom, const std::string& peer, const std::string&, const gossip::Message& m) {
+      [self](wire_atom, const std::string& peer, const std::string& from, const gossip::Message& m) {
         auto& s = self->state;
         if (const auto* chunk = std::get_if<gossip::RingChunk>(&m.body)) on_chunk(self, peer, *chunk);
         else if (s.job && s.job->driver->on_message(self, *s.job, peer, m.body)) return;
@@ -435,8 +435,8 @@ caf::behavior trainer(Trainer* self, TrainerOptions options, caf::actor router) 
           : start->generation >= 2 ? on_install(self, peer, *start)
                                    : on_assigned(self, peer, *start);
         else if (const auto* vote = std::get_if<gossip::GenerationVote>(&m.body)) on_vote(self, peer, *vote);
-        else if (const auto* pull = std::get_if<gossip::StatePull>(&m.body)) on_state_pull(self, peer, *pull);
-        else if (const auto* piece = std::get_if<gossip::StatePiece>(&m.body)) on_state_piece(self, peer, *piece);
+        else if (const auto* pull = std::get_if<gossip::StatePull>(&m.body)) on_state_pull(self, peer, from, *pull);
+        else if (const auto* piece = std::get_if<gossip::StatePiece>(&m.body)) on_state_piece(self, peer, from, *piece);
         else if (const auto* file = std::get_if<gossip::FilePiece>(&m.body)) on_file_piece(self, peer, *file);
         else if (const auto* control = std::get_if<gossip::Control>(&m.body)) on_control(self, peer, *control);
       },

@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 #include <zlib.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstring>
+#include <optional>
 #include <set>
 #include <tuple>
 #include <vector>
@@ -88,6 +91,25 @@ TrainingState state_of(const json& header) {
 
 /// A checkpoint file read whole and checked (magic, CRC, version, header bounds): its header and
 /// where the data begins.
+/// Whether the float whose bytes start at `at` (not necessarily aligned) is finite.
+bool finite_at(const char* at) {
+  uint32_t bits;
+  std::memcpy(&bits, at, sizeof bits);
+  return (bits & 0x7f800000u) != 0x7f800000u;  // an exponent of all ones: an infinity or a NaN
+}
+
+/// The first value of `values` (buffer `buffer` of `model`'s state: the parameters, or an
+/// optimiser buffer laid out as they are) that is not finite, named; nothing if all are.
+std::optional<std::string> non_finite(const Model& model, std::string_view buffer, std::span<const float> values) {
+  const auto bad = std::find_if(values.begin(), values.end(), [](float v) { return !std::isfinite(v); });
+  if (bad == values.end()) return std::nullopt;
+  const auto at = static_cast<int64_t>(bad - values.begin());
+  for (const auto& p : model.named_parameters())
+    if (at >= p.offset && at < p.offset + p.shape.elements())
+      return fmt::format("{} of {}, element {}, is {}", buffer, p.name, at - p.offset, *bad);
+  return fmt::format("{} element {} is {}", buffer, at, *bad);
+}
+
 struct Opened {
   std::string file;
   json header;
@@ -115,6 +137,14 @@ Result<Opened> open_checkpoint(const std::filesystem::path& path) {
     return corrupt(path, fmt::format("malformed header: {}", e.what()));
   }
   o.data_at = prefix + header_bytes;
+  // A state that is not finite is a diverged one: never resumed (save_checkpoint does not write
+  // one; an older build's file is passed over for the one before it).
+  const size_t data_end = in.size() - 4;
+  for (size_t at = o.data_at; at + sizeof(float) <= data_end; at += sizeof(float))
+    if (!finite_at(in.data() + at))
+      return fail(Errc::diverged, fmt::format("{}: holds a value that is not finite (value {} of its data): a diverged "
+                                              "state, not resumed",
+                                              path.string(), (at - o.data_at) / sizeof(float)));
   return o;
 }
 
@@ -144,6 +174,12 @@ Result<void> save_checkpoint(const std::filesystem::path& path, Model& model, Op
                              const TrainingState& state) {
   json buffers = json::array({"parameters"});
   auto opt_state = optimizer.state();
+  // A diverged state is not a checkpoint: the last one written stays the one to resume from.
+  auto bad = non_finite(model, "parameter", model.parameters());
+  for (size_t i = 0; i < opt_state.size() && !bad; ++i)
+    bad = non_finite(model, "optimizer " + opt_state[i].first, opt_state[i].second);
+  if (bad)
+    return fail(Errc::diverged, fmt::format("{}: not written: {} (a diverged state is not saved)", path.string(), *bad));
   for (const auto& [name, buf] : opt_state) buffers.push_back("optimizer." + name);
   json header = {
       {"step", state.step},

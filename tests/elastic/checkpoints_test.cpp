@@ -3,9 +3,12 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <cstring>
 #include <fstream>
+#include <limits>
 
 #include <fmt/format.h>
+#include <zlib.h>
 
 #include "compute/io/files.hpp"
 #include "compute/presets.hpp"
@@ -95,6 +98,55 @@ TEST_CASE("checkpoints: a new run into a folder of an older run's later steps ke
   REQUIRE(found.has_value());
   CHECK(found->state.step == 5);
   CHECK(found->state.job->job_id == 6);
+}
+
+TEST_CASE("checkpoints: a diverged state is not written, and one an older build wrote is passed over",
+          "[elastic][checkpoints]") {
+  TempDir dir;
+  Trained t;
+  auto& [model, optimizer] = t;
+  const fs::path folder = dir.path / "checkpoints";
+  model->parameters()[0] = 1234.5f;  // found again in the file below
+  REQUIRE(elastic::write_checkpoint(folder, *model, *optimizer, at_step(10), 3));
+  // A parameter that is not finite: refused, naming it; the one at step 10 stays the newest.
+  const auto& second = model->named_parameters().at(1);
+  auto& bad = model->parameters()[static_cast<size_t>(second.offset) + 3];
+  const float kept = bad;
+  bad = std::numeric_limits<float>::quiet_NaN();
+  const auto refused = elastic::write_checkpoint(folder, *model, *optimizer, at_step(20), 3);
+  REQUIRE_FALSE(refused);
+  CHECK_THAT(refused.error(), Catch::Contains("step-00000020.ckpt") && Catch::Contains("not written") &&
+                                  Catch::Contains(fmt::format("parameter of {}, element 3, is nan", second.name)));
+  CHECK_FALSE(fs::exists(folder / "step-00000020.ckpt"));
+  CHECK_FALSE(fs::exists(folder / "step-00000020.json"));
+  bad = kept;
+  // An optimiser buffer that is not finite, the same.
+  auto buffers = optimizer->state();
+  REQUIRE_FALSE(buffers.empty());
+  buffers[0].second[0] = std::numeric_limits<float>::infinity();
+  const auto refused_optimizer = elastic::write_checkpoint(folder, *model, *optimizer, at_step(20), 3);
+  REQUIRE_FALSE(refused_optimizer);
+  CHECK_THAT(refused_optimizer.error(), Catch::Contains("optimizer " + buffers[0].first) && Catch::Contains("inf"));
+  buffers[0].second[0] = 0;
+  // A file with a NaN in it and a right CRC (as a build before this check wrote it): a newer one
+  // than step 10, passed over for it, saying why.
+  REQUIRE(elastic::write_checkpoint(folder, *model, *optimizer, at_step(30), 3));
+  {
+    auto bytes = *compute::read_file(folder / "step-00000030.ckpt");
+    const float marker = 1234.5f, nan = std::numeric_limits<float>::quiet_NaN();
+    const auto at = bytes.find(std::string_view(reinterpret_cast<const char*>(&marker), sizeof marker));
+    REQUIRE(at != std::string::npos);
+    std::memcpy(bytes.data() + at, &nan, sizeof nan);
+    const auto crc = static_cast<uint32_t>(
+        crc32(0, reinterpret_cast<const Bytef*>(bytes.data()), static_cast<uInt>(bytes.size() - sizeof(uint32_t))));
+    std::memcpy(bytes.data() + bytes.size() - sizeof crc, &crc, sizeof crc);
+    REQUIRE(compute::write_file_atomically(folder / "step-00000030.ckpt", bytes));
+  }
+  const auto found = elastic::latest_checkpoint(folder);
+  REQUIRE(found.has_value());
+  CHECK(found->state.step == 10);
+  REQUIRE(found->passed_over.size() == 1);
+  CHECK_THAT(found->passed_over[0], Catch::Contains("step-00000030.ckpt") && Catch::Contains("not finite"));
 }
 
 TEST_CASE("checkpoints: a folder with none, or no folder, is an error naming it", "[elastic][checkpoints]") {

@@ -1,5 +1,6 @@
 // State transfer between a puller and donors over a lossy mock network.
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <map>
 #include <numeric>
@@ -186,4 +187,50 @@ TEST_CASE("a donor's refusal moves what it was asked for to the next donor at on
   again.clear();
   alone.refused("a", 10, again);
   CHECK(again.empty());
+}
+
+TEST_CASE("a refusal of the job's state moves the stripe at once, and only a refusal of this pull does",
+          "[elastic][state]") {
+  Holder donor = filled(200, 5);
+  Holder puller{std::vector<float>(200), std::vector<float>(200)};
+  elastic::StatePuller::Options o{7, 42, 400, 64, 5000, {"a", "b"}};
+  o.generation = 4;
+  elastic::StatePuller p(o);
+  std::vector<std::pair<std::string, gossip::StatePull>> asks;
+  p.start(0, asks);
+  const auto to_a = std::find_if(asks.begin(), asks.end(), [](const auto& ask) { return ask.first == "a"; });
+  REQUIRE(to_a != asks.end());
+  // The refusal names the pull it answers, and carries nothing.
+  const auto no = elastic::refusal_of(to_a->second);
+  CHECK(elastic::is_refusal(no));
+  CHECK(no.generation == 4);
+  CHECK(no.chunk.step == 42);
+  CHECK_FALSE(no.of_shard);
+  const auto served = elastic::serve_state(to_a->second, {7, 4, 42}, donor.view(), 64);
+  REQUIRE(served);
+  CHECK_FALSE(elastic::is_refusal(served->front()));
+  // A refusal of another generation's pull, or another step's, is not this pull's: nothing moves.
+  std::vector<std::pair<std::string, gossip::StatePull>> again;
+  for (const auto& [generation, step] : {std::pair<uint64_t, uint64_t>{3, 42}, {4, 41}}) {
+    auto other = to_a->second;
+    other.generation = generation;
+    other.step = step;
+    const auto moved = p.on_refusal(elastic::refusal_of(other), "a", 10, again);
+    CHECK_FALSE(moved);
+    CHECK(again.empty());
+  }
+  CHECK(p.on_refusal(no, "a", 10, again));
+  REQUIRE_FALSE(again.empty());
+  for (const auto& [to, ask] : again) CHECK(to == "b");
+  // "b" serves all of it: the pull ends without waiting for the 5 s retry.
+  for (const auto* list : {&asks, &again})
+    for (const auto& [to, ask] : *list) {
+      if (to == "a") continue;
+      auto pieces = elastic::serve_state(ask, {7, 4, 42}, donor.view(), 64);
+      REQUIRE(pieces);
+      for (const auto& piece : *pieces) REQUIRE(p.on_piece(piece, puller.view()));
+    }
+  CHECK(p.done());
+  CHECK(puller.params == donor.params);
+  CHECK(puller.momentum == donor.momentum);
 }

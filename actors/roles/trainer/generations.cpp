@@ -106,10 +106,16 @@ void start_pull(Trainer* self) {
   for (auto& [address, pull] : out) send_to(self, address, pull);
 }
 
-void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePull& p) {
+void on_state_pull(Trainer* self, const std::string& peer, const std::string& from, const gossip::StatePull& p) {
   auto& s = self->state;
   if (!s.job || s.job->start.job_id != p.job_id || !s.job->control) return;
   auto& j = *s.job;
+  // A pull not served is refused at once (a piece of nothing): the puller asks its next donor for
+  // that stripe instead of waiting for its retry.
+  const auto refuse = [&](std::string_view why) {
+    node_events().warn("state_pull_refused from={} generation={} reason=\"{}\"", peer, p.generation, why);
+    if (!from.empty()) send_to(self, from, elastic::refusal_of(p));
+  };
   const auto* address = elastic::worker_address(j.start, peer);
   if (p.generation > j.generation || (!address && j.control->paused())) {
     // A donor of the next generation has acked it and waits for its install, which may reach the
@@ -117,31 +123,33 @@ void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePu
     // if another generation was installed instead). Served now, it would get this generation's
     // state, which at the same step need not be the next one's (a program's parameters).
     constexpr size_t early_limit = 1024;
-    if (j.early_pulls.size() < early_limit) j.early_pulls.emplace_back(peer, p);
+    if (j.early_pulls.size() >= early_limit) return refuse("too many pulls wait for a generation not installed here");
+    j.early_pulls.push_back({peer, from, p});
     return;
   }
-  if (!address) {
-    node_events().warn("state_pull_refused from={} reason=\"not a worker of generation {}\"", peer, j.generation);
-    return;
-  }
-  if (!j.has_state || j.pulling) {
-    node_events().warn("state_pull_refused from={} reason=\"this worker is pulling the state itself\"", peer);
-    return;
-  }
+  if (!address) return refuse(fmt::format("not a worker of generation {}", j.generation));
+  if (!j.has_state || j.pulling) return refuse("this worker is pulling the state itself");
   const uint64_t at = j.driver->serve_step(j, p.step);
   state_to_host(j);
   auto pieces = elastic::serve_state(p, {j.start.job_id, j.generation, at}, state_view(j), chunk_elements(j));
-  if (!pieces) {
-    node_events().warn("state_pull_refused from={} reason=\"{}\"", peer, pieces.error());
-    return;
-  }
+  if (!pieces) return refuse(pieces.error());
   for (auto& piece : *pieces) send_to(self, *address, std::move(piece));
 }
 
-void on_state_piece(Trainer* self, const std::string& peer, const gossip::StatePiece& p) {
+void on_state_piece(Trainer* self, const std::string& peer, const std::string& from, const gossip::StatePiece& p) {
   auto& s = self->state;
   if (!s.job || s.job->start.job_id != p.job_id || !s.job->pulling) return;
   auto& j = *s.job;
+  if (elastic::is_refusal(p)) {
+    std::vector<std::pair<std::string, gossip::StatePull>> again;
+    if (auto ok = j.pulling->on_refusal(p, from, now_ms(s), again); !ok)
+      node_events().debug("state_piece_refused from={} reason=\"a refusal of another pull: {}\"", peer, ok.error());
+    else
+      node_events().info("state_pull_moved job={} from={} pulls={} reason=\"refused by the donor\"", p.job_id, peer,
+                         again.size());
+    for (auto& [address, pull] : again) send_to(self, address, pull);
+    return;
+  }
   if (auto ok = j.pulling->on_piece(p, state_view(j)); !ok) {
     node_events().warn("state_piece_refused from={} reason=\"{}\"", peer, ok.error());
     return;
@@ -252,9 +260,9 @@ void enter_generation(Trainer* self) {
                      r.generation, j.rank, j.world, r.resume.step, donors.empty() ? "-" : donors);
   report_status(self);
   // Pulls that came before this install: served now (or refused, naming why).
-  std::vector<std::pair<std::string, gossip::StatePull>> early;
+  std::vector<EarlyPull> early;
   early.swap(j.early_pulls);
-  for (const auto& [peer, pull] : early) on_state_pull(self, peer, pull);
+  for (const auto& [peer, from, pull] : early) on_state_pull(self, peer, from, pull);
   const bool behind = !j.has_state || j.driver->behind(j);
   if (behind) {
     j.has_state = false;

@@ -173,6 +173,12 @@ std::unique_ptr<Driver> make_sync_driver();
 std::unique_ptr<Driver> make_gossip_driver();
 std::unique_ptr<Driver> make_async_driver();
 
+/// A pull of the state for a generation not installed here yet: who asked (id, address) and what.
+struct EarlyPull {
+  std::string peer, from;
+  gossip::StatePull pull;
+};
+
 struct Job {
   gossip::JobStart start;  // the record of the generation this worker trains in
   elastic::JobConfig config;
@@ -188,7 +194,7 @@ struct Job {
   std::optional<elastic::StatePuller> pulling;
   // Pulls from workers of the generation this worker acked but has not installed yet (the
   // install reached the puller first): served once it is installed (bounded).
-  std::vector<std::pair<std::string, gossip::StatePull>> early_pulls;
+  std::vector<EarlyPull> early_pulls;
   std::optional<elastic::RatePolicy> rate;
   Checkpoints checkpoints;  // rank 0 writes them
   // The ring (sync: every step; gossip: the final average), and its chunks of a generation this
@@ -568,9 +574,12 @@ void resume_training(Trainer* self);
 /// step did not complete) pulls the state, striped over the donors.
 void start_pull(Trainer* self);
 
-void on_state_pull(Trainer* self, const std::string& peer, const gossip::StatePull& p);
+/// A pull of the job's state from `peer` (its id), at address `from`: served, kept until the
+/// generation it names is installed, or refused with a piece of nothing (elastic::refusal_of).
+void on_state_pull(Trainer* self, const std::string& peer, const std::string& from, const gossip::StatePull& p);
 
-void on_state_piece(Trainer* self, const std::string& peer, const gossip::StatePiece& p);
+/// A piece of the state this worker pulls, or a donor's refusal (its stripe goes to the next donor).
+void on_state_piece(Trainer* self, const std::string& peer, const std::string& from, const gossip::StatePiece& p);
 
 /// The installed generation: ring order, this worker's rank, the mode's part (rings, pairs,
 /// positions), the rate rescaled; then training resumes, or the state is pulled first.
