@@ -257,6 +257,7 @@ int run_node_process(const NodeProcessArgs& args) {
   // Emulation of a slower node: its [nodes.NAME] table, else [compute].
   const double own = o.config.node(args.name).slowdown;
   o.slowdown = own > 0 ? own : o.config.compute.slowdown;
+  o.device = o.config.node(args.name).device;
   o.ready_file = args.ready_file;
   return run_node(o);
 }

@@ -265,7 +265,7 @@ int run_node(const NodeOptions& o) {
     roles = {monitor_role(monitor_options, router_actor),
              trainer_role({&transport, o.config.cluster.cluster_id, id, *bound, incarnation, o.threads,
                                        o.config.cluster.max_frame_mb << 10, boot_id, o.config.cluster.results_dir,
-                                       o.slowdown, &metrics},
+                                       o.slowdown, &metrics, o.device},
                                       router_actor)};
     role_names = {"coordinator", "parameter-shard", "worker", "monitor"};
   }

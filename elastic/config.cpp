@@ -296,8 +296,9 @@ const std::vector<Key>& keys() {
       {{"nodes", "NAME", KeyType::table, "{}",
         "Settings of one node, by its name: `[nodes.node-02]`. `tepdist run` names its local nodes node-00, "
         "node-01, ...; a node started by hand (`tepdist node`) looks up its --name. Keys: region (the link "
-        "emulator's region, default \"local\"; `tepdist node --region` wins over it) and slowdown ([compute] "
-        "slowdown for this node alone). Overridden with "
+        "emulator's region, default \"local\"; `tepdist node --region` wins over it), slowdown ([compute] "
+        "slowdown for this node alone) and device (backend \"cuda\": this node's CUDA device, 0 to 63, over the "
+        "job's [compute] device: local nodes of a machine with several GPUs each take their own). Overridden with "
         "--set nodes.NAME.KEY=VALUE. A node without a table has the defaults."},
        -inf, inf, false, false, {}, nullptr},
       // [membership]
@@ -417,7 +418,7 @@ const std::vector<Key>& keys() {
       {{"compute", "device", KeyType::integer, "0",
         "backend \"cuda\": which CUDA device, 0 to 63, as CUDA numbers them (CUDA_VISIBLE_DEVICES applies). "
         "A job setting: every node of the job uses this index on its own machine, so local nodes of one "
-        "machine share the device."},
+        "machine share the device, unless a node's own file gives it another ([nodes.NAME] device)."},
        0, 63, false, false, {}, assign<&J::compute, &J::Compute::device>},
       {{"compute", "deterministic", KeyType::boolean, "true",
         "backend \"cuda\": true takes the convolution algorithms cuDNN's heuristics rank first among the "
@@ -597,8 +598,12 @@ void apply_node(JobConfig& c, const std::string& name, const toml::value& v) {
       const double d = value->is_integer() ? static_cast<double>(value->as_integer()) : value->as_floating();
       if (!(d >= 1 && d <= 100)) throw ValueError{error_at(*value, here + ".slowdown must be a number from 1 to 100")};
       node.slowdown = d;
+    } else if (key == "device") {
+      if (!value->is_integer() || value->as_integer() < 0 || value->as_integer() > 63)
+        throw ValueError{error_at(*value, here + ".device must be an integer from 0 to 63")};
+      node.device = value->as_integer();
     } else {
-      throw ValueError{error_at(*value, fmt::format("unknown key {}.{} (known: region, slowdown)", here, key))};
+      throw ValueError{error_at(*value, fmt::format("unknown key {}.{} (known: region, slowdown, device)", here, key))};
     }
   }
   c.nodes[name] = std::move(node);

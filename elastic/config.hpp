@@ -115,6 +115,7 @@ struct JobConfig {
   struct Node {
     std::string region = "local";  ///< the link emulator's region
     double slowdown = 0;           ///< [compute] slowdown for this node alone; 0: [compute]'s
+    int64_t device = -1;           ///< backend "cuda": this node's CUDA device; -1: the job's [compute] device
     friend bool operator==(const Node&, const Node&) = default;
   };
   /// [nodes.NAME]: by node name. `tepdist run`'s local nodes are local_node_name(i); a node started

@@ -61,6 +61,9 @@ struct TrainerOptions {
   /// The node's registry: the trainer records its training figures there (tepdist_train_*,
   /// tepdist_worker_*, tepdist_learning_rate) for /metrics. Null: not recorded.
   gossip::MetricsRegistry* metrics = nullptr;
+  /// The CUDA device of this node ([nodes.NAME] device in the node's own file), over the job's
+  /// [compute] device; -1: the job's.
+  int64_t device = -1;
 };
 
 /// The role "trainer" under the supervisor. Its snapshot is only the boot id it runs under: a

@@ -842,9 +842,9 @@ Result<std::unique_ptr<Backend>> make_cuda_backend(int device, bool deterministi
   const cudaError_t e = cudaGetDeviceCount(&count);
   if (e != cudaSuccess || count == 0)
     return fail(Errc::invalid_argument,
-                fmt::format("compute.backend \"cuda\": no CUDA device here (the CUDA runtime says: {}); use backend "
-                            "\"onednn\" on this machine",
-                            e != cudaSuccess ? cudaGetErrorString(e) : "the driver sees no device"));
+                fmt::format("compute.backend \"cuda\" on device {}: no CUDA device here (the CUDA runtime says: {}); "
+                            "use backend \"onednn\" on this machine",
+                            device, e != cudaSuccess ? cudaGetErrorString(e) : "the driver sees no device"));
   if (device < 0 || device >= count)
     return fail(Errc::invalid_argument,
                 fmt::format("compute.device {}: this machine has {} CUDA device{} (0 to {})", device, count,

@@ -297,6 +297,14 @@ TEST_CASE("per-node settings live in [nodes.NAME] tables, checked, overridable, 
   CHECK_THAT(parse_error("[nodes]\nnode-01 = \"eu\"\n"), Catch::Contains("nodes.node-01 must be a table"));
   CHECK_THAT(parse_error("[network]\nregions = [\"a\"]\n"), Catch::Contains("[nodes.node-00] region"));
   CHECK_THAT(parse_error("", {"nodes.region=eu"}), Catch::Contains("expected nodes.NAME.KEY=value"));
+  // A node's own CUDA device, over the job's [compute] device (-1: none of its own).
+  const auto devices = parse_ok("[compute]\ndevice = 2\n[nodes.node-01]\ndevice = 1\n", {"nodes.node-03.device=3"});
+  CHECK(devices.compute.device == 2);
+  CHECK(devices.node("node-01").device == 1);
+  CHECK(devices.node("node-03").device == 3);
+  CHECK(devices.node("node-00").device == -1);
+  CHECK_THAT(parse_error("[nodes.node-01]\ndevice = 64\n"), Catch::Contains("nodes.node-01.device must be an integer from 0 to 63"));
+  CHECK_THAT(parse_error("[nodes.node-01]\ndevice = 1.5\n"), Catch::Contains("nodes.node-01.device must be an integer"));
 }
 
 TEST_CASE("a receive budget below the largest frame is refused, naming both keys", "[elastic][config]") {

@@ -433,6 +433,30 @@ TEST_CASE("an invalid job is refused before any node starts, naming the key", "[
   CHECK(processes_mentioning(dir.path.string()).empty());
 }
 
+#ifdef TEPDIST_HAVE_CUDA
+TEST_CASE("a local node takes the CUDA device its [nodes.NAME] table names, the others the job's", "[integration][run]") {
+  // Device 63 exists on no machine this runs on: node-01 refuses the job naming it, whether this
+  // machine has a GPU or not; node-00 takes the job's device 0 (and refuses naming it where there
+  // is none, as on the development machines).
+  TempDir dir;
+  const auto out = dir.path / "out";
+  Child run({TEPDIST_BINARY, "run", job_file(dir), "--mode", "sync", "--nodes", "2", "--set", "compute.backend=\"cuda\"",
+             "--set", "nodes.node-01.device=63", "--set", "job.max_steps=2", "--out", out.string()});
+  run.wait();
+  INFO(run.all());
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+  const std::string own = read_bytes(out / "logs" / "node-1.log"), job = read_bytes(out / "logs" / "node-0.log");
+  INFO(own);
+  INFO(job);
+  const auto refusal = [](const std::string& log) {
+    const auto at = log.find("job_refused");
+    return at == std::string::npos ? std::string() : log.substr(at, log.find('\n', at) - at);
+  };
+  CHECK_THAT(refusal(own), Catch::Contains("device 63"));
+  if (const auto r = refusal(job); !r.empty()) CHECK_THAT(r, Catch::Contains("device 0"));
+}
+#endif
+
 TEST_CASE("a job whose test set has a label the model has no class for is refused, naming the file, before any node "
           "starts or on the nodes that load it",
           "[integration][run]") {

@@ -652,6 +652,7 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
   if (!config) return std::unexpected(config.error().message);
   j.config = std::move(*config);
   if (o.threads > 0) j.config.compute.threads = o.threads;
+  if (o.device >= 0) j.config.compute.device = o.device;
   // The job's files where this node has them (prepare_job: fetched from the submitter, if need be).
   if (const auto& s = self->state; s.local_files_job == j.start.job_id)
     elastic::use_local_files(j.config, j.start.files, s.local_files);
