@@ -112,6 +112,7 @@ void StatePuller::on_tick(double now, std::vector<std::pair<std::string, gossip:
   if (o_.donors.empty()) return;
   for (auto& r : requests_) {
     if (r.received || now - r.asked_at < o_.retry_ms) continue;
+    r.refusals = 0;
     r.donor = (r.donor + 1) % o_.donors.size();
     r.asked_at = now;
     out.emplace_back(o_.donors[r.donor], pull(r));
@@ -122,6 +123,7 @@ void StatePuller::refused(const std::string& donor, double now, std::vector<std:
   if (o_.donors.size() < 2) return;  // nobody else to ask: the ticks ask it again
   for (auto& r : requests_) {
     if (r.received || o_.donors[r.donor] != donor) continue;
+    if (++r.refusals >= o_.donors.size()) continue;  // every donor refused it: on_tick asks again
     r.donor = (r.donor + 1) % o_.donors.size();
     r.asked_at = now;
     out.emplace_back(o_.donors[r.donor], pull(r));
@@ -138,8 +140,10 @@ std::expected<void, std::string> StatePuller::on_refusal(const gossip::StatePiec
 }
 
 gossip::StatePiece refusal_of(const gossip::StatePull& pull) {
-  return {pull.job_id, gossip::TensorChunk{pull.step, pull.of_shard ? pull.shard : 0, pull.offset, 0, {}, nullptr},
-          pull.of_shard, pull.generation};
+  // At offset 0: the wire takes no chunk that starts past its tensor's end (a total of 0), and the
+  // puller moves whatever it asked of this donor, not one piece.
+  return {pull.job_id, gossip::TensorChunk{pull.step, pull.of_shard ? pull.shard : 0, 0, 0, {}, nullptr}, pull.of_shard,
+          pull.generation};
 }
 
 std::expected<std::vector<gossip::StatePiece>, std::string> serve_state(const gossip::StatePull& pull,

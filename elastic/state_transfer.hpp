@@ -69,7 +69,10 @@ class StatePuller {
   std::expected<void, std::string> on_piece(const gossip::StatePiece& piece, const StateView& state);
   /// Asks again, from the next donor, for pieces that did not come in time.
   void on_tick(double now, std::vector<std::pair<std::string, gossip::StatePull>>& out);
-  /// `donor` (an address) does not hold the state: what it was asked for is asked of the next now.
+  /// `donor` (an address) does not hold the state: what it was asked for is asked of the next now,
+  /// unless every donor has refused it in turn: then it waits for the tick (retry_ms), so donors
+  /// that all refuse for a while (a generation the puller has not installed yet) are not asked
+  /// round and round at the rate the refusals come back.
   void refused(const std::string& donor, double now, std::vector<std::pair<std::string, gossip::StatePull>>& out);
   /// `refusal` (is_refusal) came from `donor`: if it answers this pull (its job, shard,
   /// generation and step), as refused(); otherwise why it is not this pull's, and nothing moves.
@@ -84,6 +87,7 @@ class StatePuller {
     size_t donor;
     double asked_at;
     bool received = false;
+    size_t refusals = 0;  // refused in a row since the last tick moved it
   };
   gossip::StatePull pull(const Request& r) const;
 
@@ -100,7 +104,7 @@ struct ServedState {
 };
 
 /// A donor's answer that it does not hold the state `pull` asks for: a piece of nothing (no
-/// values, a total of 0) naming the pull's job, shard, generation, step and offset.
+/// values, a total of 0, at offset 0) naming the pull's job, shard, generation and step.
 gossip::StatePiece refusal_of(const gossip::StatePull& pull);
 /// Whether `piece` is a donor's refusal (refusal_of), not a piece of a state.
 inline bool is_refusal(const gossip::StatePiece& piece) { return piece.chunk.total == 0 && piece.chunk.data.empty(); }

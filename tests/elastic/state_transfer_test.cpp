@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "elastic/state_transfer.hpp"
+#include "gossip/wire/codec.hpp"
 
 using namespace tepdist;
 
@@ -206,6 +207,16 @@ TEST_CASE("a refusal of the job's state moves the stripe at once, and only a ref
   CHECK(no.generation == 4);
   CHECK(no.chunk.step == 42);
   CHECK_FALSE(no.of_shard);
+  // It crosses the wire whatever the pull's offset (a malformed frame would close the link).
+  for (const auto& [to, ask] : asks) {
+    INFO(ask.offset);
+    const gossip::Message m{"node-a", 1, "cluster-1", elastic::refusal_of(ask)};
+    const auto bytes = gossip::encode(m).flatten();
+    const auto decoded = gossip::decode_bytes(std::span(bytes).subspan(gossip::frame_header_bytes));
+    REQUIRE(decoded.has_value());
+    CHECK(decoded->body == m.body);
+    CHECK(elastic::is_refusal(std::get<gossip::StatePiece>(decoded->body)));
+  }
   const auto served = elastic::serve_state(to_a->second, {7, 4, 42}, donor.view(), 64);
   REQUIRE(served);
   CHECK_FALSE(elastic::is_refusal(served->front()));
@@ -233,4 +244,37 @@ TEST_CASE("a refusal of the job's state moves the stripe at once, and only a ref
   CHECK(p.done());
   CHECK(puller.params == donor.params);
   CHECK(puller.momentum == donor.momentum);
+}
+
+TEST_CASE("a stripe every donor refused waits for the retry instead of going round the donors", "[elastic][state]") {
+  // Donors that all refuse for a while (a generation the puller has not installed yet) would
+  // otherwise be asked round and round at the rate their refusals come back.
+  elastic::StatePuller::Options o{7, 42, 400, 400, 5000, {"a", "b"}};
+  o.generation = 4;
+  elastic::StatePuller p(o);  // one piece per donor: [0, 200) of "a", [200, 400) of "b"
+  std::vector<std::pair<std::string, gossip::StatePull>> asks, again;
+  p.start(0, asks);
+  REQUIRE(asks.size() == 2);
+  const auto no = elastic::refusal_of(asks.front().second);
+  REQUIRE(p.on_refusal(no, "a", 1, again));  // a's stripe goes to b
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].first == "b");
+  CHECK(again[0].second.offset == 0);
+  again.clear();
+  REQUIRE(p.on_refusal(no, "b", 2, again));  // b's own stripe goes to a; a's, refused by both, waits
+  REQUIRE(again.size() == 1);
+  CHECK(again[0].first == "a");
+  CHECK(again[0].second.offset == 200);
+  again.clear();
+  REQUIRE(p.on_refusal(no, "a", 3, again));  // now both stripes were refused by both
+  CHECK(again.empty());
+  p.on_tick(1 + 4999, again);  // stripe [0, 200) was last asked at 1, [200, 400) at 2
+  CHECK(again.empty());
+  p.on_tick(2 + 5000, again);  // the retry asks both again, one donor each
+  REQUIRE(again.size() == 2);
+  CHECK(again[0].first != again[1].first);
+  // ... and after it a refusal moves a stripe at once again.
+  std::vector<std::pair<std::string, gossip::StatePull>> moved;
+  REQUIRE(p.on_refusal(no, again[0].first, 5004, moved));
+  CHECK(moved.size() == 1);
 }

@@ -144,7 +144,7 @@ void on_state_piece(Trainer* self, const std::string& peer, const std::string& f
     std::vector<std::pair<std::string, gossip::StatePull>> again;
     if (auto ok = j.pulling->on_refusal(p, from, now_ms(s), again); !ok)
       node_events().debug("state_piece_refused from={} reason=\"a refusal of another pull: {}\"", peer, ok.error());
-    else
+    else if (!again.empty())
       node_events().info("state_pull_moved job={} from={} pulls={} reason=\"refused by the donor\"", p.job_id, peer,
                          again.size());
     for (auto& [address, pull] : again) send_to(self, address, pull);
