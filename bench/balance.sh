@@ -10,6 +10,10 @@
 #                slower one at the same slowdown or beside the same busy loop), measured per seed
 #                next to the runs: 1.0 is a perfect split with free communication; equal shares give
 #                2 x the slower / (sum) = 0.67 at slowdown 2 (goal >= 0.90)
+#   at once      the two nodes alone but at the same time (two one-node runs side by side, as the
+#                pair shares the machine), over the sum of their speeds one after the other: what
+#                sharing the cores' caches and memory alone leaves of it, the ceiling on this
+#                machine for a pair with free communication
 #   speedup      balanced samples/s over unbalanced samples/s, in the same seed
 #   accuracy     final test accuracy, balanced and unbalanced (goal: within 0.5 points)
 #   shares       the final shares of the global batch (balanced run, sync)
@@ -40,6 +44,7 @@ tepdist="$(pwd)/$build/cli/tepdist"
 [[ -x $tepdist ]] || { echo "balance: $tepdist not built" >&2; exit 2; }
 dir=$(mktemp -d /tmp/tepdist-balance.XXXXXX)
 busy=()
+started=()
 cleanup() {
   for p in "${busy[@]}"; do kill "$p" 2>/dev/null; done
   wait 2>/dev/null
@@ -75,10 +80,11 @@ EOF
   if [[ $real != 1 && ${4:-2} == 2 ]]; then printf '[nodes.node-01]\nslowdown = %s\n' "$slowdown" >>"$1"; fi
 }
 
-# alone OUT SEED SLOW: one node alone, 300 steps; SLOW=1: at the slowdown, or beside the busy loop
-# (REAL=1: pinned to a core as in the pair's run).
+# alone OUT SEED SLOW [BG [STEPS]]: one node alone, STEPS steps (300); SLOW=1: at the slowdown, or
+# beside the busy loop (REAL=1: pinned to a core as in the pair's run). BG=1: in the background
+# (the caller waits and stops the busy loop).
 alone() {
-  local out=$1
+  local out=$1 bg=${4:-0} steps=${5:-300}
   mkdir -p "$out"
   job "$out/job.toml" "$2" false 1
   if [[ $3 == 1 && $real != 1 ]]; then printf '[nodes.node-00]\nslowdown = %s\n' "$slowdown" >>"$out/job.toml"; fi
@@ -90,8 +96,18 @@ alone() {
       busy+=($!)
     fi
   fi
-  "${pin[@]}" "$tepdist" run "$out/job.toml" "${sets[@]}" --set job.max_steps=300 --out "$out/run" >"$out/launcher.log" 2>&1
+  if [[ $bg == 1 ]]; then
+    ("${pin[@]}" "$tepdist" run "$out/job.toml" "${sets[@]}" --set job.max_steps="$steps" --out "$out/run" >"$out/launcher.log" 2>&1
+     echo $? >"$out/status") &
+    started+=($!)
+    return
+  fi
+  "${pin[@]}" "$tepdist" run "$out/job.toml" "${sets[@]}" --set job.max_steps="$steps" --out "$out/run" >"$out/launcher.log" 2>&1
   echo $? >"$out/status"
+  stop_busy
+}
+
+stop_busy() {
   for p in "${busy[@]}"; do kill "$p" 2>/dev/null; done
   busy=()
 }
@@ -159,6 +175,22 @@ for seed in $(seq 1 "$seeds"); do
     own=$(awk -v a="$own" -v b="$sps" 'BEGIN {print a + b}')
     echo "seed $seed: $([[ $slow == 1 ]] && echo 'the slower node' || echo 'the faster node') alone: $sps samples/s"
   done
+  # Both alone at once, the faster one for as many more steps as it is faster, so that the two
+  # runs take about as long and each is measured beside the other throughout.
+  if [[ -f $dir/$seed-alone-0/run/result.json && -f $dir/$seed-alone-1/run/result.json ]]; then
+    ratio=$(field "$dir/$seed-alone-0/run/result.json" 'r["samples_per_second"]')/$(field "$dir/$seed-alone-1/run/result.json" 'r["samples_per_second"]')
+    started=()
+    alone "$dir/$seed-once-0" "$seed" 0 1 "$(python3 -c "print(round(300 * $ratio))")"
+    alone "$dir/$seed-once-1" "$seed" 1 1
+    wait "${started[@]}"  # not the busy loop
+  fi
+  stop_busy
+  if [[ $(cat "$dir/$seed-once-0/status" 2>/dev/null) == 0 && $(cat "$dir/$seed-once-1/status" 2>/dev/null) == 0 ]]; then
+    a=$(field "$dir/$seed-once-0/run/result.json" 'r["samples_per_second"]')
+    b=$(field "$dir/$seed-once-1/run/result.json" 'r["samples_per_second"]')
+    awk -v a="$a" -v b="$b" -v o="$own" 'BEGIN {print (a + b) / o}' >"$dir/$seed.once"
+    echo "seed $seed: both alone at once: $a + $b samples/s, $(cat "$dir/$seed.once") of the sum one after the other"
+  fi
   for balance in true false; do
     run "$dir/$seed-$balance" "$seed" "$balance"
     st=$(cat "$dir/$seed-$balance/status")
@@ -184,3 +216,4 @@ echo "|---|---|---|---|---|---|---|"
 echo "| on  | $(m '*-true/sps') | $(m '*-true/eff') | $(m '*-true/acc') | $(cat "$dir"/1-true/shares 2>/dev/null) | $(m '*-true/spread') | $(m '*-true/rebalances') |"
 echo "| off | $(m '*-false/sps') | $(m '*-false/eff') | $(m '*-false/acc') | $(cat "$dir"/1-false/shares 2>/dev/null) | $(m '*-false/spread') | $(m '*-false/rebalances') |"
 echo "speedup of balancing (same seed, median): $(m '*.speedup')"
+echo "both alone at once over one after the other (median): $(m '*.once')"
