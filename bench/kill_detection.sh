@@ -53,7 +53,8 @@ wait_for() {
 seen_since() {  # PATTERN EXCEPT: how many nodes but EXCEPT logged PATTERN since their mark
   local n count=0
   for n in n1 n2 n3 n4 n5; do
-    [[ $n != "$2" ]] && tail -n +"$((mark[$n] + 1))" "$dir/$n.log" | grep -q -- "$1" && count=$((count + 1))
+    # Not `tail | grep -q` under pipefail: grep leaving at its first match fails tail's next write.
+    [[ $n != "$2" ]] && grep -q -- "$1" < <(tail -n +"$((mark[$n] + 1))" "$dir/$n.log") && count=$((count + 1))
   done
   echo $count
 }

@@ -63,8 +63,13 @@ elastic() {
   # Watching a job: node-00's endpoint, from its ready file.
   local http
   http=$(sed -n 's/^http=//p' out/elastic/run/node-0.ready)
-  curl -sf "http://$http/metrics" | grep '^tepdist_' | grep -q '^tepdist_train_steps_total' || return 1
-  curl -sf "http://$http/status" | grep -q '"job"' || return 1
+  # Each answer whole in a variable first: `curl | grep -q` under pipefail fails whenever grep finds
+  # its line and exits before curl has written the rest (curl then exits 23, a write error).
+  local metrics status_doc
+  metrics=$(curl -sf "http://$http/metrics") || return 1
+  grep -q '^tepdist_train_steps_total' <<<"$metrics" || return 1
+  status_doc=$(curl -sf "http://$http/status") || return 1
+  grep -q '"job"' <<<"$status_doc" || return 1
   build/cli/tepdist leave extra out/elastic/cluster.toml --peer "$seed" || return 1
   wait $run
   local status=$?
