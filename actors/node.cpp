@@ -302,8 +302,9 @@ int run_node(const NodeOptions& o) {
     fmt::print(stderr, "tepdist node: cannot write the ready file {}\n", o.ready_file);
     return 1;
   }
-  node_events().info("node_ready id={} address={} region={} incarnation={} boot_id={:016x} http={}", id, *bound,
-                     o.region, incarnation, boot_id, http_address.empty() ? "off" : http_address);
+  node_events().info("node_ready id={} address={} region={} incarnation={} boot_id={:016x} http={} device={} slowdown={}",
+                     id, *bound, o.region, incarnation, boot_id, http_address.empty() ? "off" : http_address,
+                     o.device < 0 ? std::string("job") : std::to_string(o.device), o.slowdown);
 
   int sig = 0;
   caf::scoped_actor asker{sys};

@@ -418,7 +418,8 @@ const std::vector<Key>& keys() {
       {{"compute", "device", KeyType::integer, "0",
         "backend \"cuda\": which CUDA device, 0 to 63, as CUDA numbers them (CUDA_VISIBLE_DEVICES applies). "
         "A job setting: every node of the job uses this index on its own machine, so local nodes of one "
-        "machine share the device, unless a node's own file gives it another ([nodes.NAME] device)."},
+        "machine share the device, unless a node's own file gives it another ([nodes.NAME] device) or it was "
+        "started with `tepdist node --set compute.device=N` (its node_ready event says which it took)."},
        0, 63, false, false, {}, assign<&J::compute, &J::Compute::device>},
       {{"compute", "deterministic", KeyType::boolean, "true",
         "backend \"cuda\": true takes the convolution algorithms cuDNN's heuristics rank first among the "

@@ -97,6 +97,31 @@ TEST_CASE("three nodes connect, authenticate and agree on the coordinator, then 
   for (Child* n : {&n1, &n2, &n3}) CHECK(n->wait() == 0);
 }
 
+TEST_CASE("a node started by hand takes its own device and slowdown from its command line, its [nodes.NAME] table "
+          "first, and otherwise the job's device",
+          "[integration][node]") {
+  Cluster c;
+  const auto ready_line = [&](std::vector<std::string> extra) {
+    Child n(c.node("n1", std::move(extra)));
+    const auto ready = n.wait_for("node_ready");
+    n.signal(SIGTERM);
+    CHECK(n.wait() == 0);
+    INFO(n.all());
+    REQUIRE(ready);
+    return *ready;
+  };
+  // Nothing of its own: each job's compute.device holds (no job is run here: which device a
+  // trainer then opens is the cuda integration test's).
+  const auto plain = ready_line({});
+  CHECK(field(plain, "device") == "job");
+  CHECK(field(plain, "slowdown") == "1");
+  const auto set = ready_line({"--set", "compute.device=5", "--set", "compute.slowdown=2"});
+  CHECK(field(set, "device") == "5");
+  CHECK(field(set, "slowdown") == "2");
+  const auto table = ready_line({"--set", "compute.device=5", "--set", "nodes.n1.device=7"});
+  CHECK(field(table, "device") == "7");
+}
+
 TEST_CASE("a node with the wrong secret is refused and joins nobody", "[integration][node]") {
   Cluster c;
   c.write_secret("other", "a guess at the secret");
