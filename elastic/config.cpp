@@ -215,7 +215,7 @@ const std::vector<Key>& keys() {
       {{"optimizer", "scaling", KeyType::string, "\"auto\"",
         "Cluster jobs: how the rate follows the global batch B: \"linear\" (lr x B / reference_batch), \"sqrt\" "
         "(lr x sqrt(B / reference_batch)), \"none\", or \"auto\" (sqrt for adam and adamw, linear for sgd). A "
-        "change of B ramps over [elastic] rescale_batches. Gossip caps the scale at the workers being averaged; "
+        "change of B ramps over [elastic] rescale_batches. Gossip follows the same rule, its scale capped at 4; "
         "async does not scale (each update is one worker's batch, damped by its staleness)."},
        -inf, inf, false, false, {"auto", "linear", "sqrt", "none"}, assign<&J::optimizer, &J::Optimizer::scaling>},
       {{"optimizer", "plateau_patience", KeyType::integer, "0",
