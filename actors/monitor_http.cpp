@@ -77,8 +77,12 @@ class Connections {
   Accepted take(int port) {
     std::lock_guard lock(mutex_);
     Accepted found{-1, 0};
+    // By socket, not descriptor: the duplicates held here are sockets on the port with a peer too.
+    const auto known = [&](const Accepted& c) {
+      return std::ranges::any_of(open_, [&](const auto& entry) { return entry.first.inode == c.inode; });
+    };
     for (const auto& c : accepted_on(port))
-      if (!open_.contains(c)) {
+      if (!known(c)) {
         if (found.fd >= 0) return {-1, 0};  // two unknown: cannot tell which is new
         found = c;
       }

@@ -7,11 +7,13 @@
 #include <httplib.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <set>
 #include <thread>
 #include <string>
 #include <vector>
@@ -152,18 +154,21 @@ TEST_CASE("idle connections beyond the workers wait in the kernel, not in the en
   for (int i = 0; i < 8; ++i) idle.emplace_back(*bound);
   for (const auto& c : idle) REQUIRE(c.fd >= 0);
   // What the endpoint has accepted (this process's sockets on its port with a peer): the workers'
-  // and the queue's, and the one the accepting thread holds while it waits for room.
+  // and the queue's, and the one the accepting thread holds while it waits for room. Counted by
+  // socket (inode), not descriptor: the endpoint's watchdog holds a duplicate of each it serves.
   const auto accepted = [port = port] {
-    size_t n = 0;
+    std::set<ino_t> sockets;
     for (const auto& entry : std::filesystem::directory_iterator("/proc/self/fd")) {
       const int fd = std::atoi(entry.path().filename().c_str());
       sockaddr_in local{}, peer{};
       socklen_t local_len = sizeof local, peer_len = sizeof peer;
+      struct stat st{};
       if (::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) == 0 && local.sin_family == AF_INET &&
-          ntohs(local.sin_port) == port && ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0)
-        ++n;
+          ntohs(local.sin_port) == port && ::getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) == 0 &&
+          ::fstat(fd, &st) == 0)
+        sockets.insert(st.st_ino);
     }
-    return n;
+    return sockets.size();
   };
   // Give the accepting thread the time to take all it would (it takes what it can at once: a
   // queue without a bound would hold all 8 well within this).
@@ -235,4 +240,33 @@ TEST_CASE("a client that never finishes its request is cut off at the deadline, 
   char byte = 0;
   CHECK(::recv(slow.fd, &byte, 1, 0) <= 0);  // cut off: closed or reset, not timed out here (errno)
   CHECK(errno != EAGAIN);
+}
+
+TEST_CASE("every client that never finishes its request is cut off at the deadline, not only the first one served",
+          "[actors][monitor]") {
+  // The watchdog names each connection by the socket the accept just made; it holds a duplicate of
+  // each, which is a socket on the port too. Taken for a new connection, the first one's duplicate
+  // left every later connection unnamed, and so never cut off.
+  MonitorHttpOptions o{"127.0.0.1:0"};
+  o.threads = 3;
+  o.timeout = std::chrono::seconds(600);
+  o.deadline = std::chrono::milliseconds(500);
+  MonitorHttp http(o, fixed_views());
+  const auto bound = http.start();
+  REQUIRE(bound);
+  const std::string part = "GET /metrics HTTP/1.1\r\nHost: x\r\n";  // and never the blank line
+  std::vector<IdleConnection> slow;
+  for (int i = 0; i < 3; ++i) {
+    slow.emplace_back(*bound);
+    REQUIRE(slow.back().fd >= 0);
+    REQUIRE(::send(slow.back().fd, part.data(), part.size(), 0) == static_cast<ssize_t>(part.size()));
+  }
+  for (const auto& c : slow) {
+    timeval tv{10, 0};
+    ::setsockopt(c.fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    char byte = 0;
+    errno = 0;
+    CHECK(::recv(c.fd, &byte, 1, 0) <= 0);  // cut off: closed or reset, not timed out here (errno)
+    CHECK(errno != EAGAIN);
+  }
 }
