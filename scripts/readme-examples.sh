@@ -50,10 +50,12 @@ elastic() {
   rm -rf out/elastic
   build/cli/tepdist run configs/quickstart.toml --epochs 6 --out out/elastic >"$work/elastic-run.log" 2>&1 &
   local run=$!
+  nodes+=($run)  # cleanup() stops it should a step below fail (its own nodes go with it)
   for _ in $(seq 600); do grep -q "samples/s" "$work/elastic-run.log" 2>/dev/null && break; sleep 0.1; done
   build/cli/tepdist node out/elastic/cluster.toml --name extra --join "$(head -1 out/elastic/run/node-0.ready)" \
     >"$work/elastic-extra.log" 2>&1 &
   local extra=$!
+  nodes+=($extra)  # else a failure below leaves it running, and cleanup()'s wait with it
   for _ in $(seq 600); do grep -q "joined extra" "$work/elastic-run.log" 2>/dev/null && break; sleep 0.1; done
   pkill -9 -f 'out/elastic/cluster.toml --name node-02 '
   for _ in $(seq 600); do grep -q "restarted it" "$work/elastic-run.log" 2>/dev/null && break; sleep 0.1; done
