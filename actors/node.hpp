@@ -25,7 +25,8 @@ struct NodeOptions {
   std::string ready_file;           ///< written with the bound address once listening
   int64_t threads = 0;              ///< kernel threads for the jobs this node trains; 0: the job's
   double slowdown = 1;              ///< emulation: this node's steps take this many times their compute time
-  int64_t device = -1;              ///< backend "cuda": this node's device ([nodes.NAME] device); -1: the job's
+  int64_t device = -1;              ///< backend "cuda": this node's device ([nodes.NAME] device, else
+                                    ///< `tepdist node --set compute.device`); -1: the job's
   /// Set: this node is `tepdist run`'s submitter (no worker roles); run_node returns when the job
   /// ends, with its status.
   std::shared_ptr<Submission> submission;

@@ -105,8 +105,9 @@ TEST_CASE("a node started by hand takes its own device and slowdown from its com
     Child n(c.node("n1", std::move(extra)));
     const auto ready = n.wait_for("node_ready");
     n.signal(SIGTERM);
-    CHECK(n.wait() == 0);
+    const int status = n.wait();
     INFO(n.all());
+    CHECK(status == 0);
     REQUIRE(ready);
     return *ready;
   };

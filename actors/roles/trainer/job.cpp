@@ -585,8 +585,9 @@ std::expected<void, std::string> make_rate(Job& j) {
   elastic::RatePolicy::Options rate{j.data.train.size(), reference, j.config.elastic.rescale_batches, rule};
   // Gossip follows the global batch as sync does: more replicas each take fewer steps of the same
   // data, and held at the file's rate they end lower (fault-free, cosine, LeNet: 8 workers 2.5
-  // points below 4; at twice the rate 0.5 below). The cap keeps a job that grows far past its start
-  // at rates measured to train: 8 workers at 4 times the rate meant for 4 ended as 4 did.
+  // points below 4; at twice the rate 0.65 below). The cap, on the scale against reference_batch,
+  // keeps a job that grows far past its start at rates measured to train: 8 workers at 4 times
+  // the rate meant for 4 ended as 4 did.
   if (j.config.job.mode == "gossip") rate.max_scale = elastic::gossip_max_scale;
   j.rate.emplace(*made, rate);
   return {};
