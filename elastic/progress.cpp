@@ -176,6 +176,13 @@ RatePolicy::Options::Rule RatePolicy::rule_named(const std::string& name) {
   return Options::Rule::linear;
 }
 
+RatePolicy::Options RatePolicy::for_mode(const std::string& mode, const std::string& rule, int64_t samples_per_epoch,
+                                         int64_t reference_batch, int64_t ramp_batches) {
+  Options o{samples_per_epoch, reference_batch, ramp_batches, mode == "async" ? Options::Rule::none : rule_named(rule)};
+  if (mode == "gossip") o.max_scale = gossip_max_scale;
+  return o;
+}
+
 double RatePolicy::scale_for(int64_t global) const {
   const double ratio = static_cast<double>(std::max<int64_t>(1, global)) / static_cast<double>(o_.reference_batch);
   double scale = 1;

@@ -104,9 +104,7 @@ class JobPace {
   uint64_t n_ = 1, reference_ = 1, done_ = 0, left_ = 0, own_ = 0, resume_samples_ = 0;
 };
 
-/// Gossip's cap on the rate's scale. More replicas each take fewer steps of the same data, so the
-/// rate follows the global batch as in sync; measured (bench/chaos.sh's job, fault-free, cosine),
-/// 8 workers at 4 times the rate meant for 4 ended as 4 workers did; beyond that was not tried.
+/// Gossip's cap on the rate's scale against the reference batch (RatePolicy::for_mode).
 inline constexpr double gossip_max_scale = 4.0;
 
 class RatePolicy {
@@ -120,6 +118,19 @@ class RatePolicy {
   };
   /// "linear", "sqrt" or "none" ([optimizer] scaling_rule()).
   static Options::Rule rule_named(const std::string& name);
+  /// The options for a job of `mode` ("sync", "async", "gossip") whose [optimizer] scaling rule is
+  /// `rule`:
+  /// - sync: the rule, uncapped;
+  /// - async: none, whatever the rule. Every update is one worker's batch whatever the number of
+  ///   workers (more workers make more updates and more staleness, which lr / (1 + staleness)
+  ///   damps). Scaled up as sync's is, a fourth worker joining three at lr 0.05 ended the elastic
+  ///   join test's job at 0.75-0.85 (10 runs), four from the start at 0.83-0.85;
+  /// - gossip: the rule, its scale capped at gossip_max_scale. More replicas each take fewer steps
+  ///   of the same data: held at the file's rate, 8 workers ended 2.5 points below 4 (bench/chaos.sh's
+  ///   job fault-free, cosine; at twice the rate 0.65 below). 8 workers at 4 times the rate meant for
+  ///   4 ended as 4 did; beyond that was not tried.
+  static Options for_mode(const std::string& mode, const std::string& rule, int64_t samples_per_epoch,
+                          int64_t reference_batch, int64_t ramp_batches);
   RatePolicy(compute::LrSchedule schedule, Options options);
   /// A generation starts at `resume` with global batch `global`; the one before had `previous`
   /// (0: none). Until then the scale is 1.

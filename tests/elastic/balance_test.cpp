@@ -139,6 +139,29 @@ TEST_CASE("rate rules: linear, square root and none follow the global batch, and
   CHECK(elastic::RatePolicy::rule_named("linear") == Rule::linear);
 }
 
+TEST_CASE("rate rules by mode: sync follows the rule, gossip too up to 4 times, async not at all",
+          "[elastic][progress]") {
+  compute::ScheduleOptions s;
+  s.base_lr = 0.1f;
+  auto schedule = compute::LrSchedule::make(s);
+  REQUIRE(schedule);
+  const int64_t ref = 256;  // 4 workers of 64
+  const auto scale = [&](const std::string& mode, const std::string& rule, int64_t workers) {
+    elastic::RatePolicy policy(*schedule, elastic::RatePolicy::for_mode(mode, rule, 60000, ref, 8));
+    return policy.scale_for(workers * 64);
+  };
+  CHECK(scale("sync", "linear", 8) == Approx(2));
+  CHECK(scale("sync", "linear", 32) == Approx(8));
+  CHECK(scale("sync", "sqrt", 16) == Approx(2));
+  CHECK(scale("gossip", "linear", 8) == Approx(2));  // a gossip job that doubles doubles its rate
+  CHECK(scale("gossip", "linear", 32) == Approx(elastic::gossip_max_scale));
+  CHECK(elastic::gossip_max_scale == 4);
+  CHECK(scale("gossip", "linear", 2) == Approx(0.5));  // and halves it when it halves
+  CHECK(scale("gossip", "sqrt", 16) == Approx(2));
+  CHECK(scale("async", "linear", 8) == Approx(1));
+  CHECK(scale("async", "sqrt", 2) == Approx(1));
+}
+
 TEST_CASE("rate rules: a change ramps from the old batch's scale to the new one's by the rule", "[elastic][progress]") {
   compute::ScheduleOptions s;
   s.base_lr = 0.1f;

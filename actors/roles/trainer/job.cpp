@@ -576,20 +576,8 @@ std::expected<void, std::string> make_rate(Job& j) {
   auto made = compute::LrSchedule::make(schedule);
   if (!made) return std::unexpected(made.error().message);
   j.schedule = *made;
-  // Async: every update is one worker's batch whatever the number of workers (more workers make
-  // more updates and more staleness, which lr / (1 + staleness) damps), so the rate does not follow
-  // the global batch. Scaled up as sync's is, a fourth worker joining three at lr 0.05 ended the
-  // elastic join test's job at 0.75-0.85 (10 runs), four from the start at 0.83-0.85.
-  const auto rule = j.config.job.mode == "async" ? elastic::RatePolicy::Options::Rule::none
-                                                 : elastic::RatePolicy::rule_named(j.config.optimizer.scaling_rule());
-  elastic::RatePolicy::Options rate{j.data.train.size(), reference, j.config.elastic.rescale_batches, rule};
-  // Gossip follows the global batch as sync does: more replicas each take fewer steps of the same
-  // data, and held at the file's rate they end lower (fault-free, cosine, LeNet: 8 workers 2.5
-  // points below 4; at twice the rate 0.65 below). The cap, on the scale against reference_batch,
-  // keeps a job that grows far past its start at rates measured to train: 8 workers at 4 times
-  // the rate meant for 4 ended as 4 did.
-  if (j.config.job.mode == "gossip") rate.max_scale = elastic::gossip_max_scale;
-  j.rate.emplace(*made, rate);
+  j.rate.emplace(*made, elastic::RatePolicy::for_mode(j.config.job.mode, j.config.optimizer.scaling_rule(),
+                                                     j.data.train.size(), reference, j.config.elastic.rescale_batches));
   return {};
 }
 
