@@ -261,10 +261,8 @@ int run_node_process(const NodeProcessArgs& args) {
   // The file's [compute] device alone is not the node's: it is the job's (the default, 0, included),
   // which the job's own file sets for every node without one of its own.
   o.device = o.config.node(args.name).device;
-  const auto set_here = [&](std::string_view key) {
-    return std::ranges::any_of(args.overrides, [&](const std::string& kv) { return kv.starts_with(key); });
-  };
-  if (o.device < 0 && set_here("compute.device=")) o.device = o.config.compute.device;
+  const auto device_set = [](const std::string& kv) { return kv.starts_with("compute.device="); };
+  if (o.device < 0 && std::ranges::any_of(args.overrides, device_set)) o.device = o.config.compute.device;
   o.ready_file = args.ready_file;
   return run_node(o);
 }

@@ -13,6 +13,15 @@ using namespace tepdist;
 using gossip::JobProgress;
 
 namespace {
+
+/// A constant schedule at `lr`: what the rate policies here scale.
+compute::LrSchedule constant_rate(float lr) {
+  compute::ScheduleOptions s;
+  s.base_lr = lr;
+  auto made = compute::LrSchedule::make(s);
+  REQUIRE(made);
+  return *made;
+}
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
 }  // namespace
 
@@ -114,14 +123,11 @@ TEST_CASE("straggler: the slowest, when far below the median of the others", "[e
 
 TEST_CASE("rate rules: linear, square root and none follow the global batch, and the cap bounds them",
           "[elastic][progress]") {
-  compute::ScheduleOptions s;
-  s.base_lr = 0.1f;
-  auto schedule = compute::LrSchedule::make(s);
-  REQUIRE(schedule);
+  const auto schedule = constant_rate(0.1f);
   using Rule = elastic::RatePolicy::Options::Rule;
   const int64_t n = 6400, ref = 128;
   auto rate_at = [&](Rule rule, double cap, int64_t global) {
-    elastic::RatePolicy policy(*schedule, {n, ref, 0, rule, cap});
+    elastic::RatePolicy policy(schedule, {n, ref, 0, rule, cap});
     policy.set_generation({}, 0, global);
     return policy.at({});
   };
@@ -141,13 +147,10 @@ TEST_CASE("rate rules: linear, square root and none follow the global batch, and
 
 TEST_CASE("rate rules by mode: sync follows the rule, gossip too up to 4 times, async not at all",
           "[elastic][progress]") {
-  compute::ScheduleOptions s;
-  s.base_lr = 0.1f;
-  auto schedule = compute::LrSchedule::make(s);
-  REQUIRE(schedule);
+  const auto schedule = constant_rate(0.1f);
   const int64_t ref = 256;  // 4 workers of 64
   const auto scale = [&](const std::string& mode, const std::string& rule, int64_t workers) {
-    elastic::RatePolicy policy(*schedule, elastic::RatePolicy::for_mode(mode, rule, 60000, ref, 8));
+    elastic::RatePolicy policy(schedule, elastic::RatePolicy::for_mode(mode, rule, 60000, ref, 8));
     return policy.scale_for(workers * 64);
   };
   CHECK(scale("sync", "linear", 8) == Approx(2));
@@ -163,11 +166,8 @@ TEST_CASE("rate rules by mode: sync follows the rule, gossip too up to 4 times, 
 }
 
 TEST_CASE("rate rules: a change ramps from the old batch's scale to the new one's by the rule", "[elastic][progress]") {
-  compute::ScheduleOptions s;
-  s.base_lr = 0.1f;
-  auto schedule = compute::LrSchedule::make(s);
-  REQUIRE(schedule);
-  elastic::RatePolicy policy(*schedule, {6400, 128, 4, elastic::RatePolicy::Options::Rule::sqrt});
+  const auto schedule = constant_rate(0.1f);
+  elastic::RatePolicy policy(schedule, {6400, 128, 4, elastic::RatePolicy::Options::Rule::sqrt});
   const JobProgress at{10, 0, 1280, 1280};
   policy.set_generation(at, 128, 512);  // 1 worker -> 4 workers
   CHECK(policy.at(at) == Approx(0.1));  // the old scale
@@ -235,11 +235,8 @@ TEST_CASE("plateau: the rate decays after `patience` evaluations without a bette
 }
 
 TEST_CASE("plateau: the factor scales the rate on top of the batch scale", "[elastic][progress]") {
-  compute::ScheduleOptions s;
-  s.base_lr = 0.1f;
-  auto schedule = compute::LrSchedule::make(s);
-  REQUIRE(schedule);
-  elastic::RatePolicy policy(*schedule, {6400, 128, 0});
+  const auto schedule = constant_rate(0.1f);
+  elastic::RatePolicy policy(schedule, {6400, 128, 0});
   policy.set_generation({}, 0, 256);
   CHECK(policy.at({}) == Approx(0.2));
   policy.set_factor(0.5);
