@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 
 #include "base/check.hpp"
@@ -45,9 +46,11 @@ class HostResident final : public ResidentState {
 /// [compute] emulate_device: a host backend's state kept apart from the model's buffers, as a
 /// device keeps it, and the host's copy made NaN whenever it is out of date (the parameters and the
 /// optimiser's buffers after a step, the gradient after a compute), so a read that misses its pull
-/// sees NaN and a write that misses its push is lost at the next step. Emulation, for tests on a
-/// machine without a device; the backend computes on the model's buffers, so each compute copies
-/// the parameters in and the gradient out.
+/// sees NaN. A write to the host's parameters that misses its push, which on a device would be
+/// lost at the next step, fails an invariant check at the next compute or pull (the host's copy,
+/// current, must then be the state's bit for bit). Emulation, for tests on a machine without a
+/// device; the backend computes on the model's buffers, so each compute copies the parameters in
+/// and the gradient out.
 class EmulatedDevice final : public ResidentState {
  public:
   EmulatedDevice(Model& model, Backend& backend, std::unique_ptr<Optimizer> host, std::unique_ptr<Optimizer> device)
@@ -60,6 +63,7 @@ class EmulatedDevice final : public ResidentState {
 
   Result<float> compute_gradients(ConstTensorView x, std::span<const int32_t> labels) override {
     const auto host = model_.parameters();
+    TEPDIST_CHECK(!unpushed_write());  // the host's parameters were written without push_parameters
     std::copy(params_.begin(), params_.end(), host.begin());
     auto loss = try_compute_gradients(model_, backend_, x, labels, scratch_);
     if (!params_current_) poison(host);
@@ -84,6 +88,7 @@ class EmulatedDevice final : public ResidentState {
   std::string where() const override { return "host memory kept apart from the model's (compute.emulate_device)"; }
 
   void pull_parameters() override {
+    TEPDIST_CHECK(!unpushed_write());  // the pull would overwrite host writes never pushed
     std::copy(params_.begin(), params_.end(), model_.parameters().begin());
     params_current_ = true;
   }
@@ -109,6 +114,11 @@ class EmulatedDevice final : public ResidentState {
 
  private:
   static void poison(std::span<float> host) { std::fill(host.begin(), host.end(), std::numeric_limits<float>::quiet_NaN()); }
+  /// Whether the host's parameters, current since the last pull or push, were written since.
+  bool unpushed_write() const {
+    const auto host = model_.parameters();
+    return params_current_ && std::memcmp(host.data(), params_.data(), host.size_bytes()) != 0;
+  }
 
   Model& model_;
   Backend& backend_;

@@ -1,8 +1,12 @@
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <csignal>
 #include <numeric>
 #include <string>
+
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "compute/backends.hpp"
 #include "compute/optimizer.hpp"
@@ -251,14 +255,30 @@ TEST_CASE("an emulated device keeps the state apart: the same steps, and the hos
     optimizer->step(direct->parameters(), direct->gradients(), 0.01f);
     return std::ranges::equal(direct->parameters(), through->parameters());
   };
-  // A write to the host's copy without its push is not the state: the next step leaves it behind.
-  through->parameters()[0] += 1.0f;
-  CHECK(step_both());
-  // A pushed one is: both take the same change.
+  // A pushed write to the host's copy is the state's: both take the same change.
   direct->parameters()[0] += 1.0f;
   through->parameters()[0] += 1.0f;
   resident->push_parameters();
   CHECK(step_both());
+  // One without its push, which a device would lose at the next step, is a failed invariant at
+  // the next compute or pull (in a child process: the check aborts).
+  const auto aborts = [&](auto&& then) {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::close(STDERR_FILENO);  // the child's check message is expected
+      through->parameters()[3] += 1.0f;
+      then();
+      ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+  };
+  CHECK(aborts([&] { (void)resident->compute_gradients(x, y); }));
+  CHECK(aborts([&] { resident->pull_parameters(); }));
+  CHECK_FALSE(aborts([&] { resident->push_parameters(); }));  // the sync point the write needs
+  CHECK(step_both());  // the children's writes were theirs
   // The refusals are the host's.
   const std::vector<int32_t> bad{0, 1, 2, 3, 4, 10};
   CHECK_FALSE(resident->compute_gradients(x, bad).has_value());

@@ -221,6 +221,57 @@ TEST_CASE("sync with its state kept apart, as on a device: evaluations, checkpoi
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 
+TEST_CASE("gossip with its state kept apart, as on a device: local steps, the final average, checkpoints and a resume "
+          "end bit for bit where the plain job does, and mixings read and write it at their sync points",
+          "[integration][run][fashion]") {
+  // As the sync case above: [compute] emulate_device leaves the host's copy NaN while it is out of
+  // date, and a host write the resident state never takes fails an invariant check.
+  TempDir dir;
+  const std::string job = job_file(dir);
+  const auto run = [&](const std::string& out, std::vector<std::string> extra) {
+    std::vector<std::string> args{TEPDIST_BINARY, "run", job, "--mode", "gossip", "--set", "optimizer.name=\"adam\"",
+                                  "--set", "optimizer.lr=0.002", "--out", (dir.path / out).string()};
+    args.insert(args.end(), extra.begin(), extra.end());
+    Child c(args);
+    const int status = c.wait();
+    INFO(c.all());
+    REQUIRE(status == 0);
+    return read_json(dir.path / out / "result.json");
+  };
+  // Without mixings each replica's steps, and so the final average, are the same in every run:
+  // stopped after 30 local steps with checkpoints, resumed to the end.
+  const std::vector<std::string> unmixed{"--nodes", "2", "--set", "job.gossip_every=1000000"};
+  const auto stop_resume = [&](const std::string& out, const std::vector<std::string>& extra) {
+    auto first = unmixed, second = unmixed;
+    first.insert(first.end(), {"--set", "job.max_steps=30", "--set", "elastic.checkpoint_every_steps=10"});
+    second.push_back("--resume");
+    first.insert(first.end(), extra.begin(), extra.end());
+    second.insert(second.end(), extra.begin(), extra.end());
+    run(out, first);
+    return run(out, second);
+  };
+  const auto plain = stop_resume("plain", {});
+  const auto apart = stop_resume("apart", {"--set", "compute.emulate_device=true"});
+  INFO(apart.dump(1));
+  CHECK(apart["samples"] == plain["samples"]);
+  CHECK(apart["test_accuracy"] == plain["test_accuracy"]);
+  CHECK(apart["test_accuracy"].get<double>() > 0.6);
+  for (const auto& w : apart["workers"]) CHECK(w["parameter_checksum"] == plain["workers"][0]["parameter_checksum"]);
+  CHECK(read_bytes(dir.path / "apart" / "model.safetensors") == read_bytes(dir.path / "plain" / "model.safetensors"));
+  CHECK_THAT(read_bytes(dir.path / "apart" / "logs" / "node-0.log"), Catch::Contains("emulate_device"));
+  // Mixed every step, the runs differ by timing: a mixing that read the host's copy without its
+  // pull would spread NaN (the job fails as diverged), one whose write never reached the state
+  // would abort its node (with restart = "never", a second generation).
+  const auto mixed = run("mixed", {"--nodes", "3", "--set", "job.gossip_every=1", "--set",
+                                   "compute.emulate_device=true", "--set", "elastic.restart=\"never\""});
+  INFO(mixed.dump(1));
+  CHECK(mixed["generations"].size() == 1);
+  CHECK(mixed["workers"].size() == 3);
+  CHECK(mixed["gossip_exchanges"].get<int>() > 0);
+  CHECK(mixed["test_accuracy"].get<double>() > 0.6);
+  CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
+}
+
 TEST_CASE("sync, balanced: a slower node trains a smaller share, and the update is still one process's at the "
           "global batch",
           "[integration][run][fashion]") {

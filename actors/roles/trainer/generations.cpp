@@ -10,8 +10,29 @@ elastic::StateView state_view(Job& j) {
 
 void parameters_to_host(Job& j) {
   if (!j.resident || j.host_parameters) return;
+  TEPDIST_CHECK(j.resident_parameters);  // a pull would lose the host's writes
   j.resident->pull_parameters();
   j.host_parameters = true;
+}
+
+std::span<float> host_parameters_to_write(Job& j) {
+  parameters_to_host(j);
+  if (j.resident) j.resident_parameters = false;
+  return j.model->parameters();
+}
+
+void parameters_to_device(Job& j) {
+  if (!j.resident || j.resident_parameters) return;
+  TEPDIST_CHECK(j.host_parameters);
+  j.resident->push_parameters();
+  j.resident_parameters = true;
+}
+
+void optimizer_step(Job& j, float lr) {
+  if (!j.resident) return j.optimizer->step(j.model->parameters(), j.model->gradients(), lr);
+  parameters_to_device(j);
+  j.resident->step(lr);
+  j.host_parameters = j.host_optimizer = false;
 }
 
 void state_to_host(Job& j) {
@@ -25,7 +46,7 @@ void state_from_host(Job& j) {
   if (!j.resident) return;
   j.resident->push_parameters();
   j.resident->push_optimizer();
-  j.host_parameters = j.host_optimizer = true;
+  j.host_parameters = j.host_optimizer = j.resident_parameters = true;
 }
 
 std::unique_ptr<elastic::JobControl> make_control(const TrainerState& s, const elastic::JobConfig* config) {

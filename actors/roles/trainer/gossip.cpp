@@ -46,11 +46,11 @@ class GossipDriver final : public Driver {
     const int64_t samples = *computed;
     consumed_ += slice.count;
     j.epoch = static_cast<int64_t>(slice.epoch);
-    if (samples > 0)
-      j.optimizer->step(j.model->parameters(), j.model->gradients(), j.rate->at(rate_progress_at(j, pace_, consumed_ - slice.count)));
+    if (samples > 0) optimizer_step(j, j.rate->at(rate_progress_at(j, pace_, consumed_ - slice.count)));
     if (averaging_->after_step()) {
       partner_ = averaging_->partner(random_());
       std::vector<gossip::GossipAverage> out;
+      parameters_to_host(j);
       averaging_->begin(next_exchange_++, j.model->parameters(), out);
       for (auto& m : out) {
         m.generation = j.generation;
@@ -178,6 +178,7 @@ class GossipDriver final : public Driver {
   void start_final_average(Trainer* self, Job& j) {
     final_average_ = true;
     averaging_->abandon();
+    parameters_to_host(j);
     const auto params = j.model->parameters();
     std::copy(params.begin(), params.end(), j.buffer.begin());
     j.buffer.back() = held_ ? 0.0f : 1.0f;
@@ -198,7 +199,7 @@ class GossipDriver final : public Driver {
                          j.start.job_id, j.rank, j.step);
       held_ = false;
     }
-    const auto p = j.model->parameters();
+    const auto p = host_parameters_to_write(j);
     const float inv = 1.0f / static_cast<float>(j.world);
     for (size_t i = 0; i < p.size(); ++i) p[i] = j.buffer[i] * inv;
     j.ring_seconds += seconds_between(j.waiting_since, Clock::now());
@@ -235,7 +236,8 @@ class GossipDriver final : public Driver {
     if (final && j.config.job.max_steps <= 0 && !j.target_reached)
       for (const auto& w : j.start.workers) cursors[w] = std::numeric_limits<uint64_t>::max();
     set_unconsumed(j, cursors, state);
-    j.checkpoints.write(j, *j.model, *j.optimizer, state, began);
+    state_to_host(j);
+    j.checkpoints.write(j, *j.model, j.opt(), state, began);
   }
 
   void on_average(Trainer* self, Job& j, const std::string& peer, const gossip::GossipAverage& m) {
@@ -255,13 +257,13 @@ class GossipDriver final : public Driver {
         node_events().warn("gossip_refused from={} reason=\"not the partner of this exchange\"", peer);
         return;
       }
-      if (auto ok = averaging_->on_reply(m, j.model->parameters()); !ok && !final_average_)
+      if (auto ok = averaging_->on_reply(m, host_parameters_to_write(j)); !ok && !final_average_)
         node_events().warn("gossip_refused from={} reason=\"{}\"", peer, ok.error());
       return;
     }
     if (final_average_) return;  // the replicas are being averaged for good: no more pairs
     std::vector<gossip::GossipAverage> out;
-    if (auto ok = averaging_->on_request(m, j.model->parameters(), out); !ok) {
+    if (auto ok = averaging_->on_request(m, host_parameters_to_write(j), out); !ok) {
       node_events().warn("gossip_refused from={} reason=\"{}\"", peer, ok.error());
       return;
     }

@@ -412,18 +412,21 @@ std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t>
     };
   }
   compute::gather_batch(j.data.train, idx, j.x, j.y);
-  // A resident state computes where it lives and hands the whole gradient over at the end (no
-  // `ready`: the ring gets it from the host's copy, pulled here).
+  // A resident state computes where it lives, on the parameters with the host's writes, and keeps
+  // the gradient there (no `ready`: sync's ring pulls it whole).
   TEPDIST_CHECK(!j.resident || !ready);
+  if (j.resident) parameters_to_device(j);
   const auto computed = j.resident ? j.resident->compute_gradients(j.x, j.y)
                                    : compute::try_compute_gradients(*j.model, *j.backend, j.x, j.y, j.scratch, paced);
   if (!computed) return std::unexpected(fmt::format("step {}: {}", step, computed.error().message));
-  if (j.resident) j.resident->pull_gradients();
   hold();
   j.speed.add(static_cast<int64_t>(idx.size()), seconds_between(began, Clock::now()));
   loss = *computed;
   // The divergence rule, every mode alike: nothing of a step that is not finite leaves the worker
-  // (a ring sum, a mixing, a push) or steps an optimiser.
+  // (a ring sum, a mixing, a push) or steps an optimiser. A resident gradient is checked where it
+  // lives; one that is not finite comes to the host, so the error names its first bad element.
+  if (j.resident && std::isfinite(loss) && j.resident->gradient_finite()) return static_cast<int64_t>(idx.size());
+  if (j.resident) j.resident->pull_gradients();
   if (auto ok = compute::check_finite_step(step, loss, j.model->gradients()); !ok)
     return std::unexpected(ok.error().message);
   return static_cast<int64_t>(idx.size());
@@ -723,11 +726,12 @@ std::expected<void, std::string> setup(Trainer* self, Job& j) {
       j.figures.metrics = &m;  // the recent mean's gauge is made at the first answer: none is none yet
     }
   }
-  // Sync keeps the training state where the backend keeps it (a device's memory; or emulated,
-  // [compute] emulate_device): each step the ring needs only the gradient on the host. Gossip and
-  // async read and write the parameters every step (mixing, shard pulls), so theirs stays on the
-  // host, the backend computing on it.
-  if (j.config.job.mode == "sync") {
+  // Sync and gossip keep the training state where the backend keeps it (a device's memory; or
+  // emulated, [compute] emulate_device): each step sync's ring needs only the gradient on the host,
+  // gossip's local steps nothing, its mixings the parameters. Async's parameters are its shards',
+  // pulled and pushed over the wire every step, so its state stays on the host, the backend
+  // computing on it.
+  if (j.config.job.mode == "sync" || j.config.job.mode == "gossip") {
     auto resident = j.backend->make_resident(*j.model, j.config.optimizer.options);
     if (!resident) return std::unexpected(resident.error().message);
     if (*resident) {

@@ -208,14 +208,16 @@ struct Job {
   std::unique_ptr<compute::Model> model;
   std::unique_ptr<compute::Backend> backend;
   std::unique_ptr<compute::Optimizer> optimizer;  // null while `resident` holds the state
-  // Sync on a backend that keeps the training state itself (cuda; [compute] emulate_device): the
-  // parameters, gradient and optimiser state live there, and the model's buffers and
-  // resident->optimizer()'s are the host's copy, the state only after state_to_host(). Null: the
-  // host's buffers are the state (gossip and async always: they read and write it every step).
+  // Sync and gossip on a backend that keeps the training state itself (cuda; [compute]
+  // emulate_device): the parameters, gradient and optimiser state live there, and the model's
+  // buffers and resident->optimizer()'s are the host's copy, the state only after state_to_host().
+  // Null: the host's buffers are the state (async always: its shards are the parameters, pulled
+  // and pushed over the wire every step).
   std::unique_ptr<compute::ResidentState> resident;
   // With `resident`: the host's copy of the parameters, and of the optimiser's buffers, is the
-  // state as it is now.
-  bool host_parameters = true, host_optimizer = true;
+  // state as it is now; and the resident parameters have every write made to the host's copy
+  // (false after host_parameters_to_write, until parameters_to_device). Never both stale.
+  bool host_parameters = true, host_optimizer = true, resident_parameters = true;
   compute::Optimizer& opt() { return resident ? resident->optimizer() : *optimizer; }
   std::optional<compute::LrSchedule> schedule;
   std::string optimizer_applied;  // JobStart::optimizer as applied here (empty: the config's own)
@@ -561,6 +563,14 @@ void state_to_host(Job& j);
 void parameters_to_host(Job& j);
 /// The host's copy, written (a pulled state, a program's parameters), to the resident state.
 void state_from_host(Job& j);
+/// The host's parameters, current, for a write of a part of them (gossip's mixings, its average):
+/// the resident state takes them before it next computes or steps (parameters_to_device), once
+/// however many writes came between.
+std::span<float> host_parameters_to_write(Job& j);
+/// Host writes of the parameters (host_parameters_to_write) to the resident state; nothing if none.
+void parameters_to_device(Job& j);
+/// The optimiser's step with the gradient in place, where the state lives.
+void optimizer_step(Job& j, float lr);
 
 std::unique_ptr<elastic::JobControl> make_control(const TrainerState& s, const elastic::JobConfig* config);
 

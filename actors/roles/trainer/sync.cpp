@@ -42,6 +42,7 @@ class SyncDriver final : public Driver {
     if (const int64_t samples = *computed; samples > 0) {
       const auto count = static_cast<float>(samples);
       TEPDIST_CHECK(overlap.count == count);
+      if (j.resident) j.resident->pull_gradients();  // the ring sums it on the host
       // What the backward pass handed to the ring is in the buffer already.
       if (overlap.written != j.elements()) {
         TEPDIST_CHECK(overlap.written == 0);
@@ -202,13 +203,8 @@ class SyncDriver final : public Driver {
     const float* sum = j.buffer.data() + gradient_at(j);
     for (size_t i = 0; i < grads.size(); ++i) grads[i] = sum[i] * inv;
     j.loss = j.buffer[loss_at] / total;
-    if (j.resident) {
-      j.resident->push_gradients();
-      j.resident->step(j.rate->at(progress_));
-      j.host_parameters = j.host_optimizer = false;
-    } else {
-      j.optimizer->step(j.model->parameters(), grads, j.rate->at(progress_));
-    }
+    if (j.resident) j.resident->push_gradients();
+    optimizer_step(j, j.rate->at(progress_));
     progress_ = elastic::after_sync_step(progress_, j.data.train.size(), j.world, j.config.data.batch_size);
     j.step = static_cast<int64_t>(progress_.step);
     // A stop vote in the sum: every worker ends after this same step.
