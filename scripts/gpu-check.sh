@@ -65,9 +65,9 @@ LD_LIBRARY_PATH=$plain_path PYTHONUNBUFFERED=1 timeout 90 python3 -W ignore benc
 tail -3 "$out/torch.err"
 set -e
 
-# The product on the GPU: `tepdist train` and a two-node sync `tepdist run` (each worker's state on
-# the device: the gradient comes down for the ring and the average goes back up), on synthetic data
-# (no data set is carried).
+# The product on the GPU: `tepdist train` and two-node sync and gossip `tepdist run`s (each worker's
+# state on the device: sync's gradient comes down for the ring and the average goes back up), on
+# synthetic data (no data set is carried).
 if [[ -f .gpu/tepdist.tar.xz ]]; then
   td=$(mktemp -d)
   tar -C "$td" -xJf .gpu/tepdist.tar.xz
@@ -90,6 +90,17 @@ if [[ -f .gpu/tepdist.tar.xz ]]; then
   python3 -c "import json, sys; r = json.load(open(sys.argv[1])); c = {w['parameter_checksum'] for w in r['workers']}; \
 print('  replicas:', 'bit-identical' if len(c) == 1 else 'DIFFER', sorted(c), 'test accuracy', r['test_accuracy'])" \
     "$out/run/result.json" || echo "  no result.json"
+  # Gossip keeps its state on the device too: local steps move only the batch and the loss, a
+  # mixing brings the parameters down once and sends the mixed ones up once.
+  rc=0
+  LD_LIBRARY_PATH="$td/lib:$LD_LIBRARY_PATH" timeout 90 "$td/tepdist" run configs/quickstart.toml --nodes 2 --mode gossip \
+    --set compute.backend=cuda --set data.dataset=synthetic --set job.max_steps=150 --set job.eval_every_steps=0 \
+    --out "$out/gossip" > "$out/gossip.log" 2>&1 || rc=$?
+  echo "tepdist run (2 nodes, gossip, cuda, synthetic): exit $rc; $(tail -2 "$out/gossip.log" | cut -c1-300)"
+  echo "  where each worker kept its state: $(grep -h -o 'training_state .*' "$out"/gossip/logs/node-*.log | sort -u | cut -c1-200)"
+  python3 -c "import json, sys; r = json.load(open(sys.argv[1])); c = {w['parameter_checksum'] for w in r['workers']}; \
+print('  final average:', 'bit-identical' if len(c) == 1 else 'DIFFER', 'exchanges', r.get('gossip_exchanges'), 'test accuracy', r['test_accuracy'])" \
+    "$out/gossip/result.json" || echo "  no result.json"
   rm -rf "$td"
 fi
 
