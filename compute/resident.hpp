@@ -7,11 +7,10 @@
 //
 // The sync points are the one place a host copy is made, each where the wire or a file needs one:
 //   pull_parameters   model.parameters() <- resident: evaluation, checkpoints, export, the API's
-//                     model, parameters a mode sends (gossip, async shards)
-//   push_parameters   resident <- model.parameters(): after a checkpoint, the wire or a program
-//                     changed them
-//   pull_gradients    model.gradients() <- resident: a gradient the sync ring averages or a shard
-//                     is sent
+//                     model, state transfer, gossip's mixings and final average
+//   push_parameters   resident <- model.parameters(): after a checkpoint, the wire (a pulled
+//                     state, a mixing) or a program changed them
+//   pull_gradients    model.gradients() <- resident: a gradient the sync ring averages
 //   push_gradients    resident <- model.gradients(): the averaged gradient back
 //   pull_optimizer / push_optimizer: optimizer().state() <-> resident, for checkpoints
 //

@@ -431,8 +431,9 @@ const std::vector<Key>& keys() {
         "Emulation, for tests on machines without a GPU: backends \"onednn\" and \"ref\" keep the training "
         "state (parameters, gradient, optimiser buffers) in memory of their own, as \"cuda\" keeps it on its "
         "device, and the host's copy reads as NaN whenever it is out of date, so a code path that reads or "
-        "writes the state without its sync point fails visibly. Sync jobs and `tepdist train` use it (as they "
-        "use a device's); costs two copies of the model a step. Refused with backend \"cuda\"."},
+        "writes the state without its sync point fails visibly (a host write never pushed fails an invariant "
+        "check). Sync and gossip jobs and `tepdist train` use it (as they use a device's; async does not); "
+        "costs two copies of the model a step. Refused with backend \"cuda\"."},
        -inf, inf, false, false, {}, assign<&J::compute, &J::Compute::emulate_device>},
       {{"compute", "threads", KeyType::integer, "0", "Threads for the kernels; 0: every core (`tepdist run`'s local nodes: each its share of the cores). "
         "--threads overrides."},

@@ -236,10 +236,12 @@ TEST_CASE("Trainer: an optimiser the program changes between epochs is the next 
   // precision, so the second epoch ends where the first did, bit for bit (gossip: its replicas
   // were averaged at the hold, so they agree). With the old rate it would move them. Async in
   // gradients mode changes to Adam: the shards step it, and its state is of another layout. Sync
-  // with its state kept apart (emulate-device) makes that state anew for the new optimiser.
+  // and gossip with their state kept apart (emulate-device) make that state anew for the new
+  // optimiser.
   for (const auto& [mode, actions] :
        {std::pair{"sync", "slow-after-first"}, {"gossip", "slow-after-first"}, {"async", "slow-after-first"},
-        {"async", "gradients,adam-after-first"}, {"sync", "emulate-device,adam-after-first"}}) {
+        {"async", "gradients,adam-after-first"}, {"sync", "emulate-device,adam-after-first"},
+        {"gossip", "emulate-device,adam-after-first"}}) {
     DYNAMIC_SECTION(mode << " " << actions) {
       TempDir dir;
       const auto output = run_probe_twice(dir, mode, actions);
@@ -417,11 +419,12 @@ TEST_CASE("Trainer: parameters the program sets between epochs are where the nex
   // Every parameter 0 after the first epoch: plain SGD from there moves only the last layer's
   // bias (each other gradient has a zero weight or a zero activation in it). Async: the shards
   // hold the parameters; in updates mode (the default) the workers step and the shards add their
-  // changes, in gradients mode the shards step. Sync with its state kept apart (emulate-device):
-  // the program's parameters are pushed to it.
+  // changes, in gradients mode the shards step. Sync and gossip with their state kept apart
+  // (emulate-device): the program's parameters are pushed to it.
   for (const auto& [mode, actions] :
        {std::pair{"sync", "zero-after-first"}, {"gossip", "zero-after-first"}, {"async", "zero-after-first"},
-        {"async", "gradients,zero-after-first"}, {"sync", "emulate-device,zero-after-first"}}) {
+        {"async", "gradients,zero-after-first"}, {"sync", "emulate-device,zero-after-first"},
+        {"gossip", "emulate-device,zero-after-first"}}) {
     DYNAMIC_SECTION(mode << " " << actions) {
       TempDir dir;
       const auto output = run_probe_twice(dir, mode, actions);

@@ -260,8 +260,9 @@ TEST_CASE("gossip with its state kept apart, as on a device: local steps, the fi
   CHECK(read_bytes(dir.path / "apart" / "model.safetensors") == read_bytes(dir.path / "plain" / "model.safetensors"));
   CHECK_THAT(read_bytes(dir.path / "apart" / "logs" / "node-0.log"), Catch::Contains("emulate_device"));
   // Mixed every step, the runs differ by timing: a mixing that read the host's copy without its
-  // pull would spread NaN (the job fails as diverged), one whose write never reached the state
-  // would abort its node (with restart = "never", a second generation).
+  // pull would send NaN, which its partner refuses ("not finite"), or write it into the replica
+  // (the job fails as diverged); one whose write never reached the state would abort its node
+  // (with restart = "never", a second generation, and the check in its log).
   const auto mixed = run("mixed", {"--nodes", "3", "--set", "job.gossip_every=1", "--set",
                                    "compute.emulate_device=true", "--set", "elastic.restart=\"never\""});
   INFO(mixed.dump(1));
@@ -269,6 +270,12 @@ TEST_CASE("gossip with its state kept apart, as on a device: local steps, the fi
   CHECK(mixed["workers"].size() == 3);
   CHECK(mixed["gossip_exchanges"].get<int>() > 0);
   CHECK(mixed["test_accuracy"].get<double>() > 0.6);
+  for (const auto& log : fs::directory_iterator(dir.path / "mixed" / "logs")) {
+    const std::string text = read_bytes(log.path());
+    INFO(log.path());
+    CHECK(text.find("not finite") == std::string::npos);
+    CHECK(text.find("invariant violated") == std::string::npos);
+  }
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));
 }
 

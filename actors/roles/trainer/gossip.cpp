@@ -248,8 +248,11 @@ class GossipDriver final : public Driver {
     }
     const auto from = static_cast<uint32_t>(it - j.start.workers.begin());
     // Mixings happen within one generation, and not while this worker has promised the next: its
-    // ack's cursors must stay what was mixed.
-    if (m.generation != j.generation || !j.member || (j.control && j.control->paused()) || !averaging_) return;
+    // ack's cursors must stay what was mixed. Nor while it pulls its replica: a mixing would send
+    // the half it has, and write over pieces already pulled.
+    if (m.generation != j.generation || !j.member || (j.control && j.control->paused()) || !averaging_ ||
+        !j.has_state || j.pulling)
+      return;
     // What it had trained on when it sent this is in the mixing: counted, should it die.
     cursors_[peer] = std::max(cursors_[peer], m.consumed);
     if (m.reply) {

@@ -413,7 +413,8 @@ std::expected<int64_t, std::string> gradient_of(Job& j, std::span<const int64_t>
   }
   compute::gather_batch(j.data.train, idx, j.x, j.y);
   // A resident state computes where it lives, on the parameters with the host's writes, and keeps
-  // the gradient there (no `ready`: sync's ring pulls it whole).
+  // the gradient there (no `ready`: sync's ring pulls it whole, a copy for the ring, so outside the
+  // step's measured and stretched compute).
   TEPDIST_CHECK(!j.resident || !ready);
   if (j.resident) parameters_to_device(j);
   const auto computed = j.resident ? j.resident->compute_gradients(j.x, j.y)
