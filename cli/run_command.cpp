@@ -437,7 +437,8 @@ int run_run_command(const RunArgs& args) {
                         {"bytes_sent", d.bytes_sent},
                         {"bytes_per_step", d.step ? d.bytes_sent / d.step : 0},
                         {"train_seconds", d.train_seconds},
-                        {"parameter_checksum", fmt::format("{:016x}", d.checksum)}};
+                        {"parameter_checksum", fmt::format("{:016x}", d.checksum)},
+                        {"compute", d.compute}};
     if (sync) w["ring_bytes_sent"] = d.bytes_sent;
     if (c.job.mode == "async") {
       w["stale_rejected"] = d.stale_rejected;

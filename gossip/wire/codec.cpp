@@ -341,6 +341,7 @@ struct Encoder {
             put_loads(b.initLoads(static_cast<unsigned>(m.loads.size())), m.loads);
             b.setExchanges(m.exchanges);
             b.setStalenessSum(m.staleness_sum);
+            b.setCompute(m.compute);
           } else if constexpr (std::is_same_v<T, ShardUpdate>) {
             auto b = e.initShardUpdate();
             b.setJobId(m.job_id);
@@ -755,6 +756,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
                        r.getStalenessSum()};
       report.lr = r.getLr();
       report.loads = in.loads(r.getLoads(), "a job report's loads");
+      report.compute = in.text(r.getCompute(), wire_caps::reason_bytes, "a job report's compute");
       return report;
     }
     case wire::Envelope::SHARD_UPDATE: {

@@ -400,6 +400,9 @@ struct JobReport {
   uint64_t stale_rejected = 0, updates_applied = 0, exchanges = 0, staleness_sum = 0;
   double lr = 0;                       ///< progress: the rate in effect at the last step
   std::vector<WorkerLoad> loads = {};  ///< progress: the workers' speeds and shares
+  /// done: how this worker computed: the backend's path (compute_path) or, with a resident state,
+  /// where the state lived ("cuda:0 (NVIDIA H200)")
+  std::string compute = {};
   friend bool operator==(const JobReport&, const JobReport&) = default;
 };
 

@@ -415,6 +415,7 @@ struct JobReport {
   stalenessSum @20 :UInt64;     # done, async: the staleness of every update those shards applied, summed
   lr @21 :Float64;              # progress: the learning rate in effect at the last step
   loads @22 :List(WorkerLoad);  # progress: the workers' speeds and shares, as the reporter knows them
+  compute @23 :Text;            # done: how this worker computed: its backend's path, or where its training state lived
   enum Kind {
     progress @0;
     evaluation @1;

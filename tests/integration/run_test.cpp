@@ -259,6 +259,9 @@ TEST_CASE("gossip with its state kept apart, as on a device: local steps, the fi
   for (const auto& w : apart["workers"]) CHECK(w["parameter_checksum"] == plain["workers"][0]["parameter_checksum"]);
   CHECK(read_bytes(dir.path / "apart" / "model.safetensors") == read_bytes(dir.path / "plain" / "model.safetensors"));
   CHECK_THAT(read_bytes(dir.path / "apart" / "logs" / "node-0.log"), Catch::Contains("emulate_device"));
+  // Each worker says how it computed: where its state lived, or the backend's path.
+  for (const auto& w : apart["workers"]) CHECK_THAT(w["compute"].get<std::string>(), Catch::Contains("emulate_device"));
+  for (const auto& w : plain["workers"]) CHECK_THAT(w["compute"].get<std::string>(), Catch::Contains("onednn"));
   // Mixed every step, the runs differ by timing: a mixing that read the host's copy without its
   // pull would send NaN, which its partner refuses ("not finite"), or write it into the replica
   // (the job fails as diverged); one whose write never reached the state would abort its node

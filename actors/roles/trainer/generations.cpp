@@ -352,9 +352,10 @@ void start_job(Trainer* self, const gossip::JobStart& record, bool has_state) {
                      record.job_id, job->driver->name(), job->rank, job->world, job->total_steps,
                      job->steps_per_epoch, job->generation);
   // With a resident state the model's own plan never runs (and on a device would hold memory).
-  if (!job->resident)
-    node_events().info("compute_path job={} path=\"{}\"", record.job_id,
-                       job->model->compute_path(*job->backend, job->config.data.batch_size));
+  if (!job->resident) {
+    job->compute_path = job->model->compute_path(*job->backend, job->config.data.batch_size);
+    node_events().info("compute_path job={} path=\"{}\"", record.job_id, job->compute_path);
+  }
   const bool elastic_mode = job->driver->elastic();
   s.job = std::move(job);
   s.joining.reset();

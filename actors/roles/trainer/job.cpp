@@ -65,6 +65,9 @@ JobReport report_of(const Job& j, JobReport::Kind kind) {
     if (j.rate && j.driver) r.lr = j.rate->at(j.driver->rate_progress(j));
     r.loads = loads_of(j);  // done: async and gossip workers' own speeds reach the result this way
   }
+  // How it computed: where a resident state lives (a change of optimiser may have moved it to the
+  // host), else the backend's path.
+  if (kind == JobReport::Kind::done) r.compute = j.resident ? j.resident->where() : j.compute_path;
   return r;
 }
 

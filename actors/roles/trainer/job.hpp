@@ -221,6 +221,7 @@ struct Job {
   compute::Optimizer& opt() { return resident ? resident->optimizer() : *optimizer; }
   std::optional<compute::LrSchedule> schedule;
   std::string optimizer_applied;  // JobStart::optimizer as applied here (empty: the config's own)
+  std::string compute_path;       // the backend's path for the job's batch, where the host's buffers are the state
   std::vector<int64_t> order;  // the shuffled sample indices of epoch order_epoch
   int64_t order_epoch = -1;
   uint64_t tensor_bytes = 0;   // async and gossip: payload bytes sent outside the ring
