@@ -84,6 +84,7 @@ void RingAllReduce::offer(uint64_t step, std::span<const float> buffer, size_t b
   if (offered_step_ != step) {
     offered_step_ = step;
     offered_.assign(chunks, 0);
+    offered_ranges_.assign(chunks, {});
   }
   begin = std::max(begin, mine.begin);
   end = std::min(end, mine.end);
@@ -93,12 +94,15 @@ void RingAllReduce::offer(uint64_t step, std::span<const float> buffer, size_t b
     const size_t chunk_begin = mine.begin + k * o_.chunk_elements;
     const size_t chunk_end = std::min(mine.end, chunk_begin + o_.chunk_elements);
     const size_t upto = std::min(end, chunk_end);
-    TEPDIST_CHECK(offered_[k] != SIZE_MAX && offered_[k] + (upto - b) <= chunk_end - chunk_begin &&
-                  "offer(): an element offered twice");
+    // Each element at most once: no range of this chunk offered before overlaps this one.
+    TEPDIST_CHECK(offered_[k] != SIZE_MAX && "offer(): an element offered twice");
+    for (const auto& r : offered_ranges_[k]) TEPDIST_CHECK((upto <= r.begin || r.end <= b) && "offer(): an element offered twice");
+    offered_ranges_[k].push_back({b, upto});
     offered_[k] += upto - b;
     if (offered_[k] == chunk_end - chunk_begin) {
       emit(step, buffer, 0, 0, chunk_begin, chunk_end, out);
       offered_[k] = SIZE_MAX;
+      offered_ranges_[k].clear();
     }
     b = upto;
   }

@@ -110,6 +110,7 @@ class RingAllReduce {
   std::vector<RingChunk> early_;  // chunks of step_ + 1, from a neighbour that is ahead
   uint64_t offered_step_ = 0;     // the step offer() has sent chunks of (0: none)
   std::vector<size_t> offered_;   // per chunk of own(): elements offered; SIZE_MAX once sent
+  std::vector<std::vector<Range>> offered_ranges_;  // per chunk of own() not yet sent: the ranges offered
   uint64_t bytes_sent_ = 0;
 };
 

@@ -12,6 +12,10 @@
 #include <numeric>
 #include <random>
 
+#include <csignal>
+#include <sys/wait.h>
+#include <unistd.h>
+
 using tepdist::gossip::RingChunk;
 using tepdist::gossip::collective::RingAllReduce;
 
@@ -232,6 +236,50 @@ TEST_CASE("a rank's finished parts go before it starts, each chunk once wholly o
   out.clear();
   mid.start(1, b, out);
   CHECK(out.empty());
+}
+
+TEST_CASE("an element offered twice in one step fails an invariant check, even in a chunk not yet whole",
+          "[gossip][ring]") {
+  // The caller's bug, not the wire's: it aborts (in a child process here). Chunks of 4 over 10.
+  const auto aborts = [](auto&& offers) {
+    const pid_t child = ::fork();
+    REQUIRE(child >= 0);
+    if (child == 0) {
+      ::signal(SIGABRT, SIG_DFL);  // not Catch's handler: the abort is expected
+      ::close(STDOUT_FILENO);
+      ::close(STDERR_FILENO);
+      RingAllReduce r({1, 0, 2, 10, 4});
+      std::vector<float> b(10, 1.0f);
+      std::vector<RingChunk> out;
+      offers(r, b, out);
+      ::_exit(0);
+    }
+    int status = 0;
+    REQUIRE(::waitpid(child, &status, 0) == child);
+    return WIFSIGNALED(status) && WTERMSIG(status) == SIGABRT;
+  };
+  // [1, 2) twice while [0, 1) and [2, 4) are still holes: the counts alone (2 of 4) would pass.
+  CHECK(aborts([](RingAllReduce& r, std::vector<float>& b, std::vector<RingChunk>& out) {
+    r.offer(1, b, 1, 2, out);
+    r.offer(1, b, 1, 2, out);
+  }));
+  // Overlapping ranges, neither whole.
+  CHECK(aborts([](RingAllReduce& r, std::vector<float>& b, std::vector<RingChunk>& out) {
+    r.offer(1, b, 4, 6, out);
+    r.offer(1, b, 5, 7, out);
+  }));
+  // A chunk already sent, offered again.
+  CHECK(aborts([](RingAllReduce& r, std::vector<float>& b, std::vector<RingChunk>& out) {
+    r.offer(1, b, 0, 4, out);
+    r.offer(1, b, 3, 4, out);
+  }));
+  // Disjoint pieces in any order are fine.
+  CHECK_FALSE(aborts([](RingAllReduce& r, std::vector<float>& b, std::vector<RingChunk>& out) {
+    r.offer(1, b, 2, 3, out);
+    r.offer(1, b, 0, 1, out);
+    r.offer(1, b, 3, 10, out);
+    r.offer(1, b, 1, 2, out);
+  }));
 }
 
 TEST_CASE("chunks that do not fit the ring are refused with a reason and change nothing", "[gossip][ring]") {
