@@ -16,6 +16,27 @@ double median(std::vector<double> v) {
   return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
 }
 
+// The predicted step of `shares`: the slowest rank's share over its speed.
+double step_time(std::span<const int64_t> shares, std::span<const double> speeds) {
+  double t = 0;
+  for (size_t r = 0; r < shares.size(); ++r) t = std::max(t, static_cast<double>(shares[r]) / speeds[r]);
+  return t;
+}
+
+// The split of `units` quanta with the shortest step: every rank one quantum, then each further
+// quantum to the rank that would finish its next one soonest (ties to the lower rank). Greedy is
+// exact for a min-max of linear times; the cost is units x ranks, small for any global batch.
+std::vector<int64_t> fastest_units(std::span<const double> speeds, int64_t units) {
+  std::vector<int64_t> u(speeds.size(), 1);
+  for (auto k = static_cast<int64_t>(u.size()); k < units; ++k) {
+    size_t best = 0;
+    for (size_t r = 1; r < u.size(); ++r)
+      if (static_cast<double>(u[r] + 1) / speeds[r] < static_cast<double>(u[best] + 1) / speeds[best]) best = r;
+    ++u[best];
+  }
+  return u;
+}
+
 }  // namespace
 
 void SpeedMeter::add(int64_t samples, double seconds) {
@@ -76,19 +97,24 @@ std::vector<int64_t> sync_shares(std::span<const int64_t> shares, std::span<cons
     --u[r];
     ++left;
   }
-  std::vector<int64_t> out(u.size());
-  for (size_t r = 0; r < u.size(); ++r) out[r] = u[r] * quantum;
-  // What does not fill a quantum goes to the largest share.
-  const auto largest = static_cast<size_t>(std::max_element(out.begin(), out.end()) - out.begin());
-  out[largest] += global - units * quantum;
-  // A dead band: shares move only for a step at least min_gain shorter (the slowest rank's share
-  // over its speed), so that the noise of equal nodes does not shuffle their shares (and plans).
-  auto step_time = [&](const std::vector<int64_t>& s) {
-    double t = 0;
-    for (size_t r = 0; r < s.size(); ++r) t = std::max(t, static_cast<double>(s[r]) / speeds[r]);
-    return t;
+  // In quanta, then what does not fill a quantum goes to the largest share.
+  auto to_shares = [&](const std::vector<int64_t>& in_units) {
+    std::vector<int64_t> out(in_units.size());
+    for (size_t r = 0; r < in_units.size(); ++r) out[r] = in_units[r] * quantum;
+    const auto largest = static_cast<size_t>(std::max_element(out.begin(), out.end()) - out.begin());
+    out[largest] += global - units * quantum;
+    return out;
   };
-  return step_time(out) <= (1 - min_gain) * step_time(current) ? out : current;
+  // A dead band: shares move only for a step at least min_gain shorter, so that the noise of equal
+  // nodes does not shuffle their shares (and plans).
+  const double now = step_time(current, speeds);
+  const auto gains = [&](const std::vector<int64_t>& s) { return step_time(s, speeds) <= (1 - min_gain) * now; };
+  if (auto halfway = to_shares(u); halfway != current && gains(halfway)) return halfway;
+  // Near the target half-way rounds back to where the shares are (or gains too little), and could
+  // hold them a quantum off for good: 88/40 where the speeds say 92.9/35.1 and 96/32 makes the step
+  // 9% shorter. There the step goes straight to the fastest split, at most a quantum or two away.
+  if (auto fastest = to_shares(fastest_units(speeds, units)); gains(fastest)) return fastest;
+  return current;
 }
 
 int straggler(std::span<const double> speeds, double factor) {

@@ -13,8 +13,11 @@
 //   shares   proportional to speed, moved half-way from the current shares each step (a smooth
 //            change), in multiples of a quantum (the oneDNN plans of a few batch sizes are reused),
 //            never below one quantum, and only when the step gets at least 5% shorter by the
-//            speeds measured (equal nodes' noise does not shuffle their shares). A global batch
-//            too small for one quantum a worker, or a worker not measured yet, keeps the shares.
+//            speeds measured (equal nodes' noise does not shuffle their shares). Where half-way
+//            rounds back to the current shares, the step goes to the split in quanta with the
+//            shortest step instead, if that gains the 5%: rounding alone never holds the shares a
+//            quantum off. A global batch too small for one quantum a worker, or a worker not
+//            measured yet, keeps the shares.
 
 #include <cstdint>
 #include <span>
@@ -38,9 +41,9 @@ class SpeedMeter {
 };
 
 /// The next step's shares of `global` positions, from the current `shares` (one per rank, summing
-/// to global) and each rank's measured `speeds` (samples/s; 0: not measured yet). The current
-/// shares stay unless the new ones make the step (the slowest rank's share over its speed) at
-/// least min_gain shorter.
+/// to global) and each rank's measured `speeds` (samples/s; 0: not measured yet): half-way to the
+/// proportional shares, or else the fastest split in quanta. The current shares stay unless the
+/// new ones make the step (the slowest rank's share over its speed) at least min_gain shorter.
 inline constexpr double min_gain = 0.05;
 std::vector<int64_t> sync_shares(std::span<const int64_t> shares, std::span<const double> speeds, int64_t global,
                                  int64_t quantum);
