@@ -144,8 +144,12 @@ class Backend {
   /// The backend and what it runs on, for logs and results (oneDNN: its version and the
   /// instruction set it dispatches to on this CPU).
   virtual std::string describe() const { return std::string(name()); }
-  /// Threads for intra-op parallelism; 0 means every core.
+  /// Threads for intra-op parallelism; 0 means every core. For the calling thread only (OpenMP
+  /// keeps the team size per thread): every thread that computes with this backend calls it, or
+  /// it computes with every core (an evaluator on a thread of its own did, on nodes given one).
   virtual void set_threads(int threads) = 0;
+  /// The threads this backend's kernels use when called from the calling thread.
+  virtual int threads_here() const { return 1; }
 
   virtual std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dGeometry& g) = 0;
   virtual std::unique_ptr<MaxPool2dKernel> make_max_pool2d(const Pool2dGeometry& g) = 0;

@@ -194,6 +194,7 @@ class OnednnBackend final : public Backend {
                        isa_name(dnnl::get_effective_cpu_isa()));
   }
   void set_threads(int threads) override { omp_set_num_threads(threads > 0 ? threads : omp_get_num_procs()); }
+  int threads_here() const override { return omp_get_max_threads(); }
 
   std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dGeometry& g) override { return std::make_unique<Conv2d>(ctx_, g); }
   /// The reference's kernel: oneDNN 2.6's max pooling drops NaN (a window holding one gives its

@@ -9,6 +9,7 @@ class RefBackend final : public Backend {
  public:
   std::string_view name() const override { return "ref"; }
   void set_threads(int threads) override { omp_set_num_threads(threads > 0 ? threads : omp_get_num_procs()); }
+  int threads_here() const override { return omp_get_max_threads(); }
 
   std::unique_ptr<Conv2dKernel> make_conv2d(const Conv2dGeometry& g) override { return ref::make_conv2d(g); }
   std::unique_ptr<MaxPool2dKernel> make_max_pool2d(const Pool2dGeometry& g) override {

@@ -840,7 +840,7 @@ TEST_CASE("a plateau in the evaluated loss decays the rate in effect, in every m
     const auto result = three_node_run(dir, job, mode,
                                        {"--epochs", "6", "--set", "optimizer.lr=0.0001", "--set", "optimizer.momentum=0",
                                         "--set", "job.eval_every_steps=8", "--set", "optimizer.plateau_patience=1",
-                                        "--set", "optimizer.plateau_factor=0.5"});
+                                        "--set", "optimizer.plateau_factor=0.5", "--set", "compute.threads=1"});
     const auto& history = result["lr_history"];
     INFO(history.dump());
     REQUIRE(history.size() >= 2);
@@ -855,6 +855,10 @@ TEST_CASE("a plateau in the evaluated loss decays the rate in effect, in every m
     CHECK(last < first);
     const std::string log = read_bytes(dir.path / mode / "logs" / "node-0.log");
     CHECK(log.find("plateau_decay") != std::string::npos);
+    // Rank 0's evaluator, on a thread of its own, computes with the node's one thread too.
+    const auto evaluator = log.find("evaluator_started");
+    REQUIRE(evaluator != std::string::npos);
+    CHECK(log.substr(evaluator, log.find('\n', evaluator) - evaluator).ends_with(" threads=1"));
     if (mode == "sync")
       for (const auto& w : result["workers"]) CHECK(w["parameter_checksum"] == result["workers"][0]["parameter_checksum"]);
   }

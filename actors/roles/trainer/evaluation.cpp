@@ -11,6 +11,8 @@ struct EvalKit {
   std::unique_ptr<compute::Model> model;
   std::unique_ptr<compute::Backend> backend;
   compute::Dataset test;
+  uint64_t job_id = 0;
+  int threads = 0;  // [compute] threads: set on the evaluator's own thread
 };
 
 /// Evaluates parameter snapshots: (eval_atom, parameters) -> (accuracy, loss, seconds), or a
@@ -18,6 +20,10 @@ struct EvalKit {
 /// outside its classes, a sample of another shape).
 caf::behavior evaluator(caf::event_based_actor*, std::shared_ptr<EvalKit> kit) {
   base::name_this_thread("evaluator");  // detached: this is its own thread
+  // Its own thread, so its own team size: left alone, it computed with every core beside a
+  // trainer given one (on a core shared with it, 5 s an evaluation where 0.3 s would do).
+  kit->backend->set_threads(kit->threads);
+  node_events().info("evaluator_started job={} threads={}", kit->job_id, kit->backend->threads_here());
   return {[kit](eval_atom, const std::vector<float>& params) -> caf::result<double, double, double> {
     const auto t0 = Clock::now();
     std::copy(params.begin(), params.end(), kit->model->parameters().begin());
@@ -113,7 +119,8 @@ std::expected<void, std::string> ensure_evaluator(Trainer* self, Job& j) {
   if (!eval_model || !eval_backend) return std::unexpected(std::string("cannot build the evaluator's model"));
   kit->model = std::move(*eval_model);
   kit->backend = std::move(*eval_backend);
-  kit->backend->set_threads(static_cast<int>(j.config.compute.threads));
+  kit->threads = static_cast<int>(j.config.compute.threads);
+  kit->job_id = j.start.job_id;
   kit->test = j.data.test;
   j.evaluator = self->spawn<caf::detached>(evaluator, kit);
   // Should the trainer itself end (node stopping, role failure), the evaluator ends with it.
