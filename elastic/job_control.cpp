@@ -205,20 +205,16 @@ void JobControl::release(double now, gossip::Release release, const Local& mine,
 
 double JobControl::measured_rate(const std::string& id) const {
   const auto it = rates_.find(id);
-  if (it == rates_.end() || it->second.measured_ms() < o_.rebalance_window_ms / 2) return 0;
+  if (it == rates_.end() || it->second.last_at - it->second.first_at < o_.rebalance_window_ms / 2) return 0;
   return it->second.per_ms();
 }
 
 void JobControl::note_rates(double now, const Local& mine) {
   if (installed_at_ < 0) installed_at_ = now;
-  if (mine.evaluating) {
-    for (auto& [id, r] : rates_) r.close();
-    return;
-  }
   auto note = [&](const std::string& id, uint64_t cursor) {
     auto& r = rates_[id];
-    if (r.first_at < 0) r.first_at = r.last_at = now, r.first = r.last = std::max(r.last, cursor);
-    if (cursor > r.last) r.last_at = now, r.last = cursor;
+    if (r.first_at < 0) r.first_at = now, r.first = cursor;
+    if (cursor > r.last || r.last_at < 0) r.last_at = now, r.last = std::max(r.last, cursor);
   };
   note(o_.self, mine.progress.position);
   for (const auto& [id, cursor] : mine.cursors) note(id, cursor);

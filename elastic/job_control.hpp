@@ -54,9 +54,7 @@
 //   rebalance   (gossip and async, Options::rebalance) the duty holder follows how fast each
 //               worker's cursor moves (its own, and the others' as mixings or pushes applied here
 //               tell it) over the installed generation. Once every worker's rate is measured over
-//               rebalance_window_ms (not counting the time this node evaluated: a transient
-//               that halved rank 0's rate on a shared core once re-split a balanced job wrongly)
-//               and their predicted ends (positions left / rate) differ by more
+//               rebalance_window_ms and their predicted ends (positions left / rate) differ by more
 //               than rebalance_gap, it proposes a generation of the same workers; every proposal
 //               then re-splits the rests in proportion to the rates it knows (a worker not measured
 //               gets the mean), so all end each epoch's part together. No sooner than
@@ -142,9 +140,6 @@ class JobControl {
     /// holds is not known and held_shards says nothing. Its ack waits until it is (on_local):
     /// taken for "holds none", a shard's only copy was lost (a node acking as it started the job).
     bool shards_unplaced = false;
-    /// Rank 0 evaluates a snapshot beside its steps (on the cores its training uses): what the
-    /// cursors move meanwhile is not the workers' training rate, so rebalance does not count it.
-    bool evaluating = false;
   };
   struct Output {
     std::vector<std::pair<std::string, gossip::Body>> sends;  ///< (address, body)
@@ -212,25 +207,11 @@ class JobControl {
     std::map<std::string, gossip::GenerationVote> acks;  // by worker id
     std::vector<double> weights;  // rebalance: per roster worker, its rate (positions/s); empty: equal
   };
-  /// A worker's cursor as the duty holder saw it move in the installed generation: in segments
-  /// between this node's evaluations, the closed ones summed.
+  /// A worker's cursor as the duty holder saw it move in the installed generation.
   struct Rate {
-    double first_at = -1, last_at = -1;  // the open segment (first_at -1: none open)
+    double first_at = -1, last_at = -1;
     uint64_t first = 0, last = 0;
-    double closed_ms = 0;                // the closed segments'
-    uint64_t closed = 0;
-    double measured_ms() const { return closed_ms + (first_at >= 0 ? last_at - first_at : 0); }
-    double per_ms() const {
-      const double ms = measured_ms();
-      return ms > 0 ? static_cast<double>(closed + (first_at >= 0 ? last - first : 0)) / ms : 0;
-    }
-    /// Ends the open segment: what comes next is not counted until the next note opens another.
-    void close() {
-      if (first_at < 0) return;
-      closed_ms += last_at - first_at;
-      closed += last - first;
-      first_at = -1;
-    }
+    double per_ms() const { return last_at > first_at ? static_cast<double>(last - first) / (last_at - first_at) : 0; }
   };
   /// Notes the cursors `mine` holds (every member's, each tick: the duty may move to it).
   void note_rates(double now, const Local& mine);

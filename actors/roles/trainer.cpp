@@ -306,9 +306,7 @@ void on_tick(Trainer* self) {
       for (auto& [address, pull] : again) send_to(self, address, pull);
     }
     elastic::JobControl::Output out;
-    auto mine = j.driver->local(j);
-    mine.evaluating = j.pending_evals > 0;  // rank 0's evaluation shares its cores: not its training's pace
-    j.control->on_tick(now_ms(s), mine, out);
+    j.control->on_tick(now_ms(s), j.driver->local(j), out);
     apply_control(self, job_id, out);
   }
   if (s.job && s.job->member) keep_ending(self);
