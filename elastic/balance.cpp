@@ -23,12 +23,24 @@ double step_time(std::span<const int64_t> shares, std::span<const double> speeds
   return t;
 }
 
-// The split of `units` quanta with the shortest step: every rank one quantum, then each further
-// quantum to the rank that would finish its next one soonest (ties to the lower rank). Greedy is
-// exact for a min-max of linear times; the cost is units x ranks, small for any global batch.
-std::vector<int64_t> fastest_units(std::span<const double> speeds, int64_t units) {
+}  // namespace
+
+// Every rank one quantum, then each further quantum to the rank that would finish its next one
+// soonest (ties to the lower rank): greedy is exact for a min-max of linear times. It starts from
+// the floor of the proportional split (at least one each): rank r's k-th quantum ends at k / speed_r,
+// and those ending by units / total are among the first the greedy would hand out (there are at
+// most `units` of them), so it ends where the one-by-one greedy does, after at most a quantum per
+// rank rather than `units` rounds (unless the floor of one quantum overshoots, below).
+std::vector<int64_t> fastest_quanta(std::span<const double> speeds, int64_t units) {
+  TEPDIST_CHECK(units >= static_cast<int64_t>(speeds.size()));
+  for (const double s : speeds) TEPDIST_CHECK(s > 0 && std::isfinite(s));
+  const double total = std::accumulate(speeds.begin(), speeds.end(), 0.0);
   std::vector<int64_t> u(speeds.size(), 1);
-  for (auto k = static_cast<int64_t>(u.size()); k < units; ++k) {
+  for (size_t r = 0; r < u.size(); ++r)
+    u[r] = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(units) * speeds[r] / total)));
+  // The floor of one quantum can overshoot (1000, 1, 1 over 16 units: 15 + 1 + 1); then one by one.
+  if (std::accumulate(u.begin(), u.end(), int64_t{0}) > units) std::fill(u.begin(), u.end(), int64_t{1});
+  for (auto k = std::accumulate(u.begin(), u.end(), int64_t{0}); k < units; ++k) {
     size_t best = 0;
     for (size_t r = 1; r < u.size(); ++r)
       if (static_cast<double>(u[r] + 1) / speeds[r] < static_cast<double>(u[best] + 1) / speeds[best]) best = r;
@@ -36,8 +48,6 @@ std::vector<int64_t> fastest_units(std::span<const double> speeds, int64_t units
   }
   return u;
 }
-
-}  // namespace
 
 void SpeedMeter::add(int64_t samples, double seconds) {
   if (samples <= 0 || !(seconds > 0)) return;
@@ -113,7 +123,7 @@ std::vector<int64_t> sync_shares(std::span<const int64_t> shares, std::span<cons
   // Near the target half-way rounds back to where the shares are (or gains too little), and could
   // hold them a quantum off for good: 88/40 where the speeds say 92.9/35.1 and 96/32 makes the step
   // 9% shorter. There the step goes straight to the fastest split, at most a quantum or two away.
-  if (auto fastest = to_shares(fastest_units(speeds, units)); gains(fastest)) return fastest;
+  if (auto fastest = to_shares(fastest_quanta(speeds, units)); gains(fastest)) return fastest;
   return current;
 }
 

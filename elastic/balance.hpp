@@ -48,6 +48,11 @@ inline constexpr double min_gain = 0.05;
 std::vector<int64_t> sync_shares(std::span<const int64_t> shares, std::span<const double> speeds, int64_t global,
                                  int64_t quantum);
 
+/// The split of `units` quanta over ranks of `speeds` (all > 0) with the shortest step (the largest
+/// units / speed), at least one each; ties to the lower rank. What sync_shares moves to where
+/// half-way rounds back to the current shares.
+std::vector<int64_t> fastest_quanta(std::span<const double> speeds, int64_t units);
+
 /// Equal shares of `global` over `world` ranks (the first `global % world` one larger): a
 /// generation's first step, and what an unbalanced job keeps.
 std::vector<int64_t> equal_shares(int64_t global, int64_t world);

@@ -94,6 +94,62 @@ TEST_CASE("sync shares: rounding never holds them a quantum off the fastest spli
   }
 }
 
+TEST_CASE("fastest quanta: the split with the shortest step, as the one-by-one greedy finds it", "[elastic][balance]") {
+  // Oracles: every split (few units), and the greedy one quantum at a time from one each (any units).
+  auto step = [](const std::vector<int64_t>& u, const std::vector<double>& v) {
+    double t = 0;
+    for (size_t r = 0; r < u.size(); ++r) t = std::max(t, static_cast<double>(u[r]) / v[r]);
+    return t;
+  };
+  auto one_by_one = [](const std::vector<double>& v, int64_t units) {
+    std::vector<int64_t> u(v.size(), 1);
+    for (auto k = static_cast<int64_t>(u.size()); k < units; ++k) {
+      size_t best = 0;
+      for (size_t r = 1; r < u.size(); ++r)
+        if (static_cast<double>(u[r] + 1) / v[r] < static_cast<double>(u[best] + 1) / v[best]) best = r;
+      ++u[best];
+    }
+    return u;
+  };
+  auto every_split = [&](const std::vector<double>& v, int64_t units) {
+    double best = 1e300;
+    std::vector<int64_t> u(v.size(), 1);
+    auto walk = [&](auto&& self, size_t r, int64_t left) -> void {
+      if (r + 1 == v.size()) {
+        u[r] = left;
+        best = std::min(best, step(u, v));
+        return;
+      }
+      for (int64_t k = 1; k + static_cast<int64_t>(v.size() - r - 1) <= left; ++k) {
+        u[r] = k;
+        self(self, r + 1, left - k);
+      }
+    };
+    walk(walk, 0, units);
+    return best;
+  };
+  uint64_t x = 12345;  // a fixed LCG: the same cases every run
+  auto next = [&] { return x = x * 6364136223846793005ULL + 1442695040888963407ULL, (x >> 33) % 10000; };
+  for (int c = 0; c < 300; ++c) {
+    const size_t ranks = 2 + next() % 3;
+    std::vector<double> v(ranks);
+    for (auto& s : v) s = 1 + static_cast<double>(next());
+    if (c % 10 == 0) v[0] = v[1];                // ties
+    if (c % 7 == 0) v.back() = v.front() / 500;  // one far slower: its floor is 0
+    const auto units = static_cast<int64_t>(ranks + next() % (ranks == 4 ? 20 : 50));
+    const auto got = elastic::fastest_quanta(v, units);
+    INFO("case " << c << ": " << ranks << " ranks, " << units << " units");
+    CHECK(sum(got) == units);
+    CHECK(got == one_by_one(v, units));
+    CHECK(step(got, v) == every_split(v, units));
+  }
+  // The floor of one quantum overshoots: 15 + 1 + 1 of 16.
+  CHECK(elastic::fastest_quanta(std::vector<double>{1000, 1, 1}, 16) == std::vector<int64_t>{14, 1, 1});
+  // A million quanta: what the one-by-one greedy gives, without its million rounds.
+  const std::vector<double> v = {6016, 2276, 3001.5};
+  CHECK(elastic::fastest_quanta(v, 1'000'000) == one_by_one(v, 1'000'000));
+}
+
 TEST_CASE("sync shares: unmeasured workers, tiny batches and one worker keep what they have", "[elastic][balance]") {
   const std::vector<int64_t> even = {32, 32, 32};
   CHECK(elastic::sync_shares(even, std::vector<double>{100, 0, 100}, 96, 8) == even);  // one not measured yet
