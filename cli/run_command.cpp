@@ -526,7 +526,7 @@ void print_summary(const elastic::JobConfig& c, const nlohmann::json& r, bool tt
   if (c.job.mode == "async") {
     const auto applied = r["updates_applied"].get<uint64_t>();
     fmt::print("async: {} updates applied (mean staleness {:.1f}), {} pushes refused as staler than {} ({})\n", applied,
-               applied ? r["mean_staleness"].get<double>() : 0.0, r["stale_rejected"].get<uint64_t>(),
+               r["mean_staleness"].is_null() ? 0.0 : r["mean_staleness"].get<double>(), r["stale_rejected"].get<uint64_t>(),
                c.job.max_staleness, c.elastic.local_steps > 0 ? "sent again" : "recomputed");
   }
   if (c.job.mode == "gossip")
