@@ -48,7 +48,8 @@ added=()
 cleanup() {
   for p in "${added[@]}"; do kill -9 "$p" 2>/dev/null; done
   wait 2>/dev/null
-  [[ ${KEEP:-0} == 1 ]] && echo "chaos: everything in $dir" || rm -rf "$dir"
+  # A run with an unexplained death keeps its logs whatever KEEP says: it is the one to read.
+  if [[ ${KEEP:-0} == 1 || -e $dir/unexplained ]]; then echo "chaos: everything in $dir"; else rm -rf "$dir"; fi
 }
 trap cleanup EXIT
 
@@ -200,6 +201,10 @@ for mode in modes:
                     # The partition, 25 to 29 s into the cluster's life, may make anyone dead for a while.
                     if who not in touched and not who.startswith("submitter") and not 20 <= t - started <= 40}:
             unexplained += 1
+            when = sorted({round(t - started, 1) for t, w in deaths if w == who})
+            with open(os.path.join(root, "unexplained"), "a") as out:
+                out.write(f"{base}-chaos: {who} declared dead at {', '.join(f'{x:.1f}' for x in when)} s\n")
+            print(f"chaos: unexplained death: {who} in {base}-chaos at {when[0]:.1f} s (its logs are kept)")
     rows.append((mode, f"{done}/{seeds}", med(accs_c), med(accs_f), med(goods4), med(goods3), med(kills),
                  len(kills), med(joins), len(joins), med(hangs), len(hangs), unexplained, faults))
 
