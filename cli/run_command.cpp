@@ -47,15 +47,21 @@ int64_t steps_left(int64_t n, int64_t epochs, int64_t samples, int64_t global) {
 namespace fs = std::filesystem;
 using Clock = std::chrono::steady_clock;
 
-int usage_error(const std::string& message) {
-  fmt::print(stderr, "tepdist run: {}\n", message);
-  return 2;
+/// How the command ends early: `tepdist run: MESSAGE` on stderr and the exit status (2: the
+/// input, 1: the run).
+struct Failure {
+  int status;
+  std::string message;
+};
+Failure usage(std::string message) { return {2, std::move(message)}; }
+Failure runtime(std::string message) { return {1, std::move(message)}; }
+int fail(const Failure& f) {
+  fmt::print(stderr, "tepdist run: {}\n", f.message);
+  return f.status;
 }
 
-int runtime_error(const std::string& message) {
-  fmt::print(stderr, "tepdist run: {}\n", message);
-  return 1;
-}
+/// What starts a printed line: on a terminal, the erasure of the progress line it replaces.
+const char* line_start(bool tty) { return tty ? "\r\033[K" : ""; }
 
 /// Bounds on one sync step over the emulated network, for local nodes in index order (the ring
 /// order of node-00, node-01, ...). Nothing when the network is not emulated.
@@ -151,16 +157,6 @@ std::string load_note(const std::vector<gossip::WorkerLoad>& loads) {
   }
   return out;
 }
-
-/// How the command ends early: `tepdist run: MESSAGE` on stderr and the exit status (2: the
-/// input, 1: the run).
-struct Failure {
-  int status;
-  std::string message;
-};
-Failure usage(std::string message) { return {2, std::move(message)}; }
-Failure runtime(std::string message) { return {1, std::move(message)}; }
-int fail(const Failure& f) { return f.status == 2 ? usage_error(f.message) : runtime_error(f.message); }
 
 /// Where a --resume picks the job up, for the progress line's step count and the result's samples.
 struct Resumed {
@@ -316,7 +312,7 @@ void on_progress(const Following& f, Collected& got, const gossip::JobReport& r)
   const std::string accuracy =
       got.evaluations.empty() ? std::string("-") : fmt::format("{:.4f}", got.evaluations.back().test_accuracy);
   fmt::print("{}epoch {}/{} step {}/{} loss {:.4f} {:.0f} samples/s members {} mode {} lr {:.4g} accuracy {}{}{}",
-             f.tty ? "\r\033[K" : "", std::min<int64_t>(r.epoch + 1, c.job.epochs), c.job.epochs, r.step,
+             line_start(f.tty), std::min<int64_t>(r.epoch + 1, c.job.epochs), c.job.epochs, r.step,
              planned_steps(f, r), r.loss, r.samples_per_second, r.members, c.job.mode, r.lr, accuracy, load_note(r.loads),
              f.tty ? "" : "\n");
 }
@@ -351,7 +347,7 @@ void on_generation(const Following& f, Collected& got, const gossip::JobStart& g
                              {"resume_step", g.resume.step},
                              {"donors", g.donors}});
   if (g.generation > 1)
-    fmt::print("{}generation {}: {} workers{}{}{}, resuming at step {}\n", f.tty ? "\r\033[K" : "", g.generation,
+    fmt::print("{}generation {}: {} workers{}{}{}, resuming at step {}\n", line_start(f.tty), g.generation,
                g.workers.size(), added.empty() ? "" : fmt::format(", joined {}", fmt::join(added, " ")),
                removed.empty() ? "" : fmt::format(", gone {}", fmt::join(removed, " ")),
                restarted.empty() ? "" : fmt::format(", restarted {}", fmt::join(restarted, " ")), g.resume.step);
@@ -368,7 +364,7 @@ void follow(actors::Submission& s, std::shared_ptr<Collected> got, Following f) 
     } else if (r.kind == K::evaluation) {
       got->evaluations.push_back(r);
       fmt::print("{}eval  epoch {} step {}: test accuracy {:.4f}, test loss {:.4f} (at {:.1f} s of training)\n",
-                 f.tty ? "\r\033[K" : "", r.epoch, r.step, r.test_accuracy, r.test_loss, r.train_seconds);
+                 line_start(f.tty), r.epoch, r.step, r.test_accuracy, r.test_loss, r.train_seconds);
     } else if (r.kind == K::done) {
       got->done[worker] = r;
       got->ended_at = Clock::now();
@@ -520,7 +516,7 @@ nlohmann::json assemble_result(const elastic::JobConfig& c, const Collected& got
 /// The closing lines: the job's figures as result.json has them.
 void print_summary(const elastic::JobConfig& c, const nlohmann::json& r, bool tty) {
   fmt::print("{}done: {} workers, mode {}, {} epochs, {} steps in {:.1f} s ({:.0f} samples/s), test accuracy {:.4f}\n",
-             tty ? "\r\033[K" : "", r["nodes"].get<uint64_t>(), c.job.mode, r["epochs"].get<uint64_t>(),
+             line_start(tty), r["nodes"].get<uint64_t>(), c.job.mode, r["epochs"].get<uint64_t>(),
              r["steps"].get<uint64_t>(), r["wall_seconds"].get<double>(), r["samples_per_second"].get<double>(),
              r["test_accuracy"].get<double>());
   if (c.job.mode == "async") {
@@ -551,11 +547,11 @@ int run_run_command(const RunArgs& args) {
   const auto& [c, resumed] = *resolved;
   // The data, before any process starts: a missing data set is this machine's error to report.
   auto data = elastic::load_job_data(c.data, c.job.seed);
-  if (!data && c.cluster.local_nodes > 0) return usage_error(data.error().message);
+  if (!data && c.cluster.local_nodes > 0) return fail(usage(data.error().message));
   std::unique_ptr<compute::Model> model;
   if (data) {
     auto built = elastic::build_job_model(c, data->train);
-    if (!built) return usage_error(built.error().message);
+    if (!built) return fail(usage(built.error().message));
     model = std::move(*built);
   }
 
@@ -563,7 +559,7 @@ int run_run_command(const RunArgs& args) {
   std::error_code ec;
   fs::create_directories(out / "logs", ec);
   fs::create_directories(out / "run", ec);
-  if (ec) return usage_error(fmt::format("{}: cannot create the output directory: {}", out.string(), ec.message()));
+  if (ec) return fail(usage(fmt::format("{}: cannot create the output directory: {}", out.string(), ec.message())));
   auto cluster = open_cluster(c, out);
   if (!cluster) return fail(cluster.error());
 
@@ -575,11 +571,11 @@ int run_run_command(const RunArgs& args) {
       std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch()).count());
   // The job as every node will hold it: without an inline secret (the nodes have their own).
   auto shipped = elastic::text_for_nodes(c);
-  if (!shipped) return runtime_error(shipped.error().message);
+  if (!shipped) return fail(runtime(shipped.error().message));
   submission->job.config = std::move(*shipped);
   // The files it names, which this process serves to a node that cannot read them (another machine).
   auto files = elastic::describe_job_files(c);
-  if (!files) return usage_error(fmt::format("{}: {}", c.source, files.error()));
+  if (!files) return fail(usage(fmt::format("{}: {}", c.source, files.error())));
   submission->job.files = std::move(*files);
   // A job that pauses between epochs (job.pause_between_epochs) has them all released here.
   submission->job.released_epochs = static_cast<uint32_t>(c.job.epochs);
@@ -595,7 +591,7 @@ int run_run_command(const RunArgs& args) {
 
   const fs::path submitter_log = out / "logs" / "submitter.log";
   if (!actors::node_events_to_file(submitter_log.string()))
-    return runtime_error(fmt::format("cannot write {}", submitter_log.string()));
+    return fail(runtime(fmt::format("cannot write {}", submitter_log.string())));
   actors::NodeOptions node;
   node.config = cluster->config;
   node.config.monitor.http.clear();  // the launcher trains nothing: the nodes' endpoints show the job
@@ -612,7 +608,8 @@ int run_run_command(const RunArgs& args) {
     fmt::print("\ninterrupted: the job was stopped and the local nodes with it\n");
     return 130;
   }
-  if (status != 0) return runtime_error(fmt::format("the job failed: {}", got->end_reason.empty() ? got->failure : got->end_reason));
+  if (status != 0)
+    return fail(runtime(fmt::format("the job failed: {}", got->end_reason.empty() ? got->failure : got->end_reason)));
   if (args.detach) {
     const auto& g = got->generations;
     const std::string rank0 = g.empty() || g.back()["workers"].empty() ? "rank 0" : g.back()["workers"][0].get<std::string>();
@@ -627,17 +624,17 @@ int run_run_command(const RunArgs& args) {
   const gossip::JobReport* rank0 = nullptr;
   for (const auto& [worker, d] : got->done)
     if (d.rank == 0) rank0 = &d;
-  if (!rank0) return runtime_error("the job ended without rank 0's report");
+  if (!rank0) return fail(runtime("the job ended without rank 0's report"));
   const fs::path model_path = out / "model.safetensors";
   std::optional<std::string> model_file;
   if (model && got->params.size() == model->parameters().size() && got->params_received == got->params.size()) {
     std::copy(got->params.begin(), got->params.end(), model->parameters().begin());
-    if (auto ok = compute::export_safetensors(model_path, *model); !ok) return runtime_error(ok.error().message);
+    if (auto ok = compute::export_safetensors(model_path, *model); !ok) return fail(runtime(ok.error().message));
     model_file = fs::absolute(model_path).string();
   }
   const nlohmann::json result = assemble_result(c, *got, *rank0, resumed, model.get(), process_start, model_file);
   if (auto ok = compute::write_file_atomically(out / "result.json", result.dump(2) + "\n"); !ok)
-    return runtime_error(ok.error().message);
+    return fail(runtime(ok.error().message));
   print_summary(c, result, tty);
   fmt::print("wrote {}{}\n", (out / "result.json").string(), model_file ? ", " + model_path.string() : std::string());
   return 0;

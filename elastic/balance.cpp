@@ -38,9 +38,13 @@ std::vector<int64_t> fastest_quanta(std::span<const double> speeds, int64_t unit
   std::vector<int64_t> u(speeds.size(), 1);
   for (size_t r = 0; r < u.size(); ++r)
     u[r] = std::max<int64_t>(1, static_cast<int64_t>(std::floor(static_cast<double>(units) * speeds[r] / total)));
+  auto given = std::accumulate(u.begin(), u.end(), int64_t{0});
   // The floor of one quantum can overshoot (1000, 1, 1 over 16 units: 15 + 1 + 1); then one by one.
-  if (std::accumulate(u.begin(), u.end(), int64_t{0}) > units) std::fill(u.begin(), u.end(), int64_t{1});
-  for (auto k = std::accumulate(u.begin(), u.end(), int64_t{0}); k < units; ++k) {
+  if (given > units) {
+    std::fill(u.begin(), u.end(), int64_t{1});
+    given = static_cast<int64_t>(u.size());
+  }
+  for (auto k = given; k < units; ++k) {
     size_t best = 0;
     for (size_t r = 1; r < u.size(); ++r)
       if (static_cast<double>(u[r] + 1) / speeds[r] < static_cast<double>(u[best] + 1) / speeds[best]) best = r;
