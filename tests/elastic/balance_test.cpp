@@ -23,6 +23,12 @@ compute::LrSchedule constant_rate(float lr) {
   return *made;
 }
 int64_t sum(const std::vector<int64_t>& v) { return std::accumulate(v.begin(), v.end(), int64_t{0}); }
+/// The tests' own oracle for a split's step: the slowest rank's share (or quanta) over its speed.
+double step(const std::vector<int64_t>& shares, const std::vector<double>& speeds) {
+  double t = 0;
+  for (size_t r = 0; r < shares.size(); ++r) t = std::max(t, static_cast<double>(shares[r]) / speeds[r]);
+  return t;
+}
 }  // namespace
 
 TEST_CASE("speed meter: the median of the last steps, so one slow step moves nothing", "[elastic][balance]") {
@@ -76,11 +82,6 @@ TEST_CASE("sync shares: rounding never holds them a quantum off the fastest spli
   // Whatever the speeds and the start, the settled shares' step is within the dead band of the
   // fastest split in quanta (found here by trying every split).
   const int64_t global = 128, quantum = 8, units = global / quantum;
-  auto step = [](const std::vector<int64_t>& s, const std::vector<double>& v) {
-    double t = 0;
-    for (size_t r = 0; r < s.size(); ++r) t = std::max(t, static_cast<double>(s[r]) / v[r]);
-    return t;
-  };
   for (int slow = 1000; slow <= 6000; slow += 125) {
     const std::vector<double> v = {6000, static_cast<double>(slow)};
     double best = 1e9;
@@ -96,11 +97,6 @@ TEST_CASE("sync shares: rounding never holds them a quantum off the fastest spli
 
 TEST_CASE("fastest quanta: the split with the shortest step, as the one-by-one greedy finds it", "[elastic][balance]") {
   // Oracles: every split (few units), and the greedy one quantum at a time from one each (any units).
-  auto step = [](const std::vector<int64_t>& u, const std::vector<double>& v) {
-    double t = 0;
-    for (size_t r = 0; r < u.size(); ++r) t = std::max(t, static_cast<double>(u[r]) / v[r]);
-    return t;
-  };
   auto one_by_one = [](const std::vector<double>& v, int64_t units) {
     std::vector<int64_t> u(v.size(), 1);
     for (auto k = static_cast<int64_t>(u.size()); k < units; ++k) {
