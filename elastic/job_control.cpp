@@ -203,42 +203,72 @@ void JobControl::release(double now, gossip::Release release, const Local& mine,
   on_tick(now, mine, out);
 }
 
+double JobControl::Rate::per_ms() const {
+  if (!(last_at > first_at)) return 0;
+  const double ms = last_at - first_at, busy_ms = last_busy_ms - first_busy_ms;
+  const uint64_t moved = last - first, busy = std::min(moved, last_busy - first_busy);
+  // Without the time evaluations were under way, where enough is left to measure: an evaluation
+  // sharing this worker's core slows it for a while, and the rate is for what follows.
+  if (busy_ms > 0 && ms - busy_ms >= ms / 4) return static_cast<double>(moved - busy) / (ms - busy_ms);
+  return static_cast<double>(moved) / ms;
+}
+
 double JobControl::measured_rate(const std::string& id) const {
   const auto it = rates_.find(id);
   if (it == rates_.end() || it->second.last_at - it->second.first_at < o_.rebalance_window_ms / 2) return 0;
   return it->second.per_ms();
 }
 
+double JobControl::evaluations_ms(uint64_t epoch_parts, uint64_t positions) const {
+  const auto& e = evaluations_;
+  const uint64_t count = (e.at_epoch_ends && epoch_parts > 0 ? epoch_parts - 1 : 0) + (e.every ? positions / e.every : 0);
+  return static_cast<double>(count) * e.cost_ms;
+}
+
 void JobControl::note_rates(double now, const Local& mine) {
   if (installed_at_ < 0) installed_at_ = now;
-  auto note = [&](const std::string& id, uint64_t cursor) {
+  evaluations_ = mine.evaluations;
+  auto note = [&](const std::string& id, uint64_t cursor, double busy_ms, uint64_t busy) {
     auto& r = rates_[id];
-    if (r.first_at < 0) r.first_at = now, r.first = cursor;
-    if (cursor > r.last || r.last_at < 0) r.last_at = now, r.last = std::max(r.last, cursor);
+    if (r.first_at < 0) r.first_at = now, r.first = cursor, r.first_busy_ms = busy_ms, r.first_busy = busy;
+    if (cursor > r.last || r.last_at < 0)
+      r.last_at = now, r.last = std::max(r.last, cursor), r.last_busy_ms = busy_ms, r.last_busy = busy;
   };
-  note(o_.self, mine.progress.position);
-  for (const auto& [id, cursor] : mine.cursors) note(id, cursor);
+  note(o_.self, mine.progress.position, mine.evaluations.busy_ms, mine.evaluations.busy_positions);
+  for (const auto& [id, cursor] : mine.cursors) note(id, cursor, 0, 0);
 }
 
 std::string JobControl::imbalance(double now) const {
   if (record_.spans.empty() || installed_at_ < 0 || now - installed_at_ < o_.rebalance_window_ms) return {};
+  // This node's evaluation under way: what it costs is known once it is over (not for long).
+  const double evaluating_ms = evaluations_.under_way_ms;
+  if (evaluating_ms > 0 && evaluating_ms < o_.rebalance_window_ms / 2) return {};
   double longest = 0, shortest = std::numeric_limits<double>::infinity();
   std::string ends;
   for (size_t i = 0; i < record_.workers.size() && i < record_.spans.size(); ++i) {
     // Every worker's rate, or nothing is decided.
     const double rate = measured_rate(record_.workers[i]);
     if (!(rate > 0)) return {};
-    const auto& seen = rates_.at(record_.workers[i]);
-    const uint64_t total = span_total(spans_of(record_.spans[i])), at = std::min(total, seen.last);
-    const double end_ms = static_cast<double>(total - at) / rate - (now - seen.last_at);
+    const auto& id = record_.workers[i];
+    const Spans rest = rest_of(id);
+    const double evaluating =
+        id == o_.self && !rest.empty() ? evaluations_ms(epoch_changes(rest) + 1, span_total(rest)) : 0;
+    const double end_ms = static_cast<double>(span_total(rest)) / rate + evaluating - (now - rates_.at(id).last_at);
     longest = std::max(longest, end_ms);
     shortest = std::min(shortest, std::max(0.0, end_ms));
-    ends += fmt::format("{}{} {:.1f} s at {:.0f}/s", ends.empty() ? "" : ", ", record_.workers[i], end_ms / 1000,
-                        rate * 1000);
+    ends += fmt::format("{}{} {:.1f} s at {:.0f}/s", ends.empty() ? "" : ", ", id, end_ms / 1000, rate * 1000);
+    if (evaluating > 0) ends += fmt::format(" with {:.1f} s of evaluations", evaluating / 1000);
   }
   if (ends.empty() || longest < o_.rebalance_window_ms || longest - shortest <= o_.rebalance_gap * longest) return {};
   return fmt::format("rebalancing generation {}: its workers would end {:.1f} s apart ({})", record_.generation,
                      (longest - shortest) / 1000, ends);
+}
+
+Spans JobControl::rest_of(const std::string& id) const {
+  const auto i = static_cast<size_t>(std::find(record_.workers.begin(), record_.workers.end(), id) - record_.workers.begin());
+  if (i >= record_.spans.size()) return {};
+  const auto it = rates_.find(id);
+  return rest_after(spans_of(record_.spans[i]), it == rates_.end() ? 0 : it->second.last);
 }
 
 std::vector<double> JobControl::weights_for(const Roster& roster) const {
@@ -247,6 +277,16 @@ std::vector<double> JobControl::weights_for(const Roster& roster) const {
   size_t known = 0;
   for (const auto& id : roster.ids) {
     out.push_back(measured_rate(id));
+    // This node's evaluations still to come take from its training: its weight is its rate over
+    // what it has left with them. Its list will hold a part of every epoch the rests hold.
+    if (id == o_.self && out.back() > 0 && evaluations_.cost_ms > 0) {
+      std::set<uint64_t> epochs;
+      for (const auto& w : record_.workers)
+        for (const auto& s : rest_of(w)) epochs.insert(s.epoch);
+      const uint64_t left = span_total(rest_of(id));
+      const double ms = static_cast<double>(left) / out.back();
+      if (left > 0) out.back() = static_cast<double>(left) / (ms + evaluations_ms(epochs.size(), left));
+    }
     if (out.back() > 0) sum += out.back(), ++known;
   }
   if (known == 0) return {};

@@ -53,11 +53,16 @@
 //               proposer); a worker acks a proposal it has promised again, to its proposer only.
 //   rebalance   (gossip and async, Options::rebalance) the duty holder follows how fast each
 //               worker's cursor moves (its own, and the others' as mixings or pushes applied here
-//               tell it) over the installed generation. Once every worker's rate is measured over
-//               rebalance_window_ms and their predicted ends (positions left / rate) differ by more
-//               than rebalance_gap, it proposes a generation of the same workers; every proposal
-//               then re-splits the rests in proportion to the rates it knows (a worker not measured
-//               gets the mean), so all end each epoch's part together. No sooner than
+//               tell it) over the installed generation; its own without the time its evaluations
+//               were under way (Local::evaluations). Once every worker's rate is measured over
+//               rebalance_window_ms and their predicted ends (positions left / rate; its own plus
+//               what its evaluations still to come cost) differ by more than rebalance_gap, it
+//               proposes a generation of the same workers; every proposal then re-splits the rests
+//               in proportion to the rates it knows (its own over what it has left, evaluations
+//               included; a worker not measured gets the mean), so all end each epoch's part
+//               together. Not while its own evaluation is under way (its cost is known only
+//               after it, and the first comes as the first epoch part ends, often as the first
+//               window does), for up to half a window. No sooner than
 //               rebalance_window_ms after an install, and not for the last rebalance_window_ms of work.
 //   decay       rank 0 decides a plateau decay of the rate (set_rate_factor); as duty holder it
 //               proposes a generation of the same workers whose record carries the factor, so
@@ -82,6 +87,7 @@
 #include <string>
 #include <vector>
 
+#include "elastic/progress.hpp"
 #include "gossip/wire/messages.hpp"
 
 namespace tepdist::elastic {
@@ -128,7 +134,7 @@ class JobControl {
     int replication = 1;      ///< async: holders of each shard ([elastic] replication), to know who may hold one
     bool rebalance = false;   ///< gossip and async: re-split the positions by the workers' measured rates
     double rebalance_window_ms = 5000;  ///< rates are measured over at least this long
-    double rebalance_gap = 0.15;        ///< predicted ends further apart than this fraction: rebalance
+    double rebalance_gap = 0.08;        ///< predicted ends further apart than this fraction: rebalance
   };
   /// What this node holds, for its acks.
   struct Local {
@@ -140,6 +146,17 @@ class JobControl {
     /// holds is not known and held_shards says nothing. Its ack waits until it is (on_local):
     /// taken for "holds none", a shard's only copy was lost (a node acking as it started the job).
     bool shards_unplaced = false;
+    /// Rebalance: this worker's evaluations (rank 0's evaluator may share its core), so that its
+    /// own rate is measured without them and its predicted end counts those still to come.
+    struct Evaluations {
+      double busy_ms = 0;           ///< time an evaluation was under way, in all (one under way counted)
+      uint64_t busy_positions = 0;  ///< positions this worker trained in that time
+      double cost_ms = 0;           ///< training time the last one took away (0: none measured)
+      double under_way_ms = 0;      ///< how long the one under way has been (0: none is)
+      bool at_epoch_ends = false;   ///< one at the end of each of its epoch parts but its list's last
+      uint64_t every = 0;           ///< and one each this many positions (0: none)
+    };
+    Evaluations evaluations = {};
   };
   struct Output {
     std::vector<std::pair<std::string, gossip::Body>> sends;  ///< (address, body)
@@ -208,15 +225,24 @@ class JobControl {
     std::vector<double> weights;  // rebalance: per roster worker, its rate (positions/s); empty: equal
   };
   /// A worker's cursor as the duty holder saw it move in the installed generation.
+  /// (This node's own also leaves out the time its evaluations were under way, and what it
+  /// trained meanwhile.)
   struct Rate {
     double first_at = -1, last_at = -1;
     uint64_t first = 0, last = 0;
-    double per_ms() const { return last_at > first_at ? static_cast<double>(last - first) / (last_at - first_at) : 0; }
+    double first_busy_ms = 0, last_busy_ms = 0;
+    uint64_t first_busy = 0, last_busy = 0;
+    double per_ms() const;
   };
   /// Notes the cursors `mine` holds (every member's, each tick: the duty may move to it).
   void note_rates(double now, const Local& mine);
   /// `id`'s rate in positions per ms, once seen over half a rebalance window; else 0.
   double measured_rate(const std::string& id) const;
+  /// What `id` has left of its list in the installed generation, as far as its cursor was seen.
+  Spans rest_of(const std::string& id) const;
+  /// Milliseconds of training this node's evaluations take from it over a list of `epoch_parts`
+  /// parts of `positions` in all.
+  double evaluations_ms(uint64_t epoch_parts, uint64_t positions) const;
   /// Why the installed generation's positions should be re-split now (empty: they should not).
   std::string imbalance(double now) const;
   /// Per worker of `roster`, its measured rate (the mean where not measured); empty when none is.
@@ -284,6 +310,7 @@ class JobControl {
   gossip::Release release_;            // the latest release, until a record carries it
   std::map<std::string, Rate> rates_;  // rebalance: by worker, in the installed generation
   double installed_at_ = -1;           // when this node installed it (-1: at the next tick)
+  Local::Evaluations evaluations_;     // this node's, as the last tick said
 };
 
 }  // namespace tepdist::elastic

@@ -63,6 +63,12 @@ uint64_t span_total(const Spans& spans) {
   return n;
 }
 
+uint64_t epoch_changes(const Spans& spans) {
+  uint64_t n = 0;
+  for (size_t i = 1; i < spans.size(); ++i) n += spans[i].epoch != spans[i - 1].epoch;
+  return n;
+}
+
 Spans rest_after(const Spans& spans, uint64_t consumed) {
   Spans out;
   for (const auto& s : spans) {

@@ -66,6 +66,8 @@ std::vector<Spans> initial_spans(int64_t n, int64_t epochs, int64_t workers);
 uint64_t span_total(const Spans& spans);
 /// What of `spans` is left after its first `consumed` positions.
 Spans rest_after(const Spans& spans, uint64_t consumed);
+/// How often the epoch changes along `spans`: the ends of epoch parts before the list's last.
+uint64_t epoch_changes(const Spans& spans);
 /// The rests of the old workers' lists re-split among `workers` new ones: epoch by epoch, the
 /// epoch's rest in position order cut into `workers` contiguous shares of sizes differing by at
 /// most one, or, with `weights` (one per new worker, > 0: their measured speeds), proportional to

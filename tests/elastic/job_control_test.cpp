@@ -1053,6 +1053,84 @@ TEST_CASE("gossip, rebalance: equal workers are left alone", "[elastic][job_cont
   CHECK(net.nodes.at("w0").control->record().generation == 1);
 }
 
+TEST_CASE("gossip, rebalance: the duty holder's rate leaves out its evaluations", "[elastic][job_control][balance]") {
+  // w0 trains 200 positions a second, w1 100. w0's evaluations (its evaluator on its core) halve
+  // its training while they run, one second in every three. Said to job control, they are left
+  // out of w0's rate: the rests are re-split 2:1, for the training that follows them. Not said,
+  // w0 is taken for a slower worker than it is.
+  auto ratio = [](bool report_evaluations) {
+    Net net;
+    start_rebalancing_gossip(net, {"w0", "w1"});
+    auto& e = net.nodes.at("w0").local.evaluations;
+    for (int k = 0; k < 12 && net.nodes.at("w0").control->record().generation == 1; ++k) {
+      const bool evaluating = k % 3 == 2;
+      if (evaluating && report_evaluations) e.busy_ms += 1000, e.busy_positions += 100;
+      train_one_second(net, evaluating ? 100 : 200, 100);
+    }
+    const auto& next = net.nodes.at("w0").control->record();
+    REQUIRE(next.generation == 2);
+    return static_cast<double>(elastic::span_total(elastic::spans_of(next.spans[0]))) /
+           static_cast<double>(elastic::span_total(elastic::spans_of(next.spans[1])));
+  };
+  CHECK(ratio(true) == Approx(2.0).epsilon(0.02));
+  CHECK(ratio(false) < 1.9);
+}
+
+TEST_CASE("gossip, rebalance: not while the duty holder's evaluation is under way, for up to half a window",
+          "[elastic][job_control][balance]") {
+  Net net;
+  start_rebalancing_gossip(net, {"w0", "w1"});
+  auto& e = net.nodes.at("w0").local.evaluations;
+  auto generation = [&] { return net.nodes.at("w0").control->record().generation; };
+  for (int k = 0; k < 5; ++k) train_one_second(net, 200, 100);
+  REQUIRE(generation() == 1);
+  // The window is measured: the next tick would rebalance, but an evaluation began.
+  e.under_way_ms = 500;
+  train_one_second(net, 200, 100);
+  e.under_way_ms = 1500;
+  train_one_second(net, 200, 100);
+  CHECK(generation() == 1);
+  e.under_way_ms = 0;  // over
+  train_one_second(net, 200, 100);
+  CHECK(generation() == 2);
+  // One that goes on for longer holds nothing back.
+  Net slow;
+  start_rebalancing_gossip(slow, {"w0", "w1"});
+  slow.nodes.at("w0").local.evaluations.under_way_ms = 2600;
+  for (int k = 0; k < 8; ++k) train_one_second(slow, 200, 100);
+  CHECK(slow.nodes.at("w0").control->record().generation == 2);
+}
+
+TEST_CASE("gossip, rebalance: the duty holder's evaluations still to come count in its end and its share",
+          "[elastic][job_control][balance]") {
+  Net net;
+  const std::vector<std::string> ids = {"w0", "w1"};
+  start_rebalancing_gossip(net, ids);
+  // Equal rates; each of w0's evaluations takes 1.5 s of its training.
+  auto& e = net.nodes.at("w0").local.evaluations;
+  e.cost_ms = 1500;
+  e.at_epoch_ends = true;  // w0's list: the rest of its epoch-0 part, then its epoch-1 part: one ahead
+  e.every = 1000;          // and one each 1,000 positions
+  for (int k = 0; k < 8 && net.nodes.at("w0").control->record().generation == 1; ++k) train_one_second(net, 200, 200);
+  const auto& next = net.nodes.at("w0").control->record();
+  REQUIRE(next.generation == 2);
+  const uint64_t w0_left = 6000 - net.nodes.at("w0").local.progress.position;
+  const uint64_t left = w0_left + 6000 - net.nodes.at("w1").local.progress.position;
+  const double t0 = static_cast<double>(elastic::span_total(elastic::spans_of(next.spans[0])));
+  const double t1 = static_cast<double>(elastic::span_total(elastic::spans_of(next.spans[1])));
+  CHECK(t0 + t1 == static_cast<double>(left));
+  // w0's weight is its rate over what it had left with the evaluations that will take: fewer
+  // positions, so that both end together.
+  const double w0_s = static_cast<double>(w0_left) / 200, evaluations_s = 1.5 * static_cast<double>(1 + w0_left / 1000);
+  CHECK(t0 / t1 == Approx(w0_s / (w0_s + evaluations_s)).epsilon(0.02));
+  CHECK(t0 / t1 < 0.85);
+  // With none ahead, the same rates leave the split as it is.
+  Net even;
+  start_rebalancing_gossip(even, ids);
+  for (int k = 0; k < 8; ++k) train_one_second(even, 200, 200);
+  CHECK(even.nodes.at("w0").control->record().generation == 1);
+}
+
 TEST_CASE("a plateau decay decided by the duty holder reaches every worker in the next generation's record",
           "[elastic][job_control]") {
   Net net;

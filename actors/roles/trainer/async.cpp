@@ -125,12 +125,17 @@ class AsyncDriver final : public Driver {
     auto at = progress(j);
     at.position = consumed_;
     const bool current = j.member && j.control && j.control->record().generation == j.generation;
-    if (!current || !counters_) return {at, false, {}};
+    if (!current || !counters_) return {.progress = at, .evaluations = evaluations_for_control(j)};
     auto cursors = counters_->cursors(j.generation);
     std::erase_if(cursors, [&](const auto& c) { return c.first == self_id_; });
     // Until the host has placed this generation (on its own thread, just after enter()), held()
     // says nothing: job control holds an ack back until it has (the host tells the trainer).
-    return {at, j.has_state, std::move(cursors), counters_->held(j.generation), counters_->placed() < j.generation};
+    return {at,
+            j.has_state,
+            std::move(cursors),
+            counters_->held(j.generation),
+            counters_->placed() < j.generation,
+            evaluations_for_control(j)};
   }
 
   void add_status(const Job& j, const std::string& self_id, gossip::JobStatus& st) const override {

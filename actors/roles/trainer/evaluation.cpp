@@ -70,7 +70,12 @@ void evaluate_snapshot(Trainer* self) {
   auto& j = *self->state.job;
   if (j.last_eval_step == j.step) return;
   j.last_eval_step = j.step;
-  ++j.pending_evals;
+  if (j.pending_evals++ == 0) {
+    auto& load = j.eval_load;
+    load.began = Clock::now();
+    load.began_samples = j.own_samples;
+    load.began_speed = j.speed.speed();  // the steps before it, which it did not slow
+  }
   parameters_to_host(j);
   const auto params = j.model->parameters();
   JobReport r = report_of(j, JobReport::Kind::evaluation);
@@ -79,7 +84,15 @@ void evaluate_snapshot(Trainer* self) {
       .then([self, r, job_id](double accuracy, double loss, double seconds) mutable {
         auto& job = self->state.job;
         if (!job || job->start.job_id != job_id) return;
-        --job->pending_evals;
+        if (--job->pending_evals == 0) {
+          auto& load = job->eval_load;
+          const double took = seconds_between(load.began, Clock::now());
+          const uint64_t trained = job->own_samples - load.began_samples;
+          load.busy_s += took;
+          load.busy_samples += trained;
+          if (load.began_speed > 0)
+            load.cost_s = std::max(0.0, took - static_cast<double>(trained) / load.began_speed);
+        }
         job->last_accuracy = r.test_accuracy = accuracy;
         job->last_test_loss = r.test_loss = loss;
         job->eval_seconds += seconds;

@@ -81,8 +81,11 @@ class GossipDriver final : public Driver {
     at.position = consumed_;  // the cursor in this worker's list
     // Cursors count only in the generation they were measured in: the one the acks build on.
     const bool current = j.member && j.control && j.control->record().generation == j.generation;
-    if (!current) return {at, false, {}};
-    return {at, j.has_state, {cursors_.begin(), cursors_.end()}};
+    if (!current) return {.progress = at, .evaluations = evaluations_for_control(j)};
+    return {.progress = at,
+            .has_state = j.has_state,
+            .cursors = {cursors_.begin(), cursors_.end()},
+            .evaluations = evaluations_for_control(j)};
   }
 
   void add_status(const Job& j, const std::string& self_id, gossip::JobStatus& st) const override {

@@ -558,6 +558,20 @@ void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool e
   if (!last && ((every > 0 && j.step % every == 0) || epoch_end)) evaluate_snapshot(self);
 }
 
+elastic::JobControl::Local::Evaluations evaluations_for_control(const Job& j) {
+  if (j.rank != 0) return {};
+  const auto& load = j.eval_load;
+  elastic::JobControl::Local::Evaluations e{load.busy_s * 1000, load.busy_samples, load.cost_s * 1000};
+  if (j.pending_evals > 0) {  // the one under way, so far
+    e.under_way_ms = std::max(1e-3, seconds_between(load.began, Clock::now()) * 1000);
+    e.busy_ms += e.under_way_ms;
+    e.busy_positions += j.own_samples - load.began_samples;
+  }
+  e.at_epoch_ends = true;  // after_local_step
+  e.every = static_cast<uint64_t>(std::max<int64_t>(0, j.config.job.eval_every_steps) * j.config.data.batch_size);
+  return e;
+}
+
 namespace {
 
 /// JobStart::optimizer's lines as config overrides; each must set an [optimizer] key.

@@ -291,6 +291,18 @@ struct Job {
   int pending_evals = 0;
   int64_t last_eval_step = -1;
   double last_accuracy = 0, last_test_loss = 0, eval_seconds = 0;
+  // What evaluations cost this worker's training (its evaluator may share its core), for job
+  // control's rates (gossip, async): the time an evaluation was under way in all, the samples
+  // trained meanwhile, and the training time the last one took away (its time less what was
+  // trained in it at the speed measured just before; 0 until one is measured).
+  struct EvalLoad {
+    double busy_s = 0;
+    uint64_t busy_samples = 0;
+    double cost_s = 0;
+    Clock::time_point began{};
+    uint64_t began_samples = 0;
+    double began_speed = 0;
+  } eval_load;
   bool target_reached = false;  // stop_at_target: rank 0 votes to stop in the next ring (sync), or tells
                                 // the workers to stop after the step under way (async, gossip)
   bool finishing = false;
@@ -517,6 +529,11 @@ bool may_step(const Job& j);
 /// sync); rank 0's own steps stand for them, and its rate times the workers for the cluster's.
 /// `last`: this worker's last local step.
 void after_local_step(Trainer* self, Job& j, int64_t samples, float loss, bool epoch_end, bool last);
+
+/// Async and gossip: rank 0's evaluations for job control (its rate without them, what one costs
+/// it, and when it evaluates: at each epoch part's end, and each job.eval_every_steps); nothing
+/// on other ranks, which do not evaluate.
+elastic::JobControl::Local::Evaluations evaluations_for_control(const Job& j);
 
 /// The step just ended (j.last_step_end) into the node's figures for /metrics, if it keeps them,
 /// and, a few times a second, the job's status to the router.
