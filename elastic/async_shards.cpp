@@ -51,9 +51,15 @@ std::expected<ShardServer, std::string> ShardServer::restore(Options options, Sh
   ShardServer server(std::move(options), std::move(snapshot.values), std::move(optimizer));
   server.version_ = snapshot.version;
   // A primary's new replicas hold nothing until they have fetched the snapshot and acked it:
-  // until then nothing is durable that was not before.
-  server.durable_ = server.o_.replicas.empty() ? snapshot.version : 0;
-  for (auto& [address, r] : server.replicas_) r.heard = false;  // fetching: not sent anything again until it acks
+  // until then nothing is durable that was not before. The source holds it already, and says
+  // nothing: were it waited for, an update sent again to this primary after every worker's last
+  // one (a generation at the job's end) would never be durable.
+  server.durable_ = snapshot.version;
+  for (auto& [address, r] : server.replicas_) {
+    const bool source = address == server.o_.source_replica;
+    r = {source ? snapshot.version : 0, source, source ? snapshot.version : 0};
+    if (!source) server.durable_ = 0;
+  }
   server.marks_ = std::move(snapshot.marks);
   return server;
 }

@@ -133,14 +133,18 @@ class ShardServer {
     std::vector<std::string> replicas;  ///< addresses the primary forwards updates to
     /// The most lr / (1 + staleness) may be; updates mode: 1, never more than a worker's own change.
     float max_lr = std::numeric_limits<float>::infinity();
+    /// Restored primary: the replica (one of `replicas`) that holds the very snapshot it starts
+    /// from, the generation's source carrying on; it fetches nothing, so it acks nothing, and it
+    /// counts as acked at the snapshot's version from the start.
+    std::string source_replica;
   };
 
   /// `values`: the shard's initial values; `optimizer`: sized for them.
   ShardServer(Options options, std::vector<float> values, std::unique_ptr<compute::Optimizer> optimizer);
   /// A holder of a shard others held: from their snapshot (`optimizer` sized for its values, its
   /// state taken from the snapshot). A primary's replicas count as holding nothing until they
-  /// ack (after fetching the snapshot): its durable version starts at 0 (without replicas: at
-  /// the snapshot's).
+  /// ack (after fetching the snapshot), but for the source_replica: its durable version starts at
+  /// 0 (without replicas, or with the source its only one: at the snapshot's).
   static std::expected<ShardServer, std::string> restore(Options options, ShardSnapshot snapshot,
                                                          std::unique_ptr<compute::Optimizer> optimizer);
 

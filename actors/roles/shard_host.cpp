@@ -132,8 +132,12 @@ struct Host {
   elastic::ShardServer::Options options(uint32_t s) const {
     elastic::ShardServer::Options o{init->job_id, s, init->max_staleness, {}, init->max_lr};
     const auto& holders = plan->plan.placement[s];
-    if (!holders.empty() && holders.front() == init->self_id)
-      for (auto r = holders.begin() + 1; r != holders.end(); ++r) o.replicas.push_back(worker_address(*r));
+    if (holders.empty() || holders.front() != init->self_id) return o;
+    const std::string& source = plan->plan.sources[s];
+    for (auto r = holders.begin() + 1; r != holders.end(); ++r) {
+      o.replicas.push_back(worker_address(*r));
+      if (*r == source) o.source_replica = o.replicas.back();
+    }
     return o;
   }
 

@@ -857,6 +857,51 @@ TEST_CASE("after its primary dies a shard continues from a replica: sent again, 
   CHECK(params == std::vector<float>(next->values().begin(), next->values().end()));
 }
 
+TEST_CASE("a primary restored from the state its replica carries on counts that replica as holding it, and no other",
+          "[elastic][async]") {
+  // A worker's update is applied and replicated, but the replica's ack is lost in a change of
+  // generation. In the next one the replica r is the source and carries on; the new primary n
+  // holds r's state; with_new_replica: a replica q fetching it too. The worker sends the update
+  // again, as its last: nothing else comes to move an ack.
+  const bool with_new_replica = GENERATE(false, true);
+  CAPTURE(with_new_replica);
+  ShardServer primary({1, 0, 16, {"r"}}, std::vector<float>{0, 0}, sgd(2));
+  ShardServer r({1, 0, 16, {}}, std::vector<float>{0, 0}, sgd(2));
+  AsyncWorker worker({1, 2, 1, {"p"}, 4, 16, 0, 1, "w", 7});
+  std::vector<float> params(2, 0.0f);
+  Outgoing<ShardUpdate> out, replicas, ignored;
+  worker.on_gradient({0}, std::vector<float>{1, 1}, 0.1f, out);
+  REQUIRE(out.size() == 1);
+  auto answer = primary.on_push(out[0].second, "w", replicas);
+  REQUIRE(answer);
+  REQUIRE(worker.on_state(*answer, params, ignored));
+  REQUIRE(replicas.size() == 1);
+  REQUIRE(r.on_replicate(replicas[0].second));
+  CHECK_FALSE(worker.durable());
+
+  ShardServer::Options o{1, 0, 16, {"r"}};
+  if (with_new_replica) o.replicas.push_back("q");
+  o.source_replica = "r";
+  auto n = ShardServer::restore(o, r.snapshot(), sgd(2));
+  REQUIRE(n);
+  CHECK(n->durable() == (with_new_replica ? 0u : 1u));
+  Outgoing<ShardUpdate> resent;
+  worker.retarget(0, "n", resent);
+  REQUIRE(resent.size() == 1);
+  auto again = n->on_push(resent[0].second, "w", ignored);
+  REQUIRE(again);
+  CHECK(again->duplicate);
+  REQUIRE(worker.on_state(*again, params, ignored));
+  CHECK(worker.durable() == !with_new_replica);
+  if (with_new_replica) {  // q has fetched the snapshot and acks it
+    Outgoing<ShardState> notices;
+    REQUIRE(n->on_ack("q", 1, notices));
+    REQUIRE(notices.size() == 1);
+    REQUIRE(worker.on_state(notices[0].second, params, ignored));
+    CHECK(worker.durable());
+  }
+}
+
 TEST_CASE("a shard's snapshot restores only into an optimiser of its shape", "[elastic][async]") {
   ShardServer adam_like({1, 3, 16, {}}, std::vector<float>{1, 2, 3}, sgd(3, 0.9f));
   auto plain = ShardServer::restore({1, 3, 16, {}}, adam_like.snapshot(), sgd(3));

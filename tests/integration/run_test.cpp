@@ -26,6 +26,7 @@ namespace fs = std::filesystem;
 using tepdist::test::Child;
 using tepdist::test::TempDir;
 using tepdist::test::all_gone;
+using tepdist::test::failure_digest;
 using tepdist::test::read_bytes;
 using tepdist::test::tensor_data;
 using tepdist::test::processes_mentioning;
@@ -71,6 +72,7 @@ nlohmann::json three_node_run(const TempDir& dir, const std::string& job, const 
   args.insert(args.end(), extra.begin(), extra.end());
   Child run(args);
   const int status = run.wait();
+  INFO(failure_digest(run.all(), dir.path / mode / "logs"));
   INFO(run.all());
   REQUIRE(status == 0);
   CHECK(all_gone(dir.path.string(), std::chrono::seconds(10)));

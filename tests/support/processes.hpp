@@ -74,6 +74,30 @@ inline std::string read_bytes(const std::filesystem::path& file) {
   return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
 }
 
+/// What a failed run's reader needs first, short enough to survive a truncated CI log: the last
+/// `tail_lines` lines of its output, then the lines of the node logs under `logs` that tell of
+/// trouble (a failure, a refusal, a suspicion or death, a restart), at most `log_lines`.
+inline std::string failure_digest(const std::string& output, const std::filesystem::path& logs, size_t tail_lines = 12,
+                                  size_t log_lines = 40) {
+  size_t from = output.size();
+  for (size_t n = 0; n <= tail_lines && from > 0; ++n) from = output.rfind('\n', from - 1);
+  std::string out = "the run's last lines:\n" + output.substr(from == std::string::npos ? 0 : from + 1);
+  static constexpr const char* trouble[] = {"job_failed",   "_refused",         "member_suspected", "member_dead",
+                                            "shard_lost",   "trainer_restarted", "job_cancelled",    "hold_ends_job",
+                                            "job_ended_without_done"};
+  std::error_code ec;
+  size_t kept = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(logs, ec)) {
+    std::ifstream in(entry.path());
+    for (std::string line; kept < log_lines && std::getline(in, line);)
+      if (std::any_of(std::begin(trouble), std::end(trouble), [&](const char* t) { return line.find(t) != std::string::npos; })) {
+        out.append("\n").append(entry.path().filename().string()).append(": ").append(line);
+        ++kept;
+      }
+  }
+  return out;
+}
+
 /// The float data of a .safetensors file written by tepdist (the header skipped).
 inline std::vector<float> tensor_data(const std::filesystem::path& file) {
   const std::string bytes = read_bytes(file);
