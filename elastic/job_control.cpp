@@ -172,8 +172,11 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
   if (!proposal_) on_view(now, view_, mine, out);
   // A generation of the same workers: for a decay of the rate this node decided, or for workers
   // that would end far apart. Neither while a roster below min_workers keeps every proposal back
-  // (said once, in propose).
-  const bool decay = rate_factor_ > 0 && rate_factor_ != record_.lr_factor;
+  // (said once, in propose). A decay with no position left in any list changes no step: no
+  // generation for it (a later one, should one come, carries it). (Rank 0's
+  // evaluations may lag its steps: at the end of an async job they went on deciding decays,
+  // each a generation that placed every shard again.)
+  const bool decay = rate_factor_ > 0 && rate_factor_ != record_.lr_factor && positions_left();
   const bool release = release_.epochs > record_.released_epochs;
   if ((!decay && !release && !o_.rebalance) || proposal_ || paused() ||
       desired_roster(record_, view_, excluded_).ids.size() < std::max<size_t>(1, o_.min_workers))
@@ -262,6 +265,12 @@ std::string JobControl::imbalance(double now) const {
   if (ends.empty() || longest < o_.rebalance_window_ms || longest - shortest <= o_.rebalance_gap * longest) return {};
   return fmt::format("rebalancing generation {}: its workers would end {:.1f} s apart ({})", record_.generation,
                      (longest - shortest) / 1000, ends);
+}
+
+bool JobControl::positions_left() const {
+  if (record_.spans.empty()) return true;  // sync: no lists, its steps go on to the job's end
+  return std::any_of(record_.spans.begin(), record_.spans.end(),
+                     [](const auto& list) { return span_total(spans_of(list)) > 0; });
 }
 
 Spans JobControl::rest_of(const std::string& id) const {

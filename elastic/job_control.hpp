@@ -66,7 +66,9 @@
 //               rebalance_window_ms after an install, and not for the last rebalance_window_ms of work.
 //   decay       rank 0 decides a plateau decay of the rate (set_rate_factor); as duty holder it
 //               proposes a generation of the same workers whose record carries the factor, so
-//               every worker applies it from the same install (sync: the same step).
+//               every worker applies it from the same install (sync: the same step). Not once no
+//               list has a position left: nothing it would change is left to train (a later
+//               generation, should one come, carries it).
 //   retry       a proposal not installed after retry_ms is proposed again, numbered higher; a
 //               view change while proposing does it at once. A worker paused for retry_ms acks
 //               its promise again to the proposer, which answers a repeated ack of a generation
@@ -240,6 +242,9 @@ class JobControl {
   double measured_rate(const std::string& id) const;
   /// What `id` has left of its list in the installed generation, as far as its cursor was seen.
   Spans rest_of(const std::string& id) const;
+  /// Whether the installed generation gives any worker a position to train (always in sync,
+  /// which has no lists).
+  bool positions_left() const;
   /// Milliseconds of training this node's evaluations take from it over a list of `epoch_parts`
   /// parts of `positions` in all.
   double evaluations_ms(uint64_t epoch_parts, uint64_t positions) const;

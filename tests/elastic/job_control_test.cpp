@@ -1169,6 +1169,34 @@ TEST_CASE("a plateau decay decided by the duty holder reaches every worker in th
   CHECK(net.nodes.at("w1").control->record().lr_factor == 0.5);
 }
 
+TEST_CASE("a plateau decay makes a generation while a list has positions left, and none once every one is trained",
+          "[elastic][job_control]") {
+  const bool left = GENERATE(true, false);
+  CAPTURE(left);
+  Net net;
+  const std::vector<std::string> ids{"w0", "w1"};
+  for (const auto& id : ids) net.add(id);
+  net.start(ids);
+  JobStart r = net.nodes.at("w0").control->record();
+  // Gossip's lists, as a generation re-split them: an epoch's part each, or (the job's last steps
+  // under way) nothing left to give out.
+  for (const auto& list : elastic::initial_spans(6000, 1, 2)) r.spans.push_back(elastic::triples_of(left ? list : elastic::Spans{}));
+  for (const auto& id : ids) {
+    net.nodes.at(id).control = std::make_unique<JobControl>(JobControl::Options{id, 1, elastic::Quorum::any, 1, 3000});
+    net.nodes.at(id).control->adopt(r);
+  }
+  for (const auto& id : ids) net.set_view(id, {});
+  net.tick(1000);
+  net.deliver_all();
+  REQUIRE(net.nodes.at("w1").control->record().generation == 1);
+  net.nodes.at("w0").control->set_rate_factor(0.5);
+  net.tick(1000);
+  net.deliver_all();
+  const auto& after = net.nodes.at("w1").control->record();
+  CHECK(after.generation == (left ? 2u : 1u));
+  CHECK(after.lr_factor == (left ? 0.5 : r.lr_factor));
+}
+
 TEST_CASE("a release of epochs becomes the next generation of the same workers, carried by every later record",
           "[elastic][job_control]") {
   Net net;
