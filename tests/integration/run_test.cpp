@@ -15,6 +15,7 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 
 #include "tests/support/idx_files.hpp"
 #include "tests/support/jobs.hpp"
@@ -743,7 +744,20 @@ TEST_CASE("async, gradients mode: pushes beyond max_staleness are refused, count
     uint64_t steps = 0;
     for (const auto& w : result["workers"]) steps += w["steps"].get<uint64_t>();
     CHECK(steps >= 32 * 3 * static_cast<uint64_t>(epochs));
-    CHECK(applied <= steps * 6);
+    // The count is of applications on primaries, those on a state a new generation did not
+    // continue from included: a primary may apply pushes still in flight after its node voted,
+    // and the source is the holder whose vote named the highest version. The worker sends each
+    // such update again (it was not durable), and it is applied once more, on the state that goes
+    // on. So: one per step and shard, and at most one more per update sent again (async_entered's
+    // resent=). Measured once in CI-like runs: 591 applied for 588 step-shards.
+    uint64_t resent = 0;
+    for (const auto& log : fs::directory_iterator(out / "logs")) {
+      std::istringstream lines(read_bytes(log.path()));
+      for (std::string line; std::getline(lines, line);)
+        if (line.find(" async_entered ") != std::string::npos) resent += std::stoull(tepdist::test::field(line, "resent"));
+    }
+    INFO("updates sent again at a change of generation: " << resent);
+    CHECK(applied <= steps * 6 + resent);
     CHECK(applied >= 6);
     if (refuse_all) {
       // Three workers pushing at once: staleness 0 cannot hold for all of them.
