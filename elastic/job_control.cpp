@@ -172,10 +172,9 @@ void JobControl::on_tick(double now, const Local& mine, Output& out) {
   if (!proposal_) on_view(now, view_, mine, out);
   // A generation of the same workers: for a decay of the rate this node decided, or for workers
   // that would end far apart. Neither while a roster below min_workers keeps every proposal back
-  // (said once, in propose). A decay with no position left in any list changes no step: no
-  // generation for it (a later one, should one come, carries it). (Rank 0's
-  // evaluations may lag its steps: at the end of an async job they went on deciding decays,
-  // each a generation that placed every shard again.)
+  // (said once, in propose). No generation for a decay once no list has a position left: it
+  // would change no step (rank 0's lagging evaluations decided several at an async job's end,
+  // each placing every shard again); a later generation, should one come, carries it.
   const bool decay = rate_factor_ > 0 && rate_factor_ != record_.lr_factor && positions_left();
   const bool release = release_.epochs > record_.released_epochs;
   if ((!decay && !release && !o_.rebalance) || proposal_ || paused() ||

@@ -79,9 +79,12 @@ inline std::string read_bytes(const std::filesystem::path& file) {
 /// trouble (a failure, a refusal, a suspicion or death, a restart), at most `log_lines`.
 inline std::string failure_digest(const std::string& output, const std::filesystem::path& logs, size_t tail_lines = 12,
                                   size_t log_lines = 40) {
-  size_t from = output.size();
-  for (size_t n = 0; n <= tail_lines && from > 0; ++n) from = output.rfind('\n', from - 1);
-  std::string out = "the run's last lines:\n" + output.substr(from == std::string::npos ? 0 : from + 1);
+  size_t start = output.size();  // of the tail: just past the newline before its first line
+  for (size_t n = 0; n <= tail_lines && start > 0; ++n) {
+    const size_t newline = output.rfind('\n', start - 1);
+    start = newline == std::string::npos ? 0 : newline;
+  }
+  std::string out = "the run's last lines:\n" + output.substr(start == 0 ? 0 : start + 1);
   static constexpr const char* trouble[] = {"job_failed",   "_refused",         "member_suspected", "member_dead",
                                             "shard_lost",   "trainer_restarted", "job_cancelled",    "hold_ends_job",
                                             "job_ended_without_done"};
