@@ -6,6 +6,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -42,6 +43,20 @@ struct SubmitterState {
   // joined in the job's last moments never finishes it).
   std::optional<std::chrono::steady_clock::time_point> rank0_done_at;
   static constexpr double rank0_done_grace_s = 2;
+  // The generation from which the current run of rank 0 holds the job: a done report sent in an
+  // earlier one (under another rank 0) counts for nothing, even when it comes after the record.
+  uint64_t rank0_since = 0;
+  // Reports sent in a generation whose record has not come here yet (a worker reports as soon as it
+  // installs, and its report can overtake the proposer's record): held in arrival order until the
+  // record comes, or for early_hold_s at most, then taken as they are.
+  struct Early {
+    std::string peer;
+    gossip::JobReport report;
+    std::chrono::steady_clock::time_point at;
+  };
+  std::deque<Early> early;
+  static constexpr double early_hold_s = 5;
+  static constexpr size_t early_max = 256;
   std::map<std::string, std::pair<std::string, uint64_t>> workers_seen;  // id -> (live/died/left, boot id)
   // Since when every worker of the newest generation known here is gone in the run it names (see
   // state_gone): the job's state is then held by no node.
@@ -197,6 +212,9 @@ void serve_file(Submitter* self, const std::string& peer, const std::string& add
   send_to(self, address, std::move(p));
 }
 
+void take_report(Submitter* self, const std::string& peer, const gossip::JobReport& report);
+void take_early(Submitter* self);
+
 void on_frame(Submitter* self, const std::string& peer, const std::string& address, const gossip::Message& m) {
   auto& s = self->state;
   if (s.ended) return;
@@ -206,7 +224,9 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
     if (!s.assigned) {
       if (peer != s.coordinator_id) return;
       s.assigned = *start;
-      return s.submission->on_generation(*start);
+      s.rank0_since = start->generation;
+      s.submission->on_generation(*start);
+      return take_early(self);
     }
     // A later generation, from its proposer (the record names it), or from a worker of the
     // generation this node knows. (Records of two generations may arrive out of order.)
@@ -222,6 +242,7 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
     if (!elastic::same_rank0(*s.assigned, *start)) {
       s.done.clear();
       s.rank0_done_at.reset();
+      s.rank0_since = start->generation;
     }
     s.assigned = *start;
     std::erase_if(s.done, [&](const auto& d) { return elastic::worker_boot(*start, d.first) != d.second; });
@@ -229,6 +250,7 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
     node_events().info("job_generation job={} generation={} workers={} resume_step={}", start->job_id,
                        start->generation, start->workers.size(), start->resume.step);
     s.submission->on_generation(*start);
+    take_early(self);
     return;
   }
   if (const auto* push = std::get_if<gossip::ParamPush>(&m.body)) {
@@ -242,21 +264,61 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
   }
   const auto* r = std::get_if<gossip::JobReport>(&m.body);
   if (!r || r->job_id != s.sent.job_id) return;
-  if (const int64_t rank = rank_of(s, peer); rank < 0 || (rank != INT64_MAX && rank != r->rank)) {
-    node_events().warn("job_report_refused from={} rank={} reason=\"not that worker of job {}\"", peer, r->rank,
+  if (s.assigned && r->generation > s.assigned->generation) {
+    s.heard = true;  // a worker is alive, though its news waits
+    s.last_report = std::chrono::steady_clock::now();
+    if (s.early.size() == SubmitterState::early_max) {
+      auto oldest = std::move(s.early.front());
+      s.early.pop_front();
+      take_report(self, oldest.peer, oldest.report);
+    }
+    node_events().info("job_report_held from={} generation={} known={} reason=\"its generation's record has not come\"",
+                       peer, r->generation, s.assigned->generation);
+    s.early.push_back({peer, *r, std::chrono::steady_clock::now()});
+    return;
+  }
+  take_report(self, peer, *r);
+}
+
+/// Takes the held reports whose record has come, or that have waited long enough.
+void take_early(Submitter* self) {
+  auto& s = self->state;
+  const auto now = std::chrono::steady_clock::now();
+  const auto due = [&](const SubmitterState::Early& e) {
+    return !s.assigned || e.report.generation <= s.assigned->generation ||
+           std::chrono::duration<double>(now - e.at).count() > SubmitterState::early_hold_s;
+  };
+  auto held = std::exchange(s.early, {});
+  for (auto& e : held) {
+    if (s.ended) return;
+    if (due(e)) take_report(self, e.peer, e.report);
+    else s.early.push_back(std::move(e));
+  }
+}
+
+void take_report(Submitter* self, const std::string& peer, const gossip::JobReport& r) {
+  auto& s = self->state;
+  if (r.kind == gossip::JobReport::Kind::done && r.generation && r.generation < s.rank0_since) {
+    node_events().info("job_report_outdated from={} generation={} reason=\"a done report from before generation {}, "
+                       "which another rank 0 holds\"",
+                       peer, r.generation, s.rank0_since);
+    return;
+  }
+  if (const int64_t rank = rank_of(s, peer); rank < 0 || (rank != INT64_MAX && rank != r.rank)) {
+    node_events().warn("job_report_refused from={} rank={} reason=\"not that worker of job {}\"", peer, r.rank,
                        s.sent.job_id);
     return;
   }
   s.heard = true;
   s.last_report = std::chrono::steady_clock::now();
-  s.submission->on_report(*r, peer);
-  if (r->kind == gossip::JobReport::Kind::failed) return end(self, 1, r->error);
+  s.submission->on_report(r, peer);
+  if (r.kind == gossip::JobReport::Kind::failed) return end(self, 1, r.error);
   // Detaching once the job trains (rank 0's first progress): a job refused by a worker, or one that
   // cannot set up, has failed here first, with its reason.
-  if (s.submission->detach && r->kind == gossip::JobReport::Kind::progress) return end(self, 0, "detached");
-  if (r->kind == gossip::JobReport::Kind::done && s.assigned) {
+  if (s.submission->detach && r.kind == gossip::JobReport::Kind::progress) return end(self, 0, "detached");
+  if (r.kind == gossip::JobReport::Kind::done && s.assigned) {
     s.done[peer] = elastic::worker_boot(*s.assigned, peer);
-    if (r->rank == 0 && !s.rank0_done_at) s.rank0_done_at = std::chrono::steady_clock::now();
+    if (r.rank == 0 && !s.rank0_done_at) s.rank0_done_at = std::chrono::steady_clock::now();
     if (std::ranges::all_of(s.assigned->workers, [&](const std::string& w) { return s.done.contains(w); }))
       end(self, 0, "");
   }
@@ -303,6 +365,8 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
                                    s.sent.job_id, s.assigned->generation, gone));
         }
         send_release(self);  // again, should the release or its generation have been lost
+        take_early(self);  // reports whose record is overdue
+        if (s.ended) return;
         if (s.rank0_done_at && std::chrono::duration<double>(std::chrono::steady_clock::now() - *s.rank0_done_at).count() >
                                    SubmitterState::rank0_done_grace_s) {
           std::string missing;

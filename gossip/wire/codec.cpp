@@ -342,6 +342,7 @@ struct Encoder {
             b.setExchanges(m.exchanges);
             b.setStalenessSum(m.staleness_sum);
             b.setCompute(m.compute);
+            b.setGeneration(m.generation);
           } else if constexpr (std::is_same_v<T, ShardUpdate>) {
             auto b = e.initShardUpdate();
             b.setJobId(m.job_id);
@@ -757,6 +758,7 @@ Body get_body(wire::Envelope::Reader e, const std::shared_ptr<const void>& owner
       report.lr = r.getLr();
       report.loads = in.loads(r.getLoads(), "a job report's loads");
       report.compute = in.text(r.getCompute(), wire_caps::reason_bytes, "a job report's compute");
+      report.generation = r.getGeneration();
       return report;
     }
     case wire::Envelope::SHARD_UPDATE: {

@@ -403,6 +403,9 @@ struct JobReport {
   /// done: how this worker computed: the backend's path (compute_path) or, with a resident state,
   /// where the state lived ("cuda:0 (NVIDIA H200)")
   std::string compute = {};
+  /// The sender's generation of the job when it reported (0: not said). A report can overtake the
+  /// record of its generation: the submitter holds it until that record comes.
+  uint64_t generation = 0;
   friend bool operator==(const JobReport&, const JobReport&) = default;
 };
 

@@ -416,6 +416,7 @@ struct JobReport {
   lr @21 :Float64;              # progress: the learning rate in effect at the last step
   loads @22 :List(WorkerLoad);  # progress: the workers' speeds and shares, as the reporter knows them
   compute @23 :Text;            # done: how this worker computed: its backend's path, or where its training state lived
+  generation @24 :UInt64;       # the sender's generation of the job when it reported (0: not said)
   enum Kind {
     progress @0;
     evaluation @1;

@@ -65,7 +65,7 @@ TEST_CASE("every message kind survives the wire unchanged", "[gossip][wire]") {
       JobReport{9, JobReport::Kind::failed, 0, 0, 7, 0, 0, 3, 0, 0, 0, 0, 0, 0, "node b died", 0, 0},
       JobReport{9, JobReport::Kind::done, 2, 1, 40, 0.3, 0, 4, 0, 0, 2.5, 640, 0, 0, "", 0, 1.5, 17, 230, 12, 690},
       JobReport{9, JobReport::Kind::done, 0, 2, 300, 0.5, 0, 2, 0.9, 0.3, 12.5, 640, 0, 1, "", 0, 1.5, 0, 0, 0, 0, 0.02,
-                {}, "cuda:0 (NVIDIA H200)"},
+                {}, "cuda:0 (NVIDIA H200)", 3},
       JobReport{9, JobReport::Kind::progress, 0, 1, 40, 0.3, 900, 2, 0, 0, 2.5, 640, 0, 0, "", 0, 1.5, 0, 0, 0, 0, 0.02,
                 {{"node-00", 600, 88}, {"node-01", 300, 40}}},
       ShardUpdate{9, 2, ShardUpdate::Kind::push, 31, 0.04f, chunk},

@@ -488,9 +488,18 @@ TEST_CASE("rank 0 dies just before it completes the job, after the others report
     TempDir dir;
     ElasticRun r(dir, mode);
     const auto [line, result] = rank0_dies_at_the_end(r);
-    CHECK_THAT(line, Catch::Contains("node-00"));
     CHECK_THAT(r.run->all(), Catch::Contains("local node node-00 died (signal 9); restarted it"));
-    CHECK(result["workers"].size() == 3);
+    // Membership sees the restart (the usual case: it is back in a tenth of a second), or, should
+    // the restart be slower than the death is found, first the death: the job may then end without it.
+    INFO(line);
+    if (line.find("restarted node-00") != std::string::npos) {
+      // Every worker's done report counts, even one that overtook the record of its generation
+      // on its way to the submitter (result.json once lost it).
+      CHECK(result["workers"].size() == 3);
+    } else {
+      CHECK_THAT(line, Catch::Contains("gone node-00"));
+      CHECK(result["workers"].size() >= 2);
+    }
     CHECK(result["generations"].size() >= 2);
     CHECK(logs_contain(dir.path / "out", "fault_armed"));
     CHECK(logs_contain(dir.path / "out", "job_released"));

@@ -61,6 +61,7 @@ JobReport report_of(const Job& j, JobReport::Kind kind) {
   r.loss = j.loss;
   r.train_seconds = j.train_seconds();
   r.compute_seconds = j.compute_seconds;
+  r.generation = j.generation;
   if (kind == JobReport::Kind::progress || kind == JobReport::Kind::done) {
     if (j.rate && j.driver) r.lr = j.rate->at(j.driver->rate_progress(j));
     r.loads = loads_of(j);  // done: async and gossip workers' own speeds reach the result this way
@@ -198,6 +199,7 @@ void fail_start(Trainer* self, const gossip::JobStart& start, const std::string&
   r.job_id = start.job_id;
   r.kind = JobReport::Kind::failed;
   r.error = fmt::format("{}: {}", self->state.o.self_id, why);
+  r.generation = start.generation;
   send_to(self, start.submitter, r);
 }
 
