@@ -234,14 +234,20 @@ void SimJob::step(const std::function<bool(const std::string&)>& ready,
   }
 }
 
-void SimJob::check_settled(const std::vector<std::string>& running) {
+void SimJob::drain() {
+  if (shards_) shards_->drain();
+}
+
+void SimJob::check_settled(double now, const std::vector<std::string>& running) {
   if (installed_.empty() || !report_.lost.empty()) return;
-  if (shards_)
+  if (shards_) {
+    shards_->set_now(now);
     for (const auto& id : running)
       if (const auto& w = workers_.at(id); w.control->has_record() && w.control->record().generation == installed_.rbegin()->first) {
         shards_->check_end(w.control->record());
         break;
       }
+  }
   const auto& [newest, workers] = *installed_.rbegin();
   std::vector<std::string> want = running;
   std::sort(want.begin(), want.end());

@@ -39,6 +39,9 @@ struct JobScenario {
   elastic::Quorum quorum = elastic::Quorum::majority;
   uint32_t shards = 0;   ///< > 0: an async job's shard protocol runs beside (sims/shards.hpp)
   int replication = 2;   ///< its holders per shard
+  /// With shards: for the last drain_s seconds workers start no new batch (a refused one is still
+  /// computed again), and at the end every update must be durable (sims/shards.hpp: all_durable).
+  double drain_s = 0;
 };
 
 struct JobReport {
@@ -70,8 +73,10 @@ class SimJob {
   /// `reach(a, b)`: no partition between them.
   void step(const std::function<bool(const std::string&)>& ready,
             const std::function<bool(const std::string&, const std::string&)>& reach);
+  /// With shards: workers start no new batch from here on (JobScenario::drain_s).
+  void drain();
   /// The end-of-run invariant over the nodes still running.
-  void check_settled(const std::vector<std::string>& running);
+  void check_settled(double now, const std::vector<std::string>& running);
 
   /// What the job did (with shards, the shard protocol's report in it).
   const JobReport& report();

@@ -81,13 +81,14 @@ Scenario parse(const toml::value& root) {
   only(root, "file", {"scenario", "network", "fault", "invariants", "job"});
   if (root.contains("job")) {
     const auto& t = root.at("job");
-    only(t, "job", {"samples", "batch", "step_ms", "quorum", "shards", "replication"});
+    only(t, "job", {"samples", "batch", "step_ms", "quorum", "shards", "replication", "drain_s"});
     s.job.enabled = true;
     s.job.samples = static_cast<int64_t>(number(t, "job", "samples", 4096, 1, 1e9));
     s.job.batch = static_cast<int64_t>(number(t, "job", "batch", 32, 1, 1e6));
     s.job.step_ms = number(t, "job", "step_ms", 50, 1, 60000);
     s.job.shards = static_cast<uint32_t>(number(t, "job", "shards", 0, 0, 4096));
     s.job.replication = static_cast<int>(number(t, "job", "replication", 2, 1, 16));
+    s.job.drain_s = number(t, "job", "drain_s", 0, 0, 3600);
     const std::string quorum = t.contains("quorum") ? toml::find<std::string>(t, "quorum") : "majority";
     if (quorum != "majority" && quorum != "any")
       throw Bad{fmt::format("{}: job.quorum must be \"majority\" or \"any\"", where(t.at("quorum")))};

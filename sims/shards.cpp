@@ -49,7 +49,11 @@ void SimShards::stop(const std::string& id) {
 elastic::ShardServer::Options SimShards::options(const Node& n, const std::string& id, uint32_t s) const {
   elastic::ShardServer::Options o{job_id, s, 16, {}, std::numeric_limits<float>::infinity()};
   const auto& holders = n.plan.placement[s];
-  if (!holders.empty() && holders.front() == id) o.replicas.assign(holders.begin() + 1, holders.end());
+  if (holders.empty() || holders.front() != id) return o;
+  o.replicas.assign(holders.begin() + 1, holders.end());
+  // As the shard host: a replica that is the generation's source carries on from the snapshot.
+  if (std::find(o.replicas.begin(), o.replicas.end(), n.plan.sources[s]) != o.replicas.end())
+    o.source_replica = n.plan.sources[s];
   return o;
 }
 
@@ -206,6 +210,7 @@ void SimShards::push(const std::string& id) {
   auto& n = nodes_.at(id);
   if (!n.running || !n.worker || !n.worker->may_step()) return;
   auto work = n.worker->take_redo();
+  if (!work && draining_) return;
   if (!work) work = elastic::AsyncWorker::Work{n.batch++};
   const std::vector<float> gradient(n.params.size(), -1.0f);
   elastic::Outgoing<gossip::ShardUpdate> out;
@@ -314,8 +319,23 @@ void SimShards::check_end(const gossip::JobStart& newest) {
       fail(fmt::format("holders_back: shard {} has {} holders with its state in generation {}, not {}", s, holding,
                        newest.generation, want));
     if (const auto p = nodes_.find(plan.placement[s].front()); p != nodes_.end() && p->second.running)
-      if (const auto h = p->second.shards.find(s); h != p->second.shards.end() && h->second.server)
+      if (const auto h = p->second.shards.find(s); h != p->second.shards.end() && h->second.server) {
         check_taken(p->first, s, h->second, p->second.generation);
+        const auto& server = *h->second.server;
+        if (draining_ && server.durable() < server.version())
+          fail(fmt::format("all_durable: shard {}'s primary {} applied through version {}, durable only through {}",
+                           s, p->first, server.version(), server.durable()));
+      }
+  }
+  if (!draining_) return;
+  for (const auto& id : newest.workers) {
+    const auto it = nodes_.find(id);
+    if (it == nodes_.end() || !it->second.running || it->second.generation != newest.generation || !it->second.worker)
+      continue;
+    if (!it->second.worker->durable())
+      for (uint32_t s = 0; s < shards_; ++s)
+        if (const size_t kept = it->second.worker->kept(s); kept > 0)
+          fail(fmt::format("all_durable: worker {} holds {} update(s) to shard {} not yet durable", id, kept, s));
   }
 }
 

@@ -22,6 +22,12 @@
 //   durable_grows     a state taken over is at least at the highest durable version declared
 //   holders_back      at the end every shard has min(replication, workers) holders holding its
 //                     state in the newest generation
+//   all_durable       after a drain ([job] drain_s: no new batches for the scenario's last
+//                     seconds), every update is durable: each shard's primary has every holder's
+//                     ack for all it applied, and every worker of the newest generation knows each
+//                     of its updates durable. (An update sent again to a primary restored from a
+//                     source that stays a replica once never became durable: the source fetches
+//                     nothing, so it never acked; ShardServer::Options::source_replica.)
 
 #include <cstdint>
 #include <functional>
@@ -67,7 +73,10 @@ class SimShards {
   /// Holders still fetching take their source's state if they can now.
   void take_over(const std::function<bool(const std::string&)>& running,
                  const std::function<bool(const std::string&, const std::string&)>& reach);
-  /// The end-of-run invariant for the newest generation's record.
+  /// Workers start no new batch from here on (a refused one is still computed again); check_end
+  /// then checks all_durable.
+  void drain() { draining_ = true; }
+  /// The end-of-run invariants for the newest generation's record.
   void check_end(const gossip::JobStart& newest);
 
   Outbox take_outbox() { return std::exchange(outbox_, {}); }
@@ -98,6 +107,7 @@ class SimShards {
     std::vector<std::pair<std::string, gossip::ShardUpdate>> waiting;
   };
   static constexpr size_t waiting_limit = 100000;
+  bool draining_ = false;
 
   elastic::ShardServer::Options options(const Node& n, const std::string& id, uint32_t s) const;
   void send(const std::string& from, const std::string& to, gossip::Body body);

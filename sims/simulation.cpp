@@ -253,6 +253,7 @@ class Sim {
         if (now_ >= start && now_ < end && side.count(x) != side.count(y)) return false;
       return true;
     };
+    if (s_.job.drain_s > 0 && now_ >= (s_.duration_s - s_.job.drain_s) * 1000) job_->drain();
     job_->step(ready, reach);
     send_shards();
     if (++job_rounds_ % std::max<uint64_t>(1, static_cast<uint64_t>(500 / s_.job.step_ms)) == 0)
@@ -605,7 +606,7 @@ class Sim {
     if (job_) {
       std::vector<std::string> running;
       for (int i : live) running.push_back(node_id(i));
-      job_->check_settled(running);
+      job_->check_settled(now_, running);
       for (const auto& b : job_->broken()) report_.broken.push_back(b);
       report_.job = job_->report();
     }

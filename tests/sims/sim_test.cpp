@@ -201,6 +201,55 @@ no_false_positives = false
   }
 }
 
+TEST_CASE("async: a node joins once no batch is started, and every update is durable at the end: a primary restored "
+          "from a source that stays its replica counts that replica's copy",
+          "[sims][job][async]") {
+  tepdist::test::TempDir dir;
+  const auto file = dir.path / "join_drained.toml";
+  // Four nodes, 12 shards with two holders each; workers start no batch after 6 s, and a fifth
+  // node joins at 8 s. No push follows the join's generation, so only the acks its install brings
+  // can make the restored primaries' states durable.
+  std::ofstream(file) << R"([scenario]
+nodes = 4
+duration_s = 24
+[job]
+samples = 6000
+batch = 16
+step_ms = 40
+shards = 12
+replication = 2
+drain_s = 18
+[[fault]]
+kind = "join"
+at_s = 8
+count = 1
+)";
+  // It means something only if some shard moves to a primary that did not hold it while one of its
+  // holders stays on as a replica: that holder is the only source the new primary can have.
+  const std::vector<std::string> before{"n00000", "n00001", "n00002", "n00003"};
+  auto after = before;
+  after.push_back("n00004");
+  const auto old_holders = tepdist::elastic::place_shards(12, before, 2);
+  const auto new_holders = tepdist::elastic::place_shards(12, after, 2);
+  int moved = 0;
+  for (size_t s = 0; s < 12; ++s) {
+    const auto& o = old_holders[s];
+    const auto held = [&](const std::string& id) { return std::find(o.begin(), o.end(), id) != o.end(); };
+    moved += !held(new_holders[s][0]) && held(new_holders[s][1]);
+  }
+  REQUIRE(moved > 0);
+  for (int seed = 1; seed <= 3; ++seed) {
+    INFO("seed " << seed);
+    const auto r = sim({file.string(), "--seed", std::to_string(seed), "--json"});
+    INFO(r.out);
+    REQUIRE(r.status == 0);
+    const auto report = nlohmann::json::parse(r.out);
+    CHECK(report["broken"].empty());
+    CHECK(report["job"]["generations"].get<int>() >= 2);
+    CHECK(report["job"]["shards"]["takeovers"].get<uint64_t>() > 0);
+  }
+}
+
 TEST_CASE("with quorum = \"any\" a partition forks the job, and the invariants say so", "[sims][job]") {
   tepdist::test::TempDir dir;
   const auto file = dir.path / "fork.toml";
