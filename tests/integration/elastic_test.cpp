@@ -464,6 +464,10 @@ TEST_CASE("async and gossip with a cosine schedule, a node joins, and the rate s
 
 namespace {
 
+/// The fault below comes at the job's end, armed at its start: half the epochs are enough, and the
+/// test runs each mode's job whole.
+const std::vector<std::string> half_the_epochs = {"--set", "job.epochs=6"};
+
 /// Arms node-00 to die, as rank 0, just before it completes the job (SIGRTMIN+3, fault injection:
 /// after the others reported done); the generation line that follows its death, and the result.
 std::pair<std::string, nlohmann::json> rank0_dies_at_the_end(ElasticRun& r) {
@@ -486,7 +490,7 @@ TEST_CASE("rank 0 dies just before it completes the job, after the others report
   for (const std::string mode : {"sync", "gossip", "async"}) {
     INFO(mode);
     TempDir dir;
-    ElasticRun r(dir, mode);
+    ElasticRun r(dir, mode, half_the_epochs);
     const auto [line, result] = rank0_dies_at_the_end(r);
     CHECK_THAT(r.run->all(), Catch::Contains("local node node-00 died (signal 9); restarted it"));
     // Membership sees the restart (the usual case: it is back in a tenth of a second), or, should
@@ -513,7 +517,9 @@ TEST_CASE("rank 0 dies just before it completes the job and is not restarted, an
   for (const std::string mode : {"sync", "async"}) {
     INFO(mode);
     TempDir dir;
-    ElasticRun r(dir, mode, {"--set", "elastic.restart=\"never\""});
+    auto extra = half_the_epochs;
+    extra.insert(extra.end(), {"--set", "elastic.restart=\"never\""});
+    ElasticRun r(dir, mode, extra);
     const auto [line, result] = rank0_dies_at_the_end(r);
     CHECK_THAT(line, Catch::Contains("gone node-00"));
     CHECK(result["workers"].size() == 2);
