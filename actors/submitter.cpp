@@ -43,12 +43,10 @@ struct SubmitterState {
   // joined in the job's last moments never finishes it).
   std::optional<std::chrono::steady_clock::time_point> rank0_done_at;
   static constexpr double rank0_done_grace_s = 2;
-  // The generation from which the current run of rank 0 holds the job: a done report sent in an
-  // earlier one (under another rank 0) counts for nothing, even when it comes after the record.
-  uint64_t rank0_since = 0;
   // Reports sent in a generation whose record has not come here yet (a worker reports as soon as it
   // installs, and its report can overtake the proposer's record): held in arrival order until the
-  // record comes, or for early_hold_s at most, then taken as they are.
+  // record comes, or for early_hold_s at most, then taken under the record known (as every report
+  // was before they named their generation; under another rank 0 its record would wipe them).
   struct Early {
     std::string peer;
     gossip::JobReport report;
@@ -224,7 +222,6 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
     if (!s.assigned) {
       if (peer != s.coordinator_id) return;
       s.assigned = *start;
-      s.rank0_since = start->generation;
       s.submission->on_generation(*start);
       return take_early(self);
     }
@@ -242,7 +239,6 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
     if (!elastic::same_rank0(*s.assigned, *start)) {
       s.done.clear();
       s.rank0_done_at.reset();
-      s.rank0_since = start->generation;
     }
     s.assigned = *start;
     std::erase_if(s.done, [&](const auto& d) { return elastic::worker_boot(*start, d.first) != d.second; });
@@ -265,12 +261,11 @@ void on_frame(Submitter* self, const std::string& peer, const std::string& addre
   const auto* r = std::get_if<gossip::JobReport>(&m.body);
   if (!r || r->job_id != s.sent.job_id) return;
   if (s.assigned && r->generation > s.assigned->generation) {
-    s.heard = true;  // a worker is alive, though its news waits
-    s.last_report = std::chrono::steady_clock::now();
     if (s.early.size() == SubmitterState::early_max) {
       auto oldest = std::move(s.early.front());
       s.early.pop_front();
       take_report(self, oldest.peer, oldest.report);
+      if (s.ended) return;
     }
     node_events().info("job_report_held from={} generation={} known={} reason=\"its generation's record has not come\"",
                        peer, r->generation, s.assigned->generation);
@@ -298,12 +293,6 @@ void take_early(Submitter* self) {
 
 void take_report(Submitter* self, const std::string& peer, const gossip::JobReport& r) {
   auto& s = self->state;
-  if (r.kind == gossip::JobReport::Kind::done && r.generation && r.generation < s.rank0_since) {
-    node_events().info("job_report_outdated from={} generation={} reason=\"a done report from before generation {}, "
-                       "which another rank 0 holds\"",
-                       peer, r.generation, s.rank0_since);
-    return;
-  }
   if (const int64_t rank = rank_of(s, peer); rank < 0 || (rank != INT64_MAX && rank != r.rank)) {
     node_events().warn("job_report_refused from={} rank={} reason=\"not that worker of job {}\"", peer, r.rank,
                        s.sent.job_id);
@@ -367,8 +356,12 @@ caf::behavior submitter(Submitter* self, SubmitterOptions options, std::shared_p
         send_release(self);  // again, should the release or its generation have been lost
         take_early(self);  // reports whose record is overdue
         if (s.ended) return;
-        if (s.rank0_done_at && std::chrono::duration<double>(std::chrono::steady_clock::now() - *s.rank0_done_at).count() >
-                                   SubmitterState::rank0_done_grace_s) {
+        // (Not while a done report waits for its generation's record: it is taken within early_hold_s.)
+        const bool done_held = std::ranges::any_of(
+            s.early, [](const SubmitterState::Early& e) { return e.report.kind == gossip::JobReport::Kind::done; });
+        if (s.rank0_done_at && !done_held &&
+            std::chrono::duration<double>(std::chrono::steady_clock::now() - *s.rank0_done_at).count() >
+                SubmitterState::rank0_done_grace_s) {
           std::string missing;
           for (const auto& w : s.assigned->workers)
             if (!s.done.contains(w)) missing += (missing.empty() ? "" : " ") + w;

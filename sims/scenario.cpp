@@ -89,6 +89,9 @@ Scenario parse(const toml::value& root) {
     s.job.shards = static_cast<uint32_t>(number(t, "job", "shards", 0, 0, 4096));
     s.job.replication = static_cast<int>(number(t, "job", "replication", 2, 1, 16));
     s.job.drain_s = number(t, "job", "drain_s", 0, 0, 3600);
+    if (s.job.drain_s > 0 && s.job.shards == 0)
+      throw Bad{fmt::format("{}: job.drain_s stops an async job's batches; it needs job.shards > 0",
+                            where(t.at("drain_s")))};
     const std::string quorum = t.contains("quorum") ? toml::find<std::string>(t, "quorum") : "majority";
     if (quorum != "majority" && quorum != "any")
       throw Bad{fmt::format("{}: job.quorum must be \"majority\" or \"any\"", where(t.at("quorum")))};
@@ -101,6 +104,9 @@ Scenario parse(const toml::value& root) {
     if (t.contains("name")) s.name = toml::find<std::string>(t, "name");
     s.nodes = static_cast<int>(number(t, "scenario", "nodes", 10, 1, 20000));
     s.duration_s = number(t, "scenario", "duration_s", 60, 1, 86400);
+    if (s.job.drain_s >= s.duration_s)
+      throw Bad{fmt::format("{}: job.drain_s must be shorter than scenario.duration_s ({} s)",
+                            where(root.at("job").at("drain_s")), s.duration_s)};
     const std::string profile = t.contains("profile") ? toml::find<std::string>(t, "profile") : "lan";
     if (profile != "lan" && profile != "wan")
       throw Bad{fmt::format("{}: scenario.profile must be \"lan\" or \"wan\"", where(t.at("profile")))};

@@ -322,7 +322,8 @@ void SimShards::check_end(const gossip::JobStart& newest) {
       if (const auto h = p->second.shards.find(s); h != p->second.shards.end() && h->second.server) {
         check_taken(p->first, s, h->second, p->second.generation);
         const auto& server = *h->second.server;
-        if (draining_ && server.durable() < server.version())
+        if (draining_ && p->second.generation == newest.generation && h->second.holder &&
+            server.durable() < server.version())
           fail(fmt::format("all_durable: shard {}'s primary {} applied through version {}, durable only through {}",
                            s, p->first, server.version(), server.durable()));
       }
@@ -332,10 +333,11 @@ void SimShards::check_end(const gossip::JobStart& newest) {
     const auto it = nodes_.find(id);
     if (it == nodes_.end() || !it->second.running || it->second.generation != newest.generation || !it->second.worker)
       continue;
-    if (!it->second.worker->durable())
-      for (uint32_t s = 0; s < shards_; ++s)
-        if (const size_t kept = it->second.worker->kept(s); kept > 0)
-          fail(fmt::format("all_durable: worker {} holds {} update(s) to shard {} not yet durable", id, kept, s));
+    const auto& worker = *it->second.worker;
+    if (!worker.idle()) fail(fmt::format("all_durable: worker {} still has gradients to apply or compute again", id));
+    for (uint32_t s = 0; s < shards_; ++s)
+      if (const size_t kept = worker.kept(s); kept > 0 && !lost_[s])
+        fail(fmt::format("all_durable: worker {} holds {} update(s) to shard {} not yet durable", id, kept, s));
   }
 }
 

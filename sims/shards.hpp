@@ -25,9 +25,12 @@
 //   all_durable       after a drain ([job] drain_s: no new batches for the scenario's last
 //                     seconds), every update is durable: each shard's primary has every holder's
 //                     ack for all it applied, and every worker of the newest generation knows each
-//                     of its updates durable. (An update sent again to a primary restored from a
-//                     source that stays a replica once never became durable: the source fetches
-//                     nothing, so it never acked; ShardServer::Options::source_replica.)
+//                     of its updates durable, with none left to apply or compute again. (An
+//                     update sent again to a primary restored from a source that stays a replica
+//                     once never became durable: the source fetches nothing, so it never acked;
+//                     ShardServer::Options::source_replica.) The sim does not tick its primaries,
+//                     which would send a replication lost to a partition again: a drained
+//                     scenario's partitions must be long enough to change the placement.
 
 #include <cstdint>
 #include <functional>
