@@ -28,12 +28,15 @@ Result sim(std::vector<std::string> args) {
   return {status, c.all()};
 }
 
-nlohmann::json report(const std::string& scenario, int seed) {
-  const auto r = sim({scenarios + scenario, "--seed", std::to_string(seed), "--json"});
+/// The report of scenario file `path` run with `seed`, which must hold every invariant's run.
+nlohmann::json report_of_file(const std::string& path, int seed) {
+  const auto r = sim({path, "--seed", std::to_string(seed), "--json"});
   INFO(r.out);
   REQUIRE(r.status == 0);
   return nlohmann::json::parse(r.out);
 }
+
+nlohmann::json report(const std::string& scenario, int seed) { return report_of_file(scenarios + scenario, seed); }
 
 /// The report whether or not an invariant broke (exit 1 still prints one).
 nlohmann::json any_report(const std::string& scenario, int seed) {
@@ -187,10 +190,7 @@ no_false_positives = false
   REQUIRE(cut_off > 0);
   for (int seed = 1; seed <= 3; ++seed) {
     INFO("seed " << seed);
-    const auto r = sim({file.string(), "--seed", std::to_string(seed), "--json"});
-    INFO(r.out);
-    REQUIRE(r.status == 0);
-    const auto report = nlohmann::json::parse(r.out);
+    const auto report = report_of_file(file.string(), seed);
     CHECK(report["broken"].empty());
     CHECK(report["job"]["lost"] == "");
     CHECK(report["job"]["shards"]["lost"] == "");
@@ -240,10 +240,7 @@ count = 1
   REQUIRE(moved > 0);
   for (int seed = 1; seed <= 3; ++seed) {
     INFO("seed " << seed);
-    const auto r = sim({file.string(), "--seed", std::to_string(seed), "--json"});
-    INFO(r.out);
-    REQUIRE(r.status == 0);
-    const auto report = nlohmann::json::parse(r.out);
+    const auto report = report_of_file(file.string(), seed);
     CHECK(report["broken"].empty());
     CHECK(report["job"]["generations"].get<int>() >= 2);
     CHECK(report["job"]["shards"]["takeovers"].get<uint64_t>() > 0);
